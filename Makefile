@@ -1,0 +1,50 @@
+# kvbench front door.  `make bench` and `make test` work as the very first command on a fresh clone.
+#
+#   make install            venv in .venv, kvbench + test tools, MPI from the mpich wheel
+#                           (MPI=site: use the mpirun/libmpi already on PATH instead)
+#   make bench              the quick suite on 2 ranks of localhost
+#   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
+#   make test               the test suite (unit, property, real mpiexec runs)
+#   make lint               ruff
+
+PYTHON  ?= python3
+VENV    ?= .venv
+SUITE   ?= quick
+NP      ?= 2
+MPI     ?= wheel
+ARGS    ?=
+BIN      = $(VENV)/bin
+STAMP    = $(VENV)/.kvbench-installed
+# the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
+MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
+
+.PHONY: install bench test lint clean-results help
+
+help:
+	@sed -n '2,10p' Makefile
+
+$(STAMP): pyproject.toml setup.py kvbench/_native.c
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	@if [ "$(MPI)" = "site" ]; then \
+	  command -v mpirun >/dev/null || { echo "MPI=site but no mpirun on PATH" >&2; exit 1; }; \
+	  $(BIN)/python -m pip install -q --no-binary mpi4py mpi4py; \
+	else \
+	  $(BIN)/python -m pip install -q mpi4py mpich; \
+	fi
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+install: $(STAMP)
+
+bench: $(STAMP)
+	$(MPIRUN) -n $(NP) $(BIN)/kvbench run $(SUITE) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check kvbench tests
+
+clean-results:
+	@echo "results are never deleted by make; remove results/<machine>/ files by hand if you must"

@@ -1,0 +1,263 @@
+"""kvbench command line: run, size, list, env, report.
+
+A user mistake is one line on rank 0 and exit code 1 from every rank; a
+failed rank aborts the whole job; only rank 0 prints tables.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import traceback
+
+from . import __version__, comm
+from . import model as M
+from . import suite as S
+from . import transports
+
+EPILOG_RUN = """\
+vocabulary:
+  block      block_size tokens of one layer (one region: K, V or an MLA latent); -b/-e/-f sweep it
+  descriptor one contiguous copy (src offset, dst offset, bytes); paged = one per block per region
+  coalesce   merge descriptors adjacent on both sides (on/off)
+  alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>
+  push/pull  push = prefill writes into decode's pool; pull = decode reads from prefill's pool
+  bulk%      this row's GB/s / the same payload moved as one descriptor per layer (the path's ceiling)
+
+examples:
+  mpirun -np 2 kvbench run suites/quick.yaml
+  mpirun -np 2 kvbench run -t shm --op push -b 16 -e 256 -f 4
+  mpirun -np 2 kvbench run -t shm,tcp -m llama-3-70b --tokens 4096 --alloc random,contiguous --coalesce on,off
+"""
+
+
+class ArgError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises (one line, exit 1) instead of printing usage on every rank."""
+
+    def error(self, message):
+        raise ArgError(message)
+
+
+def env_rank() -> int:
+    """This process's rank as the launcher says, without starting MPI."""
+    for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if k in os.environ:
+            try:
+                return int(os.environ[k])
+            except ValueError:
+                pass
+    return 0
+
+
+def say_error(msg: str) -> int:
+    if env_rank() == 0:
+        print(f"kvbench: error: {msg}", file=sys.stderr, flush=True)
+    return 1
+
+
+def csv(kind):
+    """argparse type: comma-separated list of ``kind``."""
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x != ""]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of {kind.__name__}") from None
+    parse.__name__ = f"list of {kind.__name__}"
+    return parse
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (a preset, a YAML file, or a shape from flags)")
+    g.add_argument("-m", "--model", type=csv(str), help=f"presets: {', '.join(M.PRESETS)}; or path/to/model.yaml")
+    g.add_argument("--layers", type=int, help="custom model: number of layers")
+    g.add_argument("--kv-heads", type=int, help="custom model: KV heads (GQA groups; 1 = MQA)")
+    g.add_argument("--head-dim", type=int, help="custom model: head dimension")
+    g.add_argument("--attention", choices=M.ATTENTION, help="custom model: attention kind")
+    g.add_argument("--kv-lora-rank", type=int, default=0, help="custom MLA model: latent width")
+    g.add_argument("--rope-dim", type=int, default=0, help="custom MLA model: decoupled RoPE width")
+    g.add_argument("--tp", type=csv(int), help="tensor parallel degree: divides KV heads (replicates when heads < tp)")
+    g.add_argument("--pp", type=csv(int), help="pipeline parallel degree: divides layers")
+    g.add_argument("--prefix-hit", type=csv(int), help="prompt tokens already cached at decode (not transferred)")
+
+
+def custom_model(a) -> str | None:
+    """Register a model given by flags under the name 'custom'; return that name."""
+    if a.layers is None:
+        return None
+    attention = a.attention or ("mla" if a.kv_lora_rank else "gqa")
+    M.PRESETS["custom"] = M.ModelShape("custom", a.layers, a.kv_heads or 0, a.head_dim or 0, attention,
+                                       a.kv_lora_rank, a.rope_dim, source="command-line flags")
+    return "custom"
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="kvbench", description="KV-cache transfer microbenchmarks (prefill -> decode), nccl-tests style.")
+    p.add_argument("--version", action="version", version=f"kvbench {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
+
+    r = sub.add_parser("run", help="measure transfers (launch with mpirun -np 2 or more)", epilog=EPILOG_RUN,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("suite", nargs="?", help="suite YAML or a name from suites/ (flags below override its axes)")
+    r.add_argument("-t", "--transport", type=csv(str), help=f"transports: {', '.join(transports.names())}")
+    r.add_argument("-b", "--minblock", type=int, help="smallest block size in tokens (power of two)")
+    r.add_argument("-e", "--maxblock", type=int, help="largest block size in tokens")
+    r.add_argument("-f", "--stepfactor", type=int, default=2, help="block size multiplication factor (default 2)")
+    r.add_argument("-n", "--iters", type=int, help="timed iterations per case (default 20)")
+    r.add_argument("-w", "--warmup", type=int, help="untimed warm-up iterations per case (default 3)")
+    r.add_argument("-c", "--check", type=int, choices=(0, 1), help="verify every byte after timing (default 1)")
+    r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
+    r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
+    r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
+    r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>")
+    r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
+    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}")
+    r.add_argument("--scheme", help="pairing of ranks: pairwise (even ranks prefill, odd ranks decode)")
+    r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
+    r.add_argument("--pool-factor", type=float, help="pool size as a multiple of the largest request (default 2)")
+    r.add_argument("--timeout", type=float, help="seconds a case may take before the job is aborted (default 600)")
+    r.add_argument("-o", "--results", default="results", help="results directory (default: results/)")
+    r.add_argument("--name", help="name used in the result file (default: the suite's name)")
+    r.add_argument("--inject-corruption", type=int, default=0, metavar="N",
+                   help="fault injection: flip N destination bytes before the check (proves the check works)")
+    add_model_flags(r)
+
+    s = sub.add_parser("size", help="KV bytes of a request, blocks, descriptors and time at named link rates")
+    s.add_argument("--tokens", type=int, default=4096, help="prompt tokens (default 4096)")
+    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}")
+    s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    add_model_flags(s)
+
+    sub.add_parser("list", help="transports (with availability), models, suites")
+    sub.add_parser("env", help="what this machine is: CPU, memory, MPI, GPUs, NICs, library versions")
+    rep = sub.add_parser("report", help="print the table of a result file")
+    rep.add_argument("files", nargs="+", help="results/<machine>/<stamp>_<suite>.parquet")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    try:
+        a = parser.parse_args(argv)
+    except ArgError as exc:
+        return say_error(str(exc))
+    if a.cmd is None:
+        parser.print_help()
+        return 0
+    try:
+        if a.cmd == "run":
+            from .runner import run
+
+            return run(a, argv)
+        return {"size": cmd_size, "list": cmd_list, "env": cmd_env, "report": cmd_report}[a.cmd](a)
+    except (ValueError, S.SuiteError, OSError) as exc:
+        return say_error(str(exc))
+
+
+def _first(v, default):
+    return v[0] if v else default
+
+
+def cmd_size(a) -> int:
+    name = custom_model(a) or _first(a.model, "llama-3-8b")
+    shape0 = M.get_model(name)
+    tp, pp, hit = _first(a.tp, 1), _first(a.pp, 1), _first(a.prefix_hit, 0)
+    shape = M.shard(shape0, tp, pp)
+    M.check_block_size(a.block_size)
+    db = M.dtype_bytes(a.dtype)
+    ntok = M.transferred_tokens(a.tokens, hit)
+    bpt = M.bytes_per_token(shape, a.dtype)
+    req = M.request_bytes(shape, a.dtype, a.tokens, hit)
+    bb = M.block_bytes(shape, a.block_size, a.dtype)
+    nb = M.num_blocks(ntok, a.block_size)
+    kind = (f"mla, latent {shape.kv_lora_rank}+{shape.rope_dim}" if shape.attention == "mla"
+            else f"{shape.attention}, {shape.kv_heads} KV heads x {shape.head_dim}")
+    print(f"# {shape.name}: {shape.layers} layers, {kind}, {a.dtype} ({db} B/element), tp={tp} pp={pp}"
+          f"{'  [per rank]' if tp > 1 or pp > 1 else ''}")
+    if shape0.source:
+        print(f"# source: {shape0.source}")
+    print(f"{bpt:>16,} B per token")
+    print(f"{M.layer_bytes_per_token(shape, a.dtype):>16,} B per token per layer")
+    print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
+    print(f"{req:>16,} B per request ({req / 1e9:.3f} GB, {req / 2**30:.3f} GiB)")
+    print(f"{req // shape.layers:>16,} B per layer per request")
+    print(f"{bb:>16,} B per block ({a.block_size} tokens, one region; {shape.regions} region(s) per layer)")
+    print(f"{nb:>16,} blocks per layer")
+    print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request uncoalesced "
+          f"({shape.regions} x {shape.layers} layers x {nb} blocks)")
+    print("# transfer time at line rate (GB = 10^9 B; achieved bandwidth is lower: measure it with kvbench run)")
+    for link, gbps in M.LINKS.items():
+        ms = req / (gbps * 1e9) * 1e3
+        print(f"  {link:<18} {gbps:8.1f} GB/s {ms:12.2f} ms")
+    return 0
+
+
+def cmd_list(a) -> int:
+    print("# transports (name: status)")
+    for name in transports.names():
+        reason = transports.probe(name)
+        print(f"  {name:<10} {'available' if reason is None else 'unavailable: ' + reason}")
+    print("# models")
+    for m in M.PRESETS.values():
+        desc = (f"mla {m.kv_lora_rank}+{m.rope_dim}" if m.attention == "mla"
+                else f"{m.attention} {m.kv_heads}x{m.head_dim}")
+        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16)")
+    print("# suites")
+    for name in S.list_suites():
+        try:
+            desc = S.load(name).description
+        except S.SuiteError as exc:
+            desc = f"invalid: {exc}"
+        print(f"  {name:<16} {desc}")
+    return 0
+
+
+def cmd_env(a) -> int:
+    from .results import library_versions, system_description
+
+    sysd = system_description()
+    print(f"# kvbench {__version__}")
+    for k in ("hostname", "platform", "cpu_model", "cpus"):
+        print(f"{k:<16} {sysd.get(k, '-')}")
+    print(f"{'memory':<16} {sysd.get('mem_total_bytes', 0) / 2**30:.1f} GiB")
+    print(f"{'mpirun':<16} {shutil.which('mpirun') or '-'}")
+    try:
+        from mpi4py import MPI
+
+        print(f"{'MPI':<16} {MPI.Get_library_version().strip().splitlines()[0]}")
+    except Exception as exc:  # no libmpi: say so, do not crash
+        print(f"{'MPI':<16} unavailable: {exc}")
+    print(f"{'GPUs':<16} {', '.join(sysd['gpus']) or 'none (nvidia-smi absent or no devices)'}")
+    print(f"{'RDMA devices':<16} {', '.join(sysd['rdma_devices']) or 'none (/sys/class/infiniband absent)'}")
+    print(f"{'NICs':<16} {', '.join(sysd['nics']) or '-'}")
+    for k, v in library_versions().items():
+        print(f"{k:<16} {v}")
+    return 0
+
+
+def cmd_report(a) -> int:
+    from . import report
+
+    for path in a.files:
+        df, meta = report.read(path)
+        print(f"# {path}  suite={meta.get('suite', {}).get('name', '?')}  commit={meta.get('git_commit', '?')}")
+        for line in report.header_lines():
+            print(line)
+        for _, r in report.summarize(df).iterrows():
+            print(report.format_line(r.to_dict()))
+    return 0
+
+
+def fail_rank(exc: BaseException) -> None:
+    """Print a failed rank's error once and end the whole job."""
+    c = comm.get()
+    msg = f"kvbench: rank {c.rank} on {c.hostname}: {type(exc).__name__}: {exc}"
+    if os.environ.get("KVBENCH_DEBUG"):
+        traceback.print_exc()
+    print(msg, file=sys.stderr, flush=True)
+    c.abort(1)

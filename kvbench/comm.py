@@ -1,0 +1,124 @@
+"""The harness's only door to MPI: rank, roles, barrier, gathers, notifications, abort.
+
+MPI is initialised lazily, on first use, so that ``kvbench size`` and
+``kvbench list`` never start MPI, and so that a transport whose library
+must be loaded before MPI (ucxx, PLATFORM pitfall 7) can be imported first.
+A process started without ``mpirun`` runs as a world of one.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+_MPI = None
+_NOTIFY_TAG = 7001
+
+
+def _mpi():
+    global _MPI
+    if _MPI is None:
+        import mpi4py
+
+        mpi4py.rc.threads = True
+        mpi4py.rc.thread_level = "multiple"  # the tcp transport uses threads beside MPI calls
+        from mpi4py import MPI
+
+        _MPI = MPI
+    return _MPI
+
+
+def preload(transports: list[str]) -> None:
+    """Import libraries that must be loaded before MPI (ucxx's UCX; PLATFORM pitfall 7)."""
+    if "ucx" in transports and _MPI is None:
+        try:
+            import ucxx  # noqa: F401
+        except Exception:  # missing or broken: the ucx transport reports why
+            pass
+
+
+class Comm:
+    """MPI COMM_WORLD as the harness needs it."""
+
+    def __init__(self):
+        MPI = _mpi()
+        self.world = MPI.COMM_WORLD
+        self.rank = self.world.Get_rank()
+        self.size = self.world.Get_size()
+        self.hostname = socket.gethostname()
+        self._transport_comm = None
+
+    def barrier(self) -> None:
+        self.world.Barrier()
+
+    def bcast(self, obj, root: int = 0):
+        return self.world.bcast(obj, root=root)
+
+    def allgather(self, obj) -> list:
+        return self.world.allgather(obj)
+
+    def gather(self, obj, root: int = 0):
+        return self.world.gather(obj, root=root)
+
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        self.world.send(obj, dest=dest, tag=tag)
+
+    def recv(self, source: int, tag: int = 0):
+        return self.world.recv(source=source, tag=tag)
+
+    def notify(self, dest: int) -> None:
+        """Tell ``dest`` that bytes it is waiting for have landed (zero-byte send)."""
+        self.world.Send([b"", 0, _mpi().BYTE], dest=dest, tag=_NOTIFY_TAG)
+
+    def wait_notify(self, source: int) -> None:
+        """Block until ``source`` calls ``notify`` for us."""
+        self.world.Recv([bytearray(0), 0, _mpi().BYTE], source=source, tag=_NOTIFY_TAG)
+
+    def transport_comm(self):
+        """A duplicate of COMM_WORLD reserved for the ``mpi`` transport."""
+        if self._transport_comm is None:
+            self._transport_comm = self.world.Dup()
+        return self._transport_comm
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now (after the error has been printed)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.world.Abort(code)
+
+    def finalize(self) -> None:
+        if self._transport_comm is not None:
+            self._transport_comm.Free()
+            self._transport_comm = None
+        MPI = _mpi()
+        if not MPI.Is_finalized():
+            MPI.Finalize()
+
+    def library(self) -> str:
+        """First line of the MPI library's version string."""
+        return _mpi().Get_library_version().strip().splitlines()[0]
+
+
+_COMM: Comm | None = None
+_LOCK = threading.Lock()
+
+
+def get() -> Comm:
+    """The process's Comm (initialises MPI on first call)."""
+    global _COMM
+    with _LOCK:
+        if _COMM is None:
+            _COMM = Comm()
+        return _COMM
+
+
+def transport_comm():
+    """For the ``mpi`` transport only: its own communicator."""
+    return get().transport_comm()
+
+
+def launched_by_mpi() -> bool:
+    """True when an MPI launcher started this process (without initialising MPI)."""
+    keys = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_PROCID", "MPI_LOCALNRANKS")
+    return any(k in os.environ for k in keys)

@@ -1,0 +1,164 @@
+"""The row schema (versioned), the writer, the metadata sidecar, and per-case statistics.
+
+Raw samples are stored, statistics derived (pyperf/asv): one row per
+(case, rank, iteration).  A file is never overwritten: a name that exists
+gets a numeric suffix, and the table is replaced atomically after each case
+so an interrupted run keeps every finished case.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+SCHEMA_VERSION = 1
+
+CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
+                "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
+                "pp", "world_size"]
+ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "iter", "seconds", "payload_bytes", "wire_bytes",
+                              "descriptors", "status", "reason", "nwrong"]
+
+
+def machine_name() -> str:
+    """Short host name, safe as a directory name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname().split(".")[0]) or "unknown"
+
+
+class ResultWriter:
+    """Writes ``<dir>/<machine>/<timestamp>_<suite>.parquet`` plus ``.meta.json``."""
+
+    def __init__(self, root: str, suite_name: str, meta: dict):
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        folder = os.path.join(root, machine_name())
+        os.makedirs(folder, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", suite_name)
+        base = os.path.join(folder, f"{stamp}_{safe}")
+        n = 0
+        while True:  # claim a name nobody has, atomically (O_EXCL on the sidecar)
+            cand = base if n == 0 else f"{base}-{n}"
+            try:
+                fd = os.open(cand + ".meta.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                break
+            except FileExistsError:
+                n += 1
+        os.close(fd)
+        self.path = cand + ".parquet"
+        self.meta_path = cand + ".meta.json"
+        self.meta = dict(meta, schema_version=SCHEMA_VERSION, results=os.path.basename(self.path))
+        self.frames: list[pd.DataFrame] = []
+        self._write_meta()
+
+    def add(self, rows: list[dict]) -> None:
+        """Append one case's rows and rewrite the table atomically."""
+        self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))
+        df = pd.concat(self.frames, ignore_index=True)
+        tmp = self.path + ".tmp"
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, self.path)
+
+    def finish(self, **extra) -> None:
+        """Record end-of-run facts (status, totals) in the sidecar."""
+        self.meta.update(extra)
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        tmp = self.meta_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(self.meta, fh, indent=2, default=str)
+        os.replace(tmp, self.meta_path)
+
+
+def git_commit() -> str:
+    """The commit of the kvbench checkout, with -dirty if it has local changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape the numbers."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("kvbench", "numpy", "pandas", "pyarrow", "mpi4py", "mpich", "openmpi", "nixl", "ucxx-cu12",
+                "mooncake-transfer-engine-non-cuda", "torch", "cupy-cuda12x"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def pair_times(df: pd.DataFrame) -> pd.Series:
+    """Headline seconds per (case, pair, iter): the max over the ranks of that transfer."""
+    ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
+    return ok.groupby(["case", "pair", "iter"])["seconds"].max()
+
+
+def case_stats(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per case: percentiles (us) and GB/s (10^9 B/s) at p50, from raw rows."""
+    t = pair_times(df).rename("t").reset_index()
+    agg = t.groupby("case")["t"].agg(
+        p50=lambda s: float(np.percentile(s, 50)),
+        p95=lambda s: float(np.percentile(s, 95)),
+        p99=lambda s: float(np.percentile(s, 99)),
+        iters="count",
+    )
+    keys = df.groupby("case").agg(
+        **{c: (c, "first") for c in CASE_COLUMNS if c != "case"},
+        payload_bytes=("payload_bytes", "first"),
+        descriptors=("descriptors", "first"),
+        nwrong=("nwrong", "sum"),
+        status=("status", "first"),
+        reason=("reason", "first"),
+    )
+    out = keys.join(agg, how="left")
+    out["gbps"] = out["payload_bytes"] / out["p50"] / 1e9
+    return out.reset_index()
+
+
+def system_description() -> dict:
+    """An allowlisted description of this machine: nothing secret, enough to compare."""
+    info = {"hostname": machine_name(), "platform": platform.platform(), "machine": platform.machine(),
+            "cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as fh:
+            info["mem_total_bytes"] = int(fh.readline().split()[1]) * 1024
+    except OSError:
+        pass
+    info["rdma_devices"] = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
+    info["nics"] = sorted(n for n in os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+    info["gpus"] = gpu_names()
+    info["argv0"] = os.path.basename(sys.argv[0])
+    return info
+
+
+def gpu_names() -> list[str]:
+    """GPU names from nvidia-smi when it exists and answers (no CUDA import)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        return []

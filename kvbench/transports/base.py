@@ -1,0 +1,159 @@
+"""The transport protocol: what a transport must do, and nothing about timing.
+
+The harness owns *how* (timing, barriers, checking, printing); a transport
+owns *what* (the one data movement).  A transport never imports mpi4py (the
+``mpi`` transport alone takes its communicator from ``kvbench.comm``) and
+never times itself.
+
+Descriptor arrays
+-----------------
+Every ``post``/``serve`` receives ``descs``: a C-contiguous ``int64`` numpy
+array of shape ``(n, 3)`` whose columns are ``SRC, DST, LEN``: byte offsets
+into the *source* pool and the *destination* pool, and a byte count.  The
+source pool belongs to the prefill rank, the destination pool to the decode
+rank, whichever side initiates:
+
+* ``op == "push"``: the prefill (source) rank calls ``post``; SRC offsets are
+  local, DST offsets are in the peer's pool.  The decode rank calls ``serve``.
+* ``op == "pull"``: the decode (destination) rank calls ``post``; SRC offsets
+  are in the peer's pool, DST offsets are local.  The prefill rank calls
+  ``serve``.
+
+Both sides receive the same array (the harness has already exchanged block
+ids), so a two-sided transport knows where to receive.  ``tag`` identifies
+(request, layer); two-sided transports put it in their headers so that a
+mixed-up stream is detected.
+
+Completion semantics
+--------------------
+``wait(handle)`` on the *destination* side returns only when the bytes are
+visible in the destination pool.  A one-sided transport whose destination
+cannot observe completion sets ``Caps.notifies = False`` and the harness adds
+its own notification after the initiator's ``wait``; transports that deliver
+a notification of their own (two-sided receives, NIXL notifications, RDMA
+WRITE_WITH_IMM) set it True and make ``serve`` + ``wait`` block until then.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+SRC, DST, LEN = 0, 1, 2
+OPS = ("push", "pull")
+
+
+class TransportError(RuntimeError):
+    """A transfer failed; the harness turns this into a failed rank."""
+
+
+class Unavailable(Exception):
+    """The transport cannot run here; ``str(exc)`` is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a transport can do; the harness skips cases outside these."""
+
+    memory: tuple[str, ...] = ("host",)
+    ops: tuple[str, ...] = OPS
+    one_sided: bool = True
+    multi_node: bool = False
+    notifies: bool = False
+    local_only: bool = False  # source and destination in one process (loopback)
+    network: bool = False  # a pair sharing a host is worth a warning
+
+
+@dataclass
+class Context:
+    """What the harness tells a transport about the run (never an MPI object)."""
+
+    rank: int
+    world_size: int
+    hostname: str
+    run_id: str  # short, unique per launch; safe in file and segment names
+    token: bytes = b""  # per-run secret, generated on rank 0, for listeners
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Buffer:
+    """Memory a transport allocated for a pool (shared segment, MPI window...).
+
+    ``array`` is a page-aligned ``uint8`` numpy view of ``nbytes`` bytes;
+    ``release`` frees it (called once, by the pool).
+    """
+
+    array: np.ndarray
+    release: Any = None
+
+
+class Transport:
+    """Base class with the protocol's defaults. Subclasses set name and caps."""
+
+    name: ClassVar[str] = "?"
+    caps: ClassVar[Caps] = Caps()
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """Return why this transport cannot run here, or None if it can.
+
+        Must be cheap and must not initialise hardware for long; this is what
+        ``kvbench list`` shows.
+        """
+        return None
+
+    def alloc(self, nbytes: int) -> Buffer | None:
+        """Optionally provide the pool's memory (None: the harness allocates)."""
+        return None
+
+    def register(self, pool) -> bytes:
+        """Register ``pool`` once; return opaque metadata for the peers.
+
+        ``pool.array`` is the ``uint8`` view, ``pool.addr`` its address,
+        ``pool.nbytes`` its size, ``pool.kind`` its memory kind.
+        """
+        return b""
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        """Connect to ``peers`` (rank -> metadata from their ``register``)."""
+
+    def ready(self) -> None:
+        """Called after every rank has connected (after a barrier)."""
+
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Initiate ``op`` with ``peer``; non-blocking; return a handle."""
+        raise NotImplementedError
+
+    def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Target side of ``op`` (one-sided transports: nothing to do)."""
+        return None
+
+    def wait(self, handle) -> None:
+        """Block until ``handle`` is complete; raise TransportError on failure."""
+
+    def info(self) -> dict[str, Any]:
+        """Facts for the result metadata (library versions, selected paths)."""
+        return {}
+
+    def close(self) -> None:
+        """Release connections and registrations. Must be idempotent."""
+
+
+def check_descs(descs: np.ndarray, src_nbytes: int, dst_nbytes: int) -> None:
+    """Raise TransportError unless every descriptor lies inside both pools."""
+    if descs.dtype != np.int64 or descs.ndim != 2 or descs.shape[1] != 3:
+        raise TransportError(f"descriptors must be int64 (n, 3), got {descs.dtype} {descs.shape}")
+    if len(descs) == 0:
+        return
+    lo = descs.min(axis=0)
+    if lo[SRC] < 0 or lo[DST] < 0 or lo[LEN] <= 0:
+        raise TransportError("descriptor with a negative offset or non-positive length")
+    if (descs[:, SRC] + descs[:, LEN]).max() > src_nbytes:
+        raise TransportError("descriptor past the end of the source pool")
+    if (descs[:, DST] + descs[:, LEN]).max() > dst_nbytes:
+        raise TransportError("descriptor past the end of the destination pool")

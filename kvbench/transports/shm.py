@@ -1,0 +1,107 @@
+"""shm: one-sided copies through POSIX shared memory (the host analogue of CUDA IPC).
+
+Each rank's pool *is* a named segment in /dev/shm, registered once; a peer
+maps it and then push copies straight into the peer's pool and pull copies
+straight out of it: one memcpy per descriptor in C, one call per layer.
+
+Segments are unlinked as soon as every rank has mapped its peers
+(``ready``), so a crash or a killed rank later in the run cannot leave them
+behind in /dev/shm; the mappings stay valid until the process exits.  An
+``atexit`` hook covers the short window before that.
+"""
+from __future__ import annotations
+
+import atexit
+import mmap
+import os
+
+import numpy as np
+
+from .. import _native
+from .base import Buffer, Caps, Transport, TransportError, check_descs
+
+SHM_DIR = "/dev/shm"
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class ShmTransport(Transport):
+    name = "shm"
+    caps = Caps(memory=("host",), one_sided=True, notifies=False)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.path = None
+        self.pool = None
+        self.peers: dict[int, np.ndarray] = {}
+        self._maps: list[mmap.mmap] = []
+
+    @classmethod
+    def probe(cls):
+        if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
+            return f"{SHM_DIR} is not a writable directory"
+        return None
+
+    def alloc(self, nbytes: int) -> Buffer:
+        """The pool lives in a named shared segment so that peers can map it."""
+        self.path = f"{SHM_DIR}/kvbench_{self.ctx.run_id}_{self.ctx.rank}"
+        atexit.register(_unlink, self.path)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(nbytes, mmap.PAGESIZE))
+            mm = mmap.mmap(fd, max(nbytes, mmap.PAGESIZE), mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+        arr.fill(0)  # pre-fault; also fails here, not mid-run, if /dev/shm is too small
+        return Buffer(arr, lambda: _unlink(self.path))
+
+    def register(self, pool) -> bytes:
+        if self.path is None:
+            raise TransportError("shm pools must come from ShmTransport.alloc")
+        self.pool = pool
+        return self.path.encode()
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        for rank, meta in peers.items():
+            path = meta.decode()
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError as exc:
+                raise TransportError(f"cannot open rank {rank}'s segment {path}: {exc.strerror} "
+                                     "(shm needs all ranks on one host)") from None
+            try:
+                size = os.fstat(fd).st_size
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+            finally:
+                os.close(fd)
+            self._maps.append(mm)
+            self.peers[rank] = np.frombuffer(mm, dtype=np.uint8)
+
+    def ready(self) -> None:
+        if self.path:
+            _unlink(self.path)
+
+    def post(self, op, peer, descs, tag=0):
+        remote = self.peers[peer]
+        if op == "push":
+            check_descs(descs, self.pool.nbytes, remote.nbytes)
+            _native.copy_batch(remote, self.pool.array, descs)
+        else:
+            check_descs(descs, remote.nbytes, self.pool.nbytes)
+            _native.copy_batch(self.pool.array, remote, descs)
+        return None
+
+    def info(self):
+        return {"segment": self.path}
+
+    def close(self):
+        self.peers.clear()
+        self._maps.clear()  # the arrays hold the maps; they go with the last reference
+        if self.path:
+            _unlink(self.path)

@@ -1,0 +1,83 @@
+"""Real two-rank runs through mpiexec: every byte checked, results on disk."""
+import json
+
+import pytest
+
+SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-n", "3", "-w", "1"]
+
+
+@pytest.mark.parametrize("op", ["push", "pull"])
+def test_shm_two_ranks_no_wrong_bytes(kvrun, op):
+    r = kvrun(["-t", "shm", "--op", op, "-b", "16", "-e", "64", "-f", "4", *SMALL])
+    assert r.code == 0, r.out + r.err
+    df = r.table()
+    ok = df[df.status == "ok"]
+    assert set(ok.transport) == {"shm"} and set(ok.op) == {op}
+    checks = ok[ok.iter == -1]
+    assert len(checks) == 3 * 2  # (bulk + 2 block sizes) x 2 ranks
+    assert int(checks.nwrong.sum()) == 0
+    # one row per (case, rank, iteration): 3 timed iterations per rank per case
+    timed = ok[ok.iter >= 0]
+    assert (timed.groupby(["case", "rank"]).size() == 3).all()
+    assert set(timed["rank"]) == {0, 1}
+    # exact bytes and descriptors: llama-3-8b, 256 tokens, fp16: 131072 B/token
+    assert set(ok.payload_bytes) == {256 * 131072}
+    paged = ok[ok.variant == "paged"]
+    assert sorted(set(zip(paged.block_size, paged.descriptors))) == [(16, 32 * 2 * 16), (64, 32 * 2 * 4)]
+    assert set(ok[ok.variant == "bulk"].descriptors) == {32}
+    assert "# wrong elements: 0" in r.out and "OK" in r.out
+    assert "bulk%" in r.out
+
+
+def test_loopback_and_shm_quick_table_and_meta(kvrun):
+    r = kvrun(["-t", "loopback,shm", "--op", "push,pull", "-b", "16", "-e", "256", "-f", "4", *SMALL])
+    assert r.code == 0, r.out + r.err
+    df = r.table()
+    assert set(df.transport) == {"loopback", "shm"}
+    assert set(df.op) == {"push", "pull"}
+    assert int(df.nwrong.fillna(0).sum()) == 0
+    meta = json.load(open(r.results.replace(".parquet", ".meta.json")))
+    assert meta["schema_version"] == 1
+    assert meta["world_size"] == 2 and meta["suite"]["axes"]["transport"] == ["loopback", "shm"]
+    assert meta["status"] == "OK" and "system" in meta and "libraries" in meta and "git_commit" in meta
+    # table rows: 2 transports x 2 ops x (3 block sizes + bulk)
+    rows = [ln for ln in r.out.splitlines() if ln and not ln.startswith("#")]
+    assert len(rows) == 16
+
+
+def test_corrupted_byte_is_caught_and_fails_the_job(kvrun):
+    r = kvrun(["-t", "shm", "--op", "push", "-b", "16", "-e", "16", "--inject-corruption", "3", *SMALL])
+    assert r.code != 0
+    df = r.table()
+    checks = df[(df.iter == -1) & (df.role == "decode")]
+    # 3 flipped bytes in the first fp16 descriptor = 2 wrong elements, in the bulk case and the paged case
+    assert checks.nwrong.tolist() == [2, 2]
+    assert "FAILED" in r.out
+
+
+def test_results_are_never_overwritten(kvrun):
+    a = kvrun(["-t", "loopback", "-b", "16", "-e", "16", *SMALL, "--name", "same"])
+    b = kvrun(["-t", "loopback", "-b", "16", "-e", "16", *SMALL, "--name", "same"])
+    assert a.code == b.code == 0
+    import glob
+    import os
+
+    files = glob.glob(os.path.join(os.path.dirname(b.results), "*_same*.parquet"))
+    assert len(files) == 2
+
+
+def test_unavailable_transport_is_a_skipped_row_not_a_crash(kvrun):
+    r = kvrun(["-t", "verbs,shm", "-b", "16", "-e", "16", *SMALL])
+    assert r.code == 0, r.out + r.err
+    df = r.table()
+    sk = df[df.transport == "verbs"]
+    assert (sk.status == "skipped").all() and sk.reason.str.startswith("unavailable: ").all()
+    assert "skipped: unavailable:" in r.out
+
+
+def test_exception_on_one_rank_ends_the_job_quickly(kvrun):
+    # a transport failure on a rank: the job must end (no hang) with the error printed once
+    r = kvrun(["-t", "shm", "-b", "16", "-e", "16", *SMALL], env={"KVBENCH_FAULT": "post:1"}, timeout=60,
+              aborts=True)
+    assert r.code != 0
+    assert r.err.count("injected fault") == 1

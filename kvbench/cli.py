@@ -198,6 +198,7 @@ def cmd_size(a) -> int:
 
 
 def cmd_list(a) -> int:
+    comm.preload(transports.names())  # ucxx must load before mpi4py does (PLATFORM pitfall 7)
     print("# transports (name: status)")
     for name in transports.names():
         reason = transports.probe(name)
@@ -225,7 +226,9 @@ def cmd_env(a) -> int:
     for k in ("hostname", "platform", "cpu_model", "cpus"):
         print(f"{k:<16} {sysd.get(k, '-')}")
     print(f"{'memory':<16} {sysd.get('mem_total_bytes', 0) / 2**30:.1f} GiB")
-    print(f"{'mpirun':<16} {shutil.which('mpirun') or '-'}")
+    venv_mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    launcher = shutil.which("mpirun") or (venv_mpiexec if os.path.exists(venv_mpiexec) else None)
+    print(f"{'mpirun':<16} {launcher or '- (none on PATH)'}")
     try:
         from mpi4py import MPI
 

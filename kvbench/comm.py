@@ -31,6 +31,8 @@ def _mpi():
 
 def preload(transports: list[str]) -> None:
     """Import libraries that must be loaded before MPI (ucxx's UCX; PLATFORM pitfall 7)."""
+    # several UCX copies (mpich's, NIXL's, ucxx's) each warn about the others' variables
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     if "ucx" in transports and _MPI is None:
         try:
             import ucxx  # noqa: F401

@@ -15,6 +15,7 @@ from . import __version__, comm
 from . import model as M
 from . import suite as S
 from . import transports
+from .schedule import SCHEME_HELP
 
 EPILOG_RUN = """\
 vocabulary:
@@ -116,7 +117,8 @@ def build_parser() -> Parser:
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
     r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}")
-    r.add_argument("--scheme", help="pairing of ranks: pairwise (even ranks prefill, odd ranks decode)")
+    r.add_argument("--scheme", help="pairing of ranks: " + SCHEME_HELP)
+    r.add_argument("--inflight", type=csv(int), help="requests of each pair in flight at once (default 1)")
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
     r.add_argument("--pool-factor", type=float, help="pool size as a multiple of the largest request (default 2)")
     r.add_argument("--timeout", type=float, help="seconds a case may take before the job is aborted (default 600)")

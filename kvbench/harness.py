@@ -1,11 +1,11 @@
 """The one timing loop: pools, registration, warm-up, barrier, iterations, check, rows.
 
 The harness owns *how* a case is measured; transports own *what* moves.
-An iteration's time on a rank runs from the end of a barrier until that
-rank's part is complete; for the destination that means the bytes are
-visible in its pool (its own receive completed, or the initiator's
-notification arrived).  The headline per iteration is the max over the
-ranks of the pair, computed when results are read.
+An iteration starts when a barrier ends.  Each rank records, for each of
+its requests, when its part was complete; for the destination that means
+the bytes are visible in its pool (its own receive completed, or the
+initiator's notification arrived).  The headline per request is the max
+over the two ranks of its pair, computed when results are read.
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ import numpy as np
 
 from . import memory, transports
 from . import model as M
-from .descriptors import bulk_descs, coalesce, layer_descs, stats
+from .descriptors import bulk_descs, coalesce, layer_descs
 from .pool import BlockAllocator, Layout, Pool
-from .transports.base import DST, LEN, Context, TransportError, Unavailable
+from .schedule import Entry, SchemeError, make_pairs, max_entries_per_rank, offset_bulk, roles
+from .transports.base import DST, LEN, Context, TransportError
 
 
 class UserError(ValueError):
@@ -41,16 +42,6 @@ class Options:
     transport_options: dict = field(default_factory=dict)
 
 
-def make_pairs(scheme: str, world: int) -> list[tuple[int, int]]:
-    """(prefill rank, decode rank) pairs of a scheme."""
-    if scheme == "pairwise":
-        if world > 1 and world % 2:
-            raise UserError(f"scheme 'pairwise' needs an even number of ranks (got {world}): "
-                            "even ranks prefill, odd ranks decode")
-        return [(r, r + 1) for r in range(0, world - 1, 2)]
-    raise UserError(f"scheme '{scheme}' is not one of: pairwise")
-
-
 def case_geometry(case: dict) -> dict:
     """Shape numbers of a case: blocks, block bytes, payload (pure arithmetic)."""
     shape = M.shard(M.get_model(case["model"]), case["tp"], case["pp"])
@@ -64,9 +55,13 @@ def case_geometry(case: dict) -> dict:
             "payload": M.bytes_per_token(shape, case["dtype"]) * ntok}
 
 
-def pool_bytes(cases: list[dict], factor: float) -> int:
-    """One pool size for a transport's cases: room for ``factor`` x the largest request."""
-    need = max(case_geometry(c)["full_bytes"] for c in cases)
+def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
+    """One pool size for a transport's cases: ``factor`` x the requests one rank holds at once.
+
+    ``entries`` is the number of pairs the busiest rank belongs to; each case
+    multiplies it by its own ``inflight``.
+    """
+    need = max(case_geometry(c)["full_bytes"] * c.get("inflight", 1) for c in cases) * entries
     return -(-int(need * factor) // memory.PAGE) * memory.PAGE
 
 
@@ -80,34 +75,35 @@ class Harness:
         self.token = comm.bcast(secrets.token_bytes(16) if self.rank == 0 else None)
         self.total_wrong = 0
         self.case_no = 0
+        self.overhead: dict[int, float] = {}  # case -> mean seconds per iteration outside the transport
         # fault injection, inert by default: KVBENCH_FAULT=post:<rank> fails that rank's first transfer
-        spec = os.environ.get("KVBENCH_FAULT", "")
-        self.fault = spec.partition(":")[0] == "post" and spec.partition(":")[2] == str(self.rank)
+        where, _, who = os.environ.get("KVBENCH_FAULT", "").partition(":")
+        self.fault = where == "post" and who == str(self.rank)
 
     # ----- whole run ---------------------------------------------------------------------
-    def check_memory(self, cases: list[dict], pairs) -> None:
+    def check_memory(self, cases: list[dict], entries: int) -> None:
         """Refuse, before allocating, a run whose pools do not fit in this host's memory."""
         need = 0
         for name, group in groupby(cases, key=lambda c: c["transport"]):
-            group = list(group)
+            nb = pool_bytes(list(group), self.opts.pool_factor, entries)
             local = name == "loopback"
-            nb = pool_bytes(group, self.opts.pool_factor)
-            mine = (2 * nb if self.rank == 0 else 0) if local else nb
-            need = max(need, mine)
-        rows = self.comm.allgather((self.comm.hostname, need, memory.available_bytes()))
+            need = max(need, (2 * nb if self.rank == 0 else 0) if local else nb)
         per_host: dict[str, list] = {}
-        for host, n, avail in rows:
-            per_host.setdefault(host, [0, avail, 0])
-            per_host[host][0] += n
-            per_host[host][2] += 1
+        for host, n, avail in self.comm.allgather((self.comm.hostname, need, memory.available_bytes())):
+            tot = per_host.setdefault(host, [0, avail, 0])
+            tot[0] += n
+            tot[2] += 1
         for host, (total, avail, nranks) in per_host.items():
             if total > 0.9 * avail:
                 raise UserError(f"pools need {total / 2**30:.2f} GiB on host {host} ({nranks} ranks) but only "
                                 f"{avail / 2**30:.2f} GiB is available: lower --tokens, --pool-factor or the model size")
 
     def run(self, cases: list[dict], scheme: str) -> None:
-        pairs = make_pairs(scheme, self.comm.size)
-        self.check_memory(cases, pairs)
+        try:
+            pairs = make_pairs(scheme, self.comm.size)
+        except SchemeError as exc:
+            raise UserError(str(exc)) from None
+        self.check_memory(cases, max_entries_per_rank(pairs, 1))
         for name, group in groupby(cases, key=lambda c: c["transport"]):
             self.run_transport(name, list(group), pairs)
 
@@ -119,6 +115,8 @@ class Harness:
             cls = transports.load(name)
             if not cls.caps.local_only and self.comm.size < 2:
                 reason = "needs 2 ranks or more (mpirun -np 2 kvbench run ...)"
+            elif cases[0]["op"] not in cls.caps.ops and all(c["op"] not in cls.caps.ops for c in cases):
+                reason = f"supports only {', '.join(cls.caps.ops)}"
         reasons = [r for r in self.comm.allgather(reason) if r]
         if reasons:
             for case in cases:
@@ -129,7 +127,8 @@ class Harness:
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, self.token,
                       dict(self.opts.transport_options))
         t = cls(ctx)
-        nbytes = pool_bytes(cases, self.opts.pool_factor)
+        entries = 1 if local else max_entries_per_rank(pairs, 1)
+        nbytes = pool_bytes(cases, self.opts.pool_factor, entries)
         pools: list[Pool] = []
         try:
             active = not local or self.rank == 0
@@ -140,15 +139,21 @@ class Harness:
                 metas = [t.register(p) for p in pools]
             if not local:
                 allm = self.comm.allgather(metas[0])
-                peers = {d if s == self.rank else s: allm[d if s == self.rank else s]
-                         for s, d in pairs if self.rank in (s, d)}
+                peers = {}
+                for s, d in pairs:
+                    if self.rank in (s, d):
+                        other = d if s == self.rank else s
+                        peers[other] = allm[other]
                 t.connect(peers)
             elif active:
                 t.connect({})
             self.comm.barrier()
             t.ready()
-            session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": {}}
+            session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
             for case in cases:
+                if case["op"] not in cls.caps.ops:
+                    self.emit_skipped(case, f"unavailable: {name} supports only {', '.join(cls.caps.ops)}")
+                    continue
                 self.run_case(case, session)
         finally:
             t.close()
@@ -163,105 +168,135 @@ class Harness:
 
     # ----- one case ----------------------------------------------------------------------
     def run_case(self, case: dict, s: dict) -> None:
-        bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp"))
+        bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight"))
         if bulk_key not in s["bulk"]:
-            s["bulk"][bulk_key] = True
+            s["bulk"].add(bulk_key)
             self.measure(dict(case, variant="bulk"), s)
         self.measure(dict(case, variant="paged"), s)
+
+    def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
+        """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both."""
+        lay = Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions, g["block_bytes"], s["nbytes"])
+        bulk = case["variant"] == "bulk"
+        seed = self.opts.seed * 1_000_003 + self.case_no
+        allocs: dict[str, BlockAllocator] = {}
+        mine, slots = {}, {}
+        for i, (src, dst) in enumerate(s["pairs"]):
+            for req in range(case["inflight"]):
+                for side, r in (("src", src), ("dst", dst)):
+                    if r != self.rank:
+                        continue
+                    if side not in allocs:
+                        allocs[side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
+                    ids = allocs[side].allocate(g["nblocks"], "contiguous" if bulk else case["alloc"])
+                    if ids is None:
+                        raise TransportError(f"pool of {lay.nblocks} blocks per layer cannot hold the requests "
+                                             f"in flight; raise --pool-factor")
+                    mine[(i, req, side)] = ids
+                    slots[(i, req, side)] = sum(1 for key in slots if key[2] == side)
+        blocks, allslots = {}, {}
+        for part, sl in ([(mine, slots)] if s["local"] else self.comm.allgather((mine, slots))):
+            blocks.update(part)
+            allslots.update(sl)
+        entries = []
+        for i, (src, dst) in enumerate(s["pairs"]):
+            if self.rank not in (src, dst):
+                continue
+            for req in range(case["inflight"]):
+                layers = []
+                for layer in range(lay.layers):
+                    d = layer_descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], layer, g["last_bytes"])
+                    if bulk:
+                        d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))
+                    elif case["coalesce"] == "on":
+                        d = coalesce(d)
+                    layers.append(np.ascontiguousarray(d))
+                if bulk:  # requests sharing a pool get disjoint slices of each layer
+                    layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")])
+                    for j, d in enumerate(layers):
+                        start, span = lay.layer_span(j)
+                        if int((d[:, :2] + d[:, 2:3]).max()) > start + span:
+                            raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
+                entries.append(Entry(i, req, src, dst, layers))
+        return entries
 
     def measure(self, case: dict, s: dict) -> None:
         self.case_no += 1
         g = case_geometry(case)
-        t, pools, local = s["t"], s["pools"], s["local"]
-        nbytes = pools[0].nbytes if pools else pool_bytes([case], self.opts.pool_factor)
-        lay = Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions, g["block_bytes"], nbytes)
-        # control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both
-        seed = self.opts.seed * 1_000_003 + self.case_no
-        mine = {}
-        for i, (src, dst) in enumerate(s["pairs"]):
-            for side, r in (("src", src), ("dst", dst)):
-                if r == self.rank:
-                    alloc = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
-                    spec = case["alloc"] if case["variant"] == "paged" else "contiguous"
-                    mine[(i, side)] = alloc.allocate(g["nblocks"], spec)
-        blocks = {}
-        for part in ([mine] if local else self.comm.allgather(mine)):
-            blocks.update(part)
-        plan = []  # (pair index, src rank, dst rank, per-layer descs)
-        for i, (src, dst) in enumerate(s["pairs"]):
-            if self.rank not in (src, dst):
-                continue
-            layers = []
-            for layer in range(lay.layers):
-                d = layer_descs(lay, lay, blocks[(i, "src")], blocks[(i, "dst")], layer, g["last_bytes"])
-                if case["variant"] == "bulk":
-                    d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))
-                elif case["coalesce"] == "on":
-                    d = coalesce(d)
-                layers.append(np.ascontiguousarray(d))
-            plan.append((i, src, dst, layers))
-        seconds, nwrong = self.timed(case, t, pools, plan, local)
-        self.emit(case, g, lay, plan, seconds, nwrong)
+        entries = self.plan(case, g, s)
+        times, overhead, nwrong = self.timed(case, s, entries)
+        self.emit(case, g, entries, times, overhead, nwrong)
 
-    def timed(self, case, t, pools, plan, local):
-        op, o = case["op"], self.opts
-        init, serve, notify_to, notify_from = [], [], [], []
-        for i, src, dst, layers in plan:
-            initiator = src if op == "push" else dst
-            if local or initiator == self.rank:
-                init.append((dst if op == "push" else src, layers))
-            else:
-                serve.append((src if op == "push" else dst, layers))
-            if op == "push" and not t.caps.notifies and not local:
-                (notify_to if src == self.rank else notify_from).append(dst if src == self.rank else src)
+    def timed(self, case, s, entries):
+        t, op, o = s["t"], case["op"], self.opts
+        local = s["local"]
+        init, serve = roles(entries, self.rank, op, local)
+        notify = op == "push" and not t.caps.notifies and not local
         req = self.case_no << 8
+        order = [e for e, _ in init] + [e for e, _ in serve]
 
         def once(it):
+            """One iteration: post everything, then complete entry by entry; per-entry times and transport time."""
             if self.fault:
                 raise TransportError("injected fault (KVBENCH_FAULT)")
             tag0 = ((req + it) & 0xFFFF) << 16
-            hs = [t.post(op, p, d, tag0 | k) for p, ls in init for k, d in enumerate(ls)]
-            hs += [t.serve(op, p, d, tag0 | k) for p, ls in serve for k, d in enumerate(ls)]
-            for h in hs:
-                t.wait(h)
-            for p in notify_to:
-                self.comm.notify(p)
-            for p in notify_from:
-                self.comm.wait_notify(p)
+            inside = 0.0
+            t0 = time.perf_counter()
+            handles = {}
+            for e, peer in init:
+                handles[id(e)] = [t.post(op, peer, d, tag0 | (e.req << 12) | k) for k, d in enumerate(e.layers)]
+            for e, peer in serve:
+                handles[id(e)] = [t.serve(op, peer, d, tag0 | (e.req << 12) | k) for k, d in enumerate(e.layers)]
+            inside += time.perf_counter() - t0
+            done = []
+            for e in order:
+                a = time.perf_counter()
+                for h in handles[id(e)]:
+                    t.wait(h)
+                inside += time.perf_counter() - a
+                if notify:
+                    if e.src == self.rank:
+                        self.comm.notify(e.dst)
+                    else:
+                        self.comm.wait_notify(e.src)
+                done.append(time.perf_counter() - t0)
+            return done, inside
 
         watchdog = threading.Timer(o.timeout, self._timeout, args=(case,))
         watchdog.daemon = True
         watchdog.start()
         try:
-            seconds = []
+            times, overhead = [], []
             for it in range(o.warmup + o.iters):
                 self.comm.barrier()
                 t0 = time.perf_counter()
-                once(it)
-                dt = time.perf_counter() - t0
+                done, inside = once(it)
+                total = time.perf_counter() - t0
                 if it >= o.warmup:
-                    seconds.append(dt)
-            nwrong = self.check(case, pools, plan, local, once) if o.check else None
+                    times.append(done)
+                    overhead.append(total - inside)
+            nwrong = self.check(case, s, entries, once) if o.check else None
         finally:
             watchdog.cancel()
-        return seconds, nwrong
+        return times, overhead, nwrong
 
-    def check(self, case, pools, plan, local, once) -> int:
-        """Poison the destination ranges, transfer once more, count wrong elements."""
-        dst_pool = pools[-1] if pools else None
-        mine = [(src, layers) for i, src, dst, layers in plan if dst == self.rank]
-        for _, layers in mine:
-            for d in layers:
+    def check(self, case, s, entries, once) -> list[int]:
+        """Poison the destination ranges, transfer once more, count wrong elements per entry."""
+        dst_pool = s["pools"][-1] if s["pools"] else None
+        mine = [e for e in entries if e.dst == self.rank]
+        for e in mine:
+            for d in e.layers:
                 memory.poison(dst_pool.array, d, DST)
         self.comm.barrier()
         once(-1)
         if mine and self.opts.inject_corruption:
-            first = mine[0][1][0]
+            first = mine[0].layers[0]
             off = int(first[0, DST])
             n = min(self.opts.inject_corruption, int(first[0, LEN]))
             dst_pool.array[off:off + n] ^= 0xFF
         elem = M.dtype_bytes(case["dtype"])
-        return sum(memory.count_wrong(dst_pool.array, d, src, elem) for src, layers in mine for d in layers)
+        return [sum(memory.count_wrong(dst_pool.array, d, e.src, elem) for d in e.layers) if e.dst == self.rank
+                else 0 for e in entries]
 
     def _timeout(self, case):
         print(f"kvbench: rank {self.rank}: case {self.case_no} ({case['transport']} {case['op']}) exceeded its "
@@ -278,28 +313,29 @@ class Harness:
             "block_bytes": 0 if bulk or g is None else g["block_bytes"], "layout": case["layout"],
             "allocation": "bulk" if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
             "dtype": case["dtype"], "codec": "none", "overlap": "serial", "scheme": case["scheme"],
-            "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size,
+            "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
         }
 
-    def emit(self, case, g, lay, plan, seconds, nwrong) -> None:
+    def emit(self, case, g, entries, times, overhead, nwrong) -> None:
         rows = []
-        if plan:
-            i, src, dst, layers = plan[0]
-            st = stats(layers)
-            role = "both" if src == dst else ("prefill" if src == self.rank else "decode")
-            base = dict(self.base_row(case, g), rank=self.rank, role=role, pair=i,
-                        payload_bytes=st["payload_bytes"], wire_bytes=st["payload_bytes"],
-                        descriptors=st["descriptors"], status="ok", reason="")
-            rows = [dict(base, iter=k, seconds=sec, nwrong=None) for k, sec in enumerate(seconds)]
+        for k, e in enumerate(entries):
+            role = "both" if e.src == e.dst else ("prefill" if e.src == self.rank else "decode")
+            base = dict(self.base_row(case, g), rank=self.rank, role=role, pair=e.pair, req=e.req,
+                        payload_bytes=e.payload, wire_bytes=e.payload, descriptors=e.descriptors,
+                        status="ok", reason="")
+            rows += [dict(base, iter=it, seconds=done[k], harness_seconds=overhead[it], nwrong=None)
+                     for it, done in enumerate(times)]
             if nwrong is not None:
-                rows.append(dict(base, iter=-1, seconds=float("nan"), nwrong=nwrong if role != "prefill" else 0))
+                rows.append(dict(base, iter=-1, seconds=float("nan"), harness_seconds=float("nan"),
+                                 nwrong=nwrong[k] if role != "prefill" else 0))
         self.deliver(rows)
 
     def emit_skipped(self, case: dict, reason: str) -> None:
         self.case_no += 1
-        row = dict(self.base_row(dict(case, variant="paged")), rank=self.rank, role="", pair=-1, iter=-1,
-                   seconds=float("nan"), payload_bytes=case_geometry(case)["payload"], wire_bytes=0,
-                   descriptors=0, status="skipped", reason=reason, nwrong=None)
+        row = dict(self.base_row(dict(case, variant="paged")), rank=self.rank, role="", pair=-1, req=0, iter=-1,
+                   seconds=float("nan"), harness_seconds=float("nan"),
+                   payload_bytes=case_geometry(case)["payload"], wire_bytes=0, descriptors=0,
+                   status="skipped", reason=reason, nwrong=None)
         self.deliver([row] if self.rank == 0 else [])
 
     def deliver(self, rows: list[dict]) -> None:
@@ -309,11 +345,3 @@ class Harness:
             self.total_wrong += sum(r["nwrong"] or 0 for r in flat)
             if self.sink:
                 self.sink(flat)
-
-
-def unavailable_reason(name: str) -> str | None:
-    """Probe without raising (for ``kvbench list``)."""
-    try:
-        return transports.probe(name)
-    except Unavailable as exc:
-        return str(exc)

@@ -21,6 +21,8 @@ COLUMNS = [
     ("layout", 11, lambda r: r["layout"]),
     ("alloc", 10, lambda r: r["allocation"]),
     ("coal", 4, lambda r: r["coalesce"]),
+    ("pairs", 5, lambda r: _i(r.get("pairs"))),
+    ("infl", 4, lambda r: f"{r['inflight']}"),
     ("blk(tok)", 8, lambda r: "-" if r["variant"] == "bulk" else f"{r['block_size']}"),
     ("blk(B)", 8, lambda r: "-" if r["variant"] == "bulk" else f"{r['block_bytes']}"),
     ("descs", 7, lambda r: f"{r['descriptors']}"),
@@ -29,9 +31,14 @@ COLUMNS = [
     ("p50(us)", 9, lambda r: _f(r["p50"] * 1e6, ".1f")),
     ("p99(us)", 9, lambda r: _f(r["p99"] * 1e6, ".1f")),
     ("GB/s", 7, lambda r: _f(r["gbps"], ".2f")),
+    ("aggGB/s", 7, lambda r: _f(r.get("agg_gbps"), ".2f")),
     ("bulk%", 6, lambda r: _f(r.get("bulk_pct"), ".1f")),
     ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
 ]
+
+
+def _i(x) -> str:
+    return "-" if x is None or pd.isna(x) else f"{int(x)}"
 
 
 def _f(x, spec: str) -> str:
@@ -42,8 +49,9 @@ def header_lines() -> list[str]:
     """Column headers, '#'-prefixed like nccl-tests."""
     cols = " ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
     cols = "#" + cols[1:] if cols.startswith(" ") else "#" + cols
-    return ["# GB/s = 10^9 bytes/s of KV payload at the p50 time; time = until the destination knows the last",
-            "# byte landed (max over the pair's ranks); bulk% = this row's GB/s / the same payload sent as one",
+    return ["# GB/s = 10^9 bytes/s of one request's KV payload at its p50 time; time = until the destination",
+            "# knows the last byte landed (max over the pair's ranks); aggGB/s = all requests of all pairs of an",
+            "# iteration / the time the last one landed (median); bulk% = GB/s / the same payload sent as one",
             "# descriptor per layer; #wrong = destination elements that failed the check (- = not checked)",
             "#", cols]
 
@@ -56,7 +64,8 @@ def format_line(r: dict) -> str:
     return " ".join(f"{f(r):>{w}}" for _, w, f in COLUMNS)
 
 
-BULK_KEYS = ["transport", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme", "world_size"]
+BULK_KEYS = ["transport", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme", "world_size",
+             "inflight"]
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

@@ -23,9 +23,9 @@ SCHEMA_VERSION = 1
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
-                "pp", "world_size"]
-ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "iter", "seconds", "payload_bytes", "wire_bytes",
-                              "descriptors", "status", "reason", "nwrong"]
+                "pp", "world_size", "inflight"]
+ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "seconds", "harness_seconds", "payload_bytes",
+                              "wire_bytes", "descriptors", "status", "reason", "nwrong"]
 
 
 def machine_name() -> str:
@@ -106,14 +106,18 @@ def library_versions() -> dict[str, str]:
 
 
 def pair_times(df: pd.DataFrame) -> pd.Series:
-    """Headline seconds per (case, pair, iter): the max over the ranks of that transfer."""
+    """Headline seconds per (case, pair, req, iter): the max over the two ranks of that transfer."""
     ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
-    return ok.groupby(["case", "pair", "iter"])["seconds"].max()
+    return ok.groupby(["case", "pair", "req", "iter"])["seconds"].max()
 
 
 def case_stats(df: pd.DataFrame) -> pd.DataFrame:
     """One line per case: percentiles (us) and GB/s (10^9 B/s) at p50, from raw rows."""
     t = pair_times(df).rename("t").reset_index()
+    # aggregate: every request of every pair per iteration; the iteration ends when the last one lands
+    ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
+    per_req = ok.groupby(["case", "pair", "req"])["payload_bytes"].first().groupby("case").sum()
+    makespan = t.groupby(["case", "iter"])["t"].max().groupby("case").median()
     agg = t.groupby("case")["t"].agg(
         p50=lambda s: float(np.percentile(s, 50)),
         p95=lambda s: float(np.percentile(s, 95)),
@@ -129,7 +133,9 @@ def case_stats(df: pd.DataFrame) -> pd.DataFrame:
         reason=("reason", "first"),
     )
     out = keys.join(agg, how="left")
+    out["pairs"] = ok.groupby("case")["pair"].nunique()
     out["gbps"] = out["payload_bytes"] / out["p50"] / 1e9
+    out["agg_gbps"] = per_req / makespan / 1e9
     return out.reset_index()
 
 

@@ -7,11 +7,12 @@ from collections import Counter
 
 from . import __version__, comm
 from . import suite as S
-from .harness import Harness, Options, UserError, make_pairs
+from .harness import Harness, Options, UserError
+from .schedule import SchemeError, make_pairs
 
 FLAG_AXES = {"transport": "transport", "op": "op", "model": "model", "tokens": "tokens", "coalesce": "coalesce",
              "alloc": "alloc", "layout": "layout", "dtype": "dtype", "tp": "tp", "pp": "pp",
-             "prefix_hit": "prefix_hit"}
+             "prefix_hit": "prefix_hit", "inflight": "inflight"}
 
 
 def block_sweep(a) -> list[int] | None:
@@ -87,7 +88,7 @@ def run(a, argv: list[str]) -> int:
             suite, cases = resolve(a)
             make_pairs(suite.scheme, c.size)
             payload = (suite.model_dump(), cases, None)
-        except (S.SuiteError, UserError, ValueError) as exc:
+        except (S.SuiteError, UserError, SchemeError, ValueError) as exc:
             payload = (None, None, str(exc))
     suite_d, cases, err = c.bcast(payload)
     if err:

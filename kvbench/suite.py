@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import model as M
 from . import transports
 from .pool import LAYOUTS, parse_alloc
+from .schedule import SCHEMES
 
 SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "suites")
-SCHEMES = ("pairwise",)
 
 
 class SuiteError(ValueError):
@@ -41,6 +41,7 @@ class Axes(BaseModel):
     dtype: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2"]] = Field(default=["fp16"], min_length=1)
     tp: list[int] = Field(default=[1], min_length=1)
     pp: list[int] = Field(default=[1], min_length=1)
+    inflight: list[int] = Field(default=[1], min_length=1)
 
     @field_validator("transport")
     @classmethod
@@ -64,7 +65,7 @@ class Axes(BaseModel):
             M.check_block_size(b)
         return v
 
-    @field_validator("tokens", "tp", "pp")
+    @field_validator("tokens", "tp", "pp", "inflight")
     @classmethod
     def _positive(cls, v):
         for x in v:
@@ -89,7 +90,7 @@ class Suite(BaseModel):
     iters: int = Field(default=20, ge=1)
     warmup: int = Field(default=3, ge=0)
     check: bool = True
-    scheme: Literal["pairwise"] = "pairwise"
+    scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
     seed: int = 0
     pool_factor: float = Field(default=2.0, ge=1.0)
     timeout: float = Field(default=600.0, gt=0)
@@ -145,7 +146,7 @@ def list_suites() -> list[str]:
 
 
 CASE_KEYS = ("transport", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
-             "coalesce", "dtype", "tp", "pp")
+             "coalesce", "dtype", "tp", "pp", "inflight")
 
 
 def expand(suite: Suite) -> list[dict]:

@@ -11,10 +11,9 @@ import shutil
 import sys
 import traceback
 
-from . import __version__, comm
+from . import __version__, comm, transports
 from . import model as M
 from . import suite as S
-from . import transports
 from .schedule import SCHEME_HELP
 
 EPILOG_RUN = """\

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import memory
-
 LAYOUTS = ("layer-major", "block-major", "mla")
 ALLOC_HELP = "contiguous, random or fragmented:<run> (runs of <run> adjacent blocks)"
 
@@ -55,7 +53,7 @@ class Layout:
     nblocks: int  # blocks per layer (per region)
 
     @classmethod
-    def fit(cls, kind: str, layers: int, regions: int, block_bytes: int, pool_bytes: int) -> "Layout":
+    def fit(cls, kind: str, layers: int, regions: int, block_bytes: int, pool_bytes: int) -> Layout:
         """The largest layout of this shape that fits in ``pool_bytes``."""
         if kind == "mla" and regions != 1:
             raise ValueError("layout 'mla' needs a model with MLA attention (one latent region)")

@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import model as M
 from . import transports
 from .pool import LAYOUTS, parse_alloc
-from .schedule import SCHEMES
 
 SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "suites")
 

@@ -121,6 +121,11 @@ def build_parser() -> Parser:
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
     r.add_argument("--pool-factor", type=float, help="pool size as a multiple of the largest request (default 2)")
     r.add_argument("--timeout", type=float, help="seconds a case may take before the job is aborted (default 600)")
+    r.add_argument("--variants", type=csv(str), help="bulk,paged (default both): bulk = one descriptor per layer, "
+                   "the path's ceiling; paged = the block table")
+    r.add_argument("-O", "--option", action="append", metavar="KEY=VALUE",
+                   help="transport option, repeatable: tcp ifname=eth0 addr=10.0.0.1 sockbuf=0; mpi window=allocate|"
+                   "create mode=rma|sendrecv; nixl prep=on|off progress_thread=on|off; mooncake protocol=tcp|rdma")
     r.add_argument("-o", "--results", default="results", help="results directory (default: results/)")
     r.add_argument("--name", help="name used in the result file (default: the suite's name)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",

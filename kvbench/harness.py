@@ -38,6 +38,7 @@ class Options:
     seed: int = 0
     pool_factor: float = 2.0
     timeout: float = 600.0
+    variants: tuple = ("bulk", "paged")
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
     transport_options: dict = field(default_factory=dict)
 
@@ -75,7 +76,7 @@ class Harness:
         self.token = comm.bcast(secrets.token_bytes(16) if self.rank == 0 else None)
         self.total_wrong = 0
         self.case_no = 0
-        self.overhead: dict[int, float] = {}  # case -> mean seconds per iteration outside the transport
+        self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         # fault injection, inert by default: KVBENCH_FAULT=post:<rank> fails that rank's first transfer
         where, _, who = os.environ.get("KVBENCH_FAULT", "").partition(":")
         self.fault = where == "post" and who == str(self.rank)
@@ -149,6 +150,9 @@ class Harness:
                 t.connect({})
             self.comm.barrier()
             t.ready()
+            infos = self.comm.gather(t.info() if not local or self.rank == 0 else None)
+            if self.rank == 0:
+                self.transport_info[name] = infos
             session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
             for case in cases:
                 if case["op"] not in cls.caps.ops:
@@ -169,10 +173,11 @@ class Harness:
     # ----- one case ----------------------------------------------------------------------
     def run_case(self, case: dict, s: dict) -> None:
         bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight"))
-        if bulk_key not in s["bulk"]:
+        if bulk_key not in s["bulk"] and "bulk" in self.opts.variants:
             s["bulk"].add(bulk_key)
             self.measure(dict(case, variant="bulk"), s)
-        self.measure(dict(case, variant="paged"), s)
+        if "paged" in self.opts.variants:
+            self.measure(dict(case, variant="paged"), s)
 
     def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
         """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both."""
@@ -253,13 +258,14 @@ class Harness:
                 a = time.perf_counter()
                 for h in handles[id(e)]:
                     t.wait(h)
-                inside += time.perf_counter() - a
-                if notify:
+                if notify:  # completion the harness adds for one-sided transports: waiting, not overhead
                     if e.src == self.rank:
                         self.comm.notify(e.dst)
                     else:
                         self.comm.wait_notify(e.src)
-                done.append(time.perf_counter() - t0)
+                b = time.perf_counter()
+                inside += b - a
+                done.append(b - t0)
             return done, inside
 
         watchdog = threading.Timer(o.timeout, self._timeout, args=(case,))

@@ -51,6 +51,8 @@ def resolve(a) -> tuple[S.Suite, list[dict]]:
     sweep = block_sweep(a)
     if sweep:
         axes["block_size"] = sweep
+    if a.variants:
+        data["variants"] = a.variants
     for attr in ("iters", "warmup", "seed", "pool_factor", "timeout", "scheme"):
         if getattr(a, attr) is not None:
             data[attr] = getattr(a, attr)
@@ -60,6 +62,42 @@ def resolve(a) -> tuple[S.Suite, list[dict]]:
         data["name"] = a.name
     suite = S.validate(data, a.suite or "command line")
     return suite, S.expand(suite)
+
+
+def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
+    """Network transports whose pairs share a host measure loopback, not the wire: say so."""
+    from . import transports
+
+    shared = [(s, d) for s, d in pairs if hosts[s] == hosts[d]]
+    out = []
+    for name in dict.fromkeys(c["transport"] for c in cases):
+        try:
+            caps = transports.load(name).caps
+        except Exception:  # unavailable: its rows say why
+            continue
+        if caps.network and shared:
+            s, d = shared[0]
+            out.append(f"# WARNING: {name} is a network transport but {len(shared)} of {len(pairs)} pairs share a "
+                       f"host (e.g. ranks {s},{d} on {hosts[s]}): this measures the host's loopback, not a link "
+                       "between nodes")
+    return out
+
+
+def transport_options(a) -> dict:
+    """-O key=value pairs for transports (numbers parsed), e.g. -O window=create -O ifname=eth0."""
+    out = {}
+    for item in a.option or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise S.SuiteError(f"-O {item}: expected key=value")
+        try:
+            out[key] = int(val)
+        except ValueError:
+            try:
+                out[key] = float(val)
+            except ValueError:
+                out[key] = val
+    return out
 
 
 def preamble(c, suite, argv, hosts) -> list[str]:
@@ -87,24 +125,26 @@ def run(a, argv: list[str]) -> int:
         try:
             suite, cases = resolve(a)
             make_pairs(suite.scheme, c.size)
-            payload = (suite.model_dump(), cases, None)
+            payload = (suite.model_dump(), cases, transport_options(a), None)
         except (S.SuiteError, UserError, SchemeError, ValueError) as exc:
-            payload = (None, None, str(exc))
-    suite_d, cases, err = c.bcast(payload)
+            payload = (None, None, None, str(exc))
+    suite_d, cases, topts, err = c.bcast(payload)
     if err:
         return finish(c, 1, err)
     suite = S.Suite.model_validate(suite_d)
     hosts = c.allgather(c.hostname)
     opts = Options(iters=suite.iters, warmup=suite.warmup, check=suite.check, seed=suite.seed,
-                   pool_factor=suite.pool_factor, timeout=suite.timeout, inject_corruption=a.inject_corruption)
+                   pool_factor=suite.pool_factor, timeout=suite.timeout, inject_corruption=a.inject_corruption,
+                   variants=tuple(suite.variants), transport_options=topts)
     printer = writer = None
     if c.rank == 0:
         from .report import LivePrinter, header_lines
         from .results import ResultWriter, git_commit, library_versions, system_description
 
-        for line in preamble(c, suite, argv, hosts):
+        for line in preamble(c, suite, argv, hosts) + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts):
             print(line)
         meta = {"kvbench_version": __version__, "suite": suite.model_dump(), "cases": cases, "argv": argv,
+                "transport_options": topts,
                 "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
                 "system": system_description(), "hosts": hosts, "world_size": c.size,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -136,10 +176,26 @@ def run(a, argv: list[str]) -> int:
               f"({skipped} skipped)   {'OK' if ok else 'FAILED'}")
         print(f"# results: {writer.path}")
         writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=h.total_wrong,
-                      status="OK" if ok else "FAILED")
+                      status="OK" if ok else "FAILED", harness_overhead_us=overhead_us(printer),
+                      transports=h.transport_info)
         code = 0 if ok else 1
     code = c.bcast(code)
     return finish(c, code)
+
+
+def overhead_us(printer) -> dict:
+    """Per case: mean and max over ranks of the time per iteration spent outside the transport (us)."""
+    import pandas as pd
+
+    if not printer.frames:
+        return {}
+    df = pd.concat(printer.frames, ignore_index=True)
+    df = df[df["iter"] >= 0]
+    per_rank = df.groupby(["case", "rank", "iter"])["harness_seconds"].first().groupby(["case", "rank"]).mean()
+    out = {}
+    for case, s in per_rank.groupby(level=0):
+        out[int(case)] = {"mean_us": round(float(s.mean()) * 1e6, 2), "max_rank_us": round(float(s.max()) * 1e6, 2)}
+    return out
 
 
 def finish(c, code: int, err: str | None = None) -> int:

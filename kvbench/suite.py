@@ -93,6 +93,7 @@ class Suite(BaseModel):
     seed: int = 0
     pool_factor: float = Field(default=2.0, ge=1.0)
     timeout: float = Field(default=600.0, gt=0)
+    variants: list[Literal["bulk", "paged"]] = Field(default=["bulk", "paged"], min_length=1)
     axes: Axes = Field(default_factory=Axes)
 
 

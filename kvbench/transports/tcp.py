@@ -1,0 +1,307 @@
+"""tcp: one TCP connection per peer; scatter-gather straight out of and into the pools.
+
+* Address: ``kvbench.net.select_addr`` (NCCL's rules: ``-O addr=``, ``-O ifname=``
+  or KVBENCH_SOCKET_IFNAME).  The listener binds it, never 0.0.0.0; ``connect``
+  refuses loopback between two hosts.
+* Setup: in ``connect`` the higher rank of a pair dials the lower (dials only go
+  downwards: no cycle of waits) and presents its rank and the run's token; a
+  wrong one is closed and logged and the acceptor waits on, up to connect_timeout.
+* Wire: per layer a 32-byte header (magic, kind, tag, bytes, descriptors), then
+  the payload by writev from the source ranges and readv into the destination
+  ranges (kvbench._native, GIL released; fallback sendmsg/recvmsg_into).  Pull:
+  the destination sends a header-only request and the source answers like a
+  push.  An unexpected header raises TransportError naming both and shuts the
+  socket, so the peer fails too instead of hanging.
+* Concurrency: each connection has a send and a receive thread, each draining
+  a FIFO of jobs; post/serve enqueue, wait waits for one job.  Both ends enqueue
+  a peer's layers in the same order, so the FIFOs pair up.  A blocked send waits
+  only for its own peer's receive thread, never for a main thread or another
+  connection, so no order of posts and waits over several peers can deadlock
+  (sending inside wait() could: A->B, B->C, C->A with full socket buffers).
+* Buffers: SO_SNDBUF/SO_RCVBUF at the TCP autotuning maximum (the *FORCE options
+  when permitted, else up to the sysctl caps, but never a fixed size below what
+  autotuning would reach); info() records what the kernel granted.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import queue
+import socket
+import struct
+import sys
+import threading
+import time
+
+import numpy as np
+
+from ..net import py_vec, select_addr, sysctl, tune
+from .base import DST, LEN, SRC, Caps, Transport, TransportError, check_descs
+
+_HDR = struct.Struct("<4sB3xQQQ")  # magic, kind, tag, payload bytes, descriptors
+_HELLO = struct.Struct("<4sII")  # magic, rank, token length; the token follows
+_ACK = struct.Struct("<4sI")  # magic, the acceptor's rank
+MAGIC, HELLO, ACK = b"KVBt", b"KVBh", b"KVBa"
+PUSH, REQUEST, REPLY = 1, 2, 3
+_KINDS = {PUSH: "push data", REQUEST: "pull request", REPLY: "pull data"}
+TX, RX = 0, 1
+# (op, initiator) -> the jobs of one layer, in order: (thread, kind, column moved or None)
+_PLAN = {
+    ("push", True): [(TX, PUSH, SRC)],
+    ("push", False): [(RX, PUSH, DST)],
+    ("pull", True): [(TX, REQUEST, None), (RX, REPLY, DST)],
+    ("pull", False): [(RX, REQUEST, None), (TX, REPLY, SRC)],
+}
+
+
+def hello(rank: int, token: bytes) -> bytes:
+    """The bytes a dialling peer sends first (public so tests can forge a rogue one)."""
+    return _HELLO.pack(HELLO, rank, len(token)) + token
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf, got = bytearray(n), 0
+    while got < n:
+        r = sock.recv_into(memoryview(buf)[got:], n - got, socket.MSG_WAITALL)
+        if r == 0:
+            raise ConnectionError("peer closed the connection")
+        got += r
+    return bytes(buf)
+
+
+def _describe(h: tuple) -> str:
+    magic, kind, tag, nbytes, n = h
+    if magic != MAGIC:
+        return f"bad magic {magic!r}"
+    return f"{_KINDS.get(kind, f'kind {kind}')} req {tag >> 16} layer {tag & 0xFFFF} ({nbytes} B, {n} descriptors)"
+
+
+class _Job:
+    __slots__ = ("args", "after", "done", "error")
+
+    def __init__(self, args, after):
+        self.args, self.after, self.done, self.error = args, after, threading.Event(), None
+
+
+class _Conn:
+    """One peer's socket, with a send and a receive thread each draining a FIFO of jobs."""
+
+    def __init__(self, peer: int, sock: socket.socket, array: np.ndarray):
+        self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
+        try:
+            from .. import _native
+
+            self.vec = lambda d, col, w: (_native.sendv if w else _native.recvv)(self.fd, self.array, d, col)
+        except ImportError:
+            mv = memoryview(array)
+            self.vec = lambda d, col, w: py_vec(sock, mv, d, col, w)
+        self.queues = (queue.SimpleQueue(), queue.SimpleQueue())
+        self.threads = [threading.Thread(target=self._run, args=(q,), daemon=True) for q in self.queues]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, thread: int, args: tuple, after: _Job | None) -> _Job:
+        job = _Job(args, after)
+        self.queues[thread].put(job)
+        return job
+
+    def _run(self, q: queue.SimpleQueue) -> None:
+        while (job := q.get()) is not None:
+            try:
+                if job.after is not None:
+                    job.after.done.wait()
+                if self.error is not None:
+                    raise self.error
+                self._move(*job.args)
+            except Exception as exc:
+                if not isinstance(exc, TransportError):
+                    exc = TransportError(f"tcp: connection to rank {self.peer} failed: {exc}")
+                self.fail(exc)
+                job.error = self.error  # the first error on this connection is the cause
+            finally:
+                job.done.set()
+
+    def _move(self, sending: bool, kind: int, tag: int, descs: np.ndarray, col: int | None) -> None:
+        mine = (MAGIC, kind, tag, int(descs[:, LEN].sum()), len(descs))
+        if sending:
+            self.sock.sendall(_HDR.pack(*mine))
+        elif (got := _HDR.unpack(_recv_exact(self.sock, _HDR.size))) != mine:
+            raise TransportError(
+                f"tcp: stream from rank {self.peer} out of step: expected {_describe(mine)}, got {_describe(got)}"
+            )
+        if col is not None and len(descs):
+            self.vec(descs, col, sending)
+
+    def fail(self, err: TransportError) -> None:
+        """Record the first error and shut the socket, so both ends stop rather than hang."""
+        if self.error is None:
+            self.error = err
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.fail(TransportError(f"tcp: connection to rank {self.peer} closed"))
+        for q in self.queues:
+            q.put(None)
+        for t in self.threads:
+            t.join(timeout=5)
+        self.sock.close()
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+    caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False, multi_node=True, notifies=True, network=True)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.timeout = float(ctx.options.get("connect_timeout", 60))
+        auto_max = max(sysctl("ipv4/tcp_rmem", 2), sysctl("ipv4/tcp_wmem", 2), 4 << 20)
+        self.sockbuf = int(ctx.options.get("sockbuf", auto_max))  # 0: leave to autotuning
+        self.listener = self.pool = self.addr = self.ifname = None
+        self.conns: dict[int, _Conn] = {}
+        self.peer_nbytes: dict[int, int] = {}
+
+    def register(self, pool) -> bytes:
+        """Open the listener; the metadata is JSON: host, addr, port, rank, nbytes."""
+        self.pool = pool
+        self.addr, self.ifname = select_addr(self.ctx.hostname, self.ctx.options)
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tune(ls, self.sockbuf)  # accepted sockets inherit the buffer sizes
+        try:
+            ls.bind((self.addr, 0))
+        except OSError as exc:
+            ls.close()
+            raise TransportError(f"tcp: cannot listen on {self.addr}: {exc.strerror}") from None
+        ls.listen(max(16, 2 * self.ctx.world_size))
+        self.listener = ls
+        c, port = self.ctx, ls.getsockname()[1]
+        return json.dumps(dict(host=c.hostname, addr=self.addr, port=port, rank=c.rank, nbytes=pool.nbytes)).encode()
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        """One connection per peer: the higher rank dials, the lower accepts."""
+        metas = {int(p): json.loads(m) for p, m in peers.items()}
+        me = self.ctx.rank
+        for p, m in metas.items():
+            if m["host"] != self.ctx.hostname and "127.0.0.1" in (m["addr"], self.addr):
+                raise TransportError(
+                    f"tcp: ranks {me} ({self.ctx.hostname}, {self.addr}) and {p} ({m['host']}, {m['addr']}) "
+                    "are on different hosts but one listens on loopback; set KVBENCH_SOCKET_IFNAME"
+                )
+            self.peer_nbytes[p] = int(m["nbytes"])
+        deadline = time.monotonic() + self.timeout
+        socks = {p: self._dial(p, metas[p], deadline) for p in sorted(metas) if p < me}
+        socks.update(self._accept({p for p in metas if p > me}, deadline))
+        for p, s in socks.items():
+            s.settimeout(None)  # a blocking fd, as the native writev/readv expect
+            self.conns[p] = _Conn(p, s, self.pool.array)
+
+    def _dial(self, peer: int, meta: dict, deadline: float) -> socket.socket:
+        where = f"{meta['addr']}:{meta['port']}"
+        while True:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tune(s, self.sockbuf)
+            s.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                s.connect((meta["addr"], meta["port"]))
+                break
+            except OSError as exc:
+                s.close()
+                if time.monotonic() + 0.1 >= deadline:
+                    msg = f"tcp: rank {self.ctx.rank} cannot reach rank {peer} at {where}: {exc}"
+                    raise TransportError(msg) from None
+                time.sleep(0.1)
+        try:  # no retry once the hello is out: the acceptor would see a duplicate
+            s.sendall(hello(self.ctx.rank, self.ctx.token))
+            answer = _ACK.unpack(_recv_exact(s, _ACK.size))
+        except OSError as exc:
+            answer = exc
+        if answer != (ACK, peer):
+            s.close()
+            raise TransportError(f"tcp: rank {peer} at {where} did not accept rank {self.ctx.rank}: {answer}")
+        return s
+
+    def _accept(self, want: set[int], deadline: float) -> dict[int, socket.socket]:
+        got: dict[int, socket.socket] = {}
+        while len(got) < len(want):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                at = f"{self.addr}:{self.listener.getsockname()[1]}"
+                raise TransportError(
+                    f"tcp: rank {self.ctx.rank} waited {self.timeout:g} s at {at} for ranks {sorted(want - set(got))}"
+                )
+            self.listener.settimeout(left)
+            try:
+                s, who = self.listener.accept()
+            except TimeoutError:
+                continue
+            s.settimeout(min(left, 5.0))  # a silent intruder must not hold up the real peer for long
+            try:
+                magic, rank, n = _HELLO.unpack(_recv_exact(s, _HELLO.size))
+                if magic != HELLO or n > 4096:
+                    why = "bad handshake"
+                elif not hmac.compare_digest(_recv_exact(s, n), self.ctx.token):
+                    why = "bad token"
+                elif rank not in want or rank in got:
+                    why = f"unexpected rank {rank}"
+                else:
+                    s.sendall(_ACK.pack(ACK, self.ctx.rank))
+                    got[rank] = s
+                    continue
+            except OSError:  # also a timeout, or a hang-up mid-hello
+                why = "no handshake"
+            print(f"kvbench tcp: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
+            s.close()
+        return got
+
+    def _submit(self, op: str, peer: int, descs: np.ndarray, tag: int, initiator: bool) -> _Job:
+        if op not in ("push", "pull"):
+            raise TransportError(f"tcp: unknown op '{op}'")
+        if peer not in self.conns:
+            raise TransportError(f"tcp: rank {self.ctx.rank} has no connection to rank {peer}")
+        local, remote = self.pool.nbytes, self.peer_nbytes[peer]
+        source_here = (op == "push") == initiator
+        check_descs(descs, *((local, remote) if source_here else (remote, local)))
+        conn, job = self.conns[peer], None
+        for thread, kind, col in _PLAN[(op, initiator)]:
+            job = conn.submit(thread, (thread == TX, kind, tag, descs, col), after=job)
+        return job
+
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
+        """push: send this layer from the SRC ranges; pull: request it, receive into the DST ranges."""
+        return self._submit(op, peer, descs, tag, True)
+
+    def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
+        """push: receive this layer into the DST ranges; pull: await the request, then send."""
+        return self._submit(op, peer, descs, tag, False)
+
+    def wait(self, handle: _Job) -> None:
+        """Block until the job is done; on the destination, until the bytes are in the pool."""
+        handle.done.wait()
+        if handle.error is not None:
+            raise TransportError(str(handle.error))
+
+    def info(self) -> dict:
+        """Address, interface, I/O path and the socket buffer sizes the kernel granted."""
+        try:
+            from .. import _native  # noqa: F401
+
+            io = "writev/readv (kvbench._native)"
+        except ImportError:
+            io = "sendmsg/recvmsg_into"
+        out = {"addr": self.addr, "ifname": self.ifname, "io": io, "sockbuf_requested": self.sockbuf}
+        s = next(iter(self.conns.values())).sock if self.conns else self.listener
+        if s is not None and s.fileno() >= 0:
+            out["sndbuf"] = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            out["rcvbuf"] = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        return out
+
+    def close(self) -> None:
+        """Stop the threads, close every socket and the listener (idempotent)."""
+        conns, self.conns = self.conns, {}
+        for c in conns.values():
+            c.close()
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None

@@ -1,0 +1,71 @@
+"""One suite every transport passes: real ranks, push and pull, every byte checked.
+
+A transport's own test file only supplies fixtures; this file is the contract.
+Unavailable transports skip with the reason `kvbench list` gives.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TINY = ["-m", "llama-3-8b", "--tokens", "200", "-n", "3", "-w", "1"]
+NETWORK = ["shm", "tcp", "mpi", "nixl", "ucx", "mooncake"]
+
+
+def unavailable(name: str) -> str | None:
+    """Probe in a fresh process: some engines must load before MPI (PLATFORM pitfall 7)."""
+    code = ("from kvbench import comm, transports; comm.preload([%r]); r = transports.probe(%r); "
+            "print('OK' if r is None else r)") % (name, name)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    line = (out.stdout.strip().splitlines() or [out.stderr.strip()[-200:]])[-1]
+    return None if line == "OK" else line
+
+
+def assert_clean(r, transport):
+    assert r.code == 0, r.out + r.err
+    df = r.table()
+    mine = df[df.transport == transport]
+    ok = mine[mine.status == "ok"]
+    assert len(ok), f"no measured rows for {transport}:\n{r.out}"
+    checks = ok[ok.iter == -1]
+    # every case and every request has its check row on the decode side, and nothing was wrong
+    assert set(checks[checks.role == "decode"].case) == set(ok.case)
+    assert int(checks.nwrong.sum()) == 0
+    return ok
+
+
+@pytest.mark.parametrize("name", NETWORK)
+def test_two_ranks_push_pull_paged_and_coalesced(kvrun, name):
+    reason = unavailable(name)
+    if reason:
+        pytest.skip(f"unavailable: {reason}")
+    r = kvrun(["-t", name, "--op", "push,pull", "-b", "16", "-e", "64", "-f", "4", "--alloc", "random,contiguous",
+               "--coalesce", "off,on", *TINY], timeout=240)
+    ok = assert_clean(r, name)
+    # a partial last block: 200 tokens = 12 blocks of 16 + 8 tokens; payload is exact
+    assert set(ok.payload_bytes) == {200 * 131072}
+    paged = ok[(ok.variant == "paged") & (ok.block_size == 16)]
+    assert set(paged[paged.coalesce == "off"].descriptors) == {32 * 2 * 13}
+    # contiguous + coalesced = one descriptor per region per layer
+    cc = paged[(paged.coalesce == "on") & (paged.allocation == "contiguous")]
+    assert set(cc.descriptors) == {32 * 2}
+    skipped = r.table()
+    skipped = skipped[(skipped.transport == name) & (skipped.status == "skipped")]
+    assert skipped.empty or skipped.reason.str.startswith("unavailable:").all()
+
+
+@pytest.mark.parametrize("scheme,pairs", [("pairwise", 2), ("many-to-one", 3), ("one-to-many", 3),
+                                          ("all-pairs", 4)])
+def test_four_ranks_every_scheme(kvrun, scheme, pairs):
+    names = [n for n in ("shm", "tcp", "mpi") if not unavailable(n)]
+    r = kvrun(["-t", ",".join(names), "--op", "push,pull", "--scheme", scheme, "-b", "16", "-e", "16",
+               "--inflight", "1,2", "-m", "llama-3-8b", "--tokens", "64", "-n", "2", "-w", "1"], n=4, timeout=300)
+    for name in names:
+        ok = assert_clean(r, name)
+        assert set(ok.scheme) == {scheme}
+        assert ok.groupby("case").pair.nunique().eq(pairs).all()
+        # inflight 2: two requests per pair, each checked
+        two = ok[(ok.inflight == 2) & (ok.iter == -1) & (ok.role == "decode")]
+        assert two.groupby(["case", "pair"]).req.nunique().eq(2).all()

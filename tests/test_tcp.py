@@ -1,0 +1,74 @@
+"""tcp fixtures beyond the conformance suite: the per-run token and the listener address."""
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from kvbench import memory
+from kvbench.pool import Pool
+from kvbench.transports.base import Context, TransportError
+from kvbench.transports.tcp import TcpTransport, hello
+
+
+def pair(token=b"s3cret-token"):
+    host = socket.gethostname()
+    a = TcpTransport(Context(0, 2, host, "t", token, {"addr": "127.0.0.1", "connect_timeout": 10}))
+    b = TcpTransport(Context(1, 2, host, "t", token, {"addr": "127.0.0.1", "connect_timeout": 10}))
+    pa, pb = Pool(memory.alloc_host(1 << 20)), Pool(memory.alloc_host(1 << 20))
+    memory.fill(pa.array, 0)
+    return a, b, pa, pb, a.register(pa), b.register(pb)
+
+
+def test_peer_with_wrong_token_is_refused_and_real_peer_connects(capfd):
+    a, b, pa, pb, ma, mb = pair()
+    meta = json.loads(ma)
+    assert meta["addr"] == "127.0.0.1"  # bound to the chosen address, not 0.0.0.0
+    rogue = socket.create_connection((meta["addr"], meta["port"]))
+    rogue.sendall(hello(1, b"not-the-token"))
+    err = []
+    th = threading.Thread(target=lambda: err.append(a.connect({1: mb})))
+    th.start()
+    b.connect({0: ma})
+    th.join(15)
+    assert not th.is_alive()
+    rogue.settimeout(5)
+    assert rogue.recv(16) == b""  # the acceptor hung up on the rogue
+    assert "refused connection from 127.0.0.1" in capfd.readouterr().err
+    # the real connection works: push 3 descriptors and check every byte
+    d = np.array([[0, 4096, 1000], [8192, 0, 3000], [65536, 100000, 7]], dtype=np.int64)
+    h_b = b.serve("push", 0, d, tag=5)
+    h_a = a.post("push", 1, d, tag=5)
+    a.wait(h_a)
+    b.wait(h_b)
+    assert memory.count_wrong(pb.array, d, 0, 1) == 0
+    a.close()
+    b.close()
+    rogue.close()
+
+
+def test_mixed_up_stream_is_detected():
+    a, b, pa, pb, ma, mb = pair()
+    th = threading.Thread(target=a.connect, args=({1: mb},))
+    th.start()
+    b.connect({0: ma})
+    th.join(15)
+    d = np.array([[0, 0, 4096]], dtype=np.int64)
+    h_b = b.serve("push", 0, d, tag=(7 << 16) | 1)  # expects layer 1
+    h_a = a.post("push", 1, d, tag=(7 << 16) | 2)  # sends layer 2
+    with pytest.raises(TransportError, match="expected push data req 7 layer 1"):
+        b.wait(h_b)
+    try:  # the sender may have finished before the receiver hung up; it must not hang either way
+        a.wait(h_a)
+    except TransportError:
+        pass
+    a.close()
+    b.close()
+
+
+def test_unknown_interface_is_one_line():
+    t = TcpTransport(Context(0, 2, socket.gethostname(), "t", b"x", {"ifname": "=nosuchnic0"}))
+    with pytest.raises(TransportError, match="available: "):
+        t.register(Pool(memory.alloc_host(4096)))
+    t.close()

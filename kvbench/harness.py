@@ -86,7 +86,7 @@ class Harness:
         """Refuse, before allocating, a run whose pools do not fit in this host's memory."""
         need = 0
         for name, group in groupby(cases, key=lambda c: c["transport"]):
-            nb = pool_bytes(list(group), self.opts.pool_factor, entries)
+            nb = self.pool_size(list(group), entries)
             local = name == "loopback"
             need = max(need, (2 * nb if self.rank == 0 else 0) if local else nb)
         per_host: dict[str, list] = {}
@@ -129,7 +129,7 @@ class Harness:
                       dict(self.opts.transport_options))
         t = cls(ctx)
         entries = 1 if local else max_entries_per_rank(pairs, 1)
-        nbytes = pool_bytes(cases, self.opts.pool_factor, entries)
+        nbytes = self.pool_size(cases, entries)
         pools: list[Pool] = []
         try:
             active = not local or self.rank == 0
@@ -163,6 +163,10 @@ class Harness:
             t.close()
             for p in pools:
                 p.release()
+
+    def pool_size(self, cases: list[dict], entries: int) -> int:
+        """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
+        return pool_bytes(cases, self.opts.pool_factor, entries)
 
     def _alloc(self, t, nbytes: int) -> Pool:
         buf = t.alloc(nbytes)
@@ -318,7 +322,8 @@ class Harness:
             "prefix_hit": case["prefix_hit"], "block_size": 0 if bulk else case["block_size"],
             "block_bytes": 0 if bulk or g is None else g["block_bytes"], "layout": case["layout"],
             "allocation": "bulk" if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
-            "dtype": case["dtype"], "codec": "none", "overlap": "serial", "scheme": case["scheme"],
+            "dtype": case["dtype"], "codec": "none", "overlap": case["overlap"], "scheme": case["scheme"],
+            "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
         }
 

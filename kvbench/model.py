@@ -26,8 +26,9 @@ class ModelShape:
     attention: str = "gqa"
     kv_lora_rank: int = 0  # MLA latent width
     rope_dim: int = 0  # MLA decoupled RoPE key width
-    params_b: float = 0.0  # parameters in billions (for the prefill clock)
+    params_b: float = 0.0  # parameters in billions
     q_heads: int = 0
+    active_params_b: float = 0.0  # parameters a token passes through (MoE: fewer than params_b); 0 = params_b
     source: str = ""
 
     def __post_init__(self):
@@ -71,9 +72,9 @@ PRESETS: dict[str, ModelShape] = {
         # Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192
         ModelShape("qwen2.5-72b", 80, 8, 128, "gqa", params_b=72.7, q_heads=64, source="Qwen/Qwen2.5-72B config.json"),
         # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096
-        ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, source="mistralai/Mixtral-8x7B-v0.1 config.json (params: total; 12.9B active)"),
+        ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, active_params_b=12.9, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
         # deepseek-ai/DeepSeek-V3 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64
-        ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, source="deepseek-ai/DeepSeek-V3 config.json (params: total; 37B active)"),
+        ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, active_params_b=37.0, source="deepseek-ai/DeepSeek-V3 config.json"),
         # facebook/opt-66b config.json: 64 layers, 72 heads x 128 (MHA, hidden 9216)
         ModelShape("opt-66b", 64, 72, 128, "mha", params_b=66.0, q_heads=72, source="facebook/opt-66b config.json"),
     ]
@@ -175,6 +176,27 @@ def check_block_size(block_size: int) -> int:
     if not isinstance(block_size, int) or block_size <= 0 or block_size & (block_size - 1):
         raise ValueError(f"block size {block_size} is not a positive power of two (e.g. 16, 32, 64)")
     return block_size
+
+
+def prefill_flops(m: ModelShape, tokens: int) -> float:
+    """FLOPs of one prefill: 2 x active params x tokens + causal attention 2 x layers x tokens^2 x d_attn.
+
+    d_attn = q_heads x head_dim (128 for MLA's attention heads).  The linear
+    term is the weights; the quadratic term is QK^T and AV over a causal mask
+    (half of the 4 x L x n^2 x d of full attention).
+    """
+    params = (m.active_params_b or m.params_b) * 1e9
+    if params <= 0:
+        raise ValueError(f"model '{m.name}' has no parameter count: give --prefill-ms instead of --prefill-tflops")
+    d_attn = (m.q_heads or m.kv_heads) * (m.head_dim or 128)
+    return 2.0 * params * tokens + 2.0 * m.layers * tokens * tokens * d_attn
+
+
+def prefill_ms(m: ModelShape, tokens: int, tflops: float) -> float:
+    """Prefill time in ms at an achieved ``tflops`` (10^12 FLOP/s)."""
+    if tflops <= 0:
+        raise ValueError("--prefill-tflops must be positive")
+    return prefill_flops(m, tokens) / (tflops * 1e12) * 1e3
 
 
 def as_dict(m: ModelShape) -> dict:

@@ -24,8 +24,14 @@ SCHEMA_VERSION = 1
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
                 "pp", "world_size", "inflight"]
+CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload"]
+# per row: seconds = until this rank's part of the request was complete, from the iteration's start
+# (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
+# handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
+# queue_s = wait for decode blocks (back-pressure); arrival_s = arrival time since the workload began
 ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "seconds", "harness_seconds", "payload_bytes",
-                              "wire_bytes", "descriptors", "status", "reason", "nwrong"]
+                              "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
+                              "exposed_s", "queue_s", "arrival_s"]
 
 
 def machine_name() -> str:

@@ -158,7 +158,12 @@ def run(a, argv: list[str]) -> int:
         printer.add(rows)
         writer.add(rows)
 
-    h = Harness(c, opts, sink if c.rank == 0 else None)
+    if suite.workload is not None:  # many requests, bounded decode pool, back-pressure
+        from .load import LoadHarness
+
+        h = LoadHarness(c, opts, sink if c.rank == 0 else None, suite.workload)
+    else:
+        h = Harness(c, opts, sink if c.rank == 0 else None)
     try:
         h.run(cases, suite.scheme)
     except UserError as exc:

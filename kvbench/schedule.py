@@ -8,6 +8,7 @@ by every iteration.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,3 +102,45 @@ def offset_bulk(layers: list[np.ndarray], src_slot: int, dst_slot: int) -> list[
         d[:, DST] += dst_slot * d[:, LEN]
         out.append(d)
     return out
+
+
+class PrefillClock:
+    """When each layer's KV becomes final during a prefill of ``total_s`` seconds.
+
+    Layer i is final at ``start + total_s * cum[i]``; ``cum`` is uniform
+    ((i+1)/L) unless a per-layer profile of relative costs is given.  This is
+    the interface a GPU run replaces with real kernels: ``start()`` when the
+    prefill begins, ``wait_layer(i)`` returns once layer i is final (there: a
+    CUDA event per layer), ``end`` is when the last layer is final.
+    """
+
+    def __init__(self, total_s: float, layers: int, profile: list[float] | None = None):
+        w = np.ones(layers) if profile is None else np.asarray(profile, dtype=float)
+        if len(w) != layers or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(f"a prefill profile needs {layers} non-negative weights")
+        self.total_s = float(total_s)
+        self.cum = np.cumsum(w) / w.sum()
+        self.t0 = 0.0
+
+    def start(self, t0: float | None = None) -> None:
+        self.t0 = time.perf_counter() if t0 is None else t0
+
+    def ready_at(self, layer: int) -> float:
+        """perf_counter time at which ``layer`` is final."""
+        return self.t0 + self.total_s * float(self.cum[layer])
+
+    @property
+    def end(self) -> float:
+        return self.t0 + self.total_s
+
+    def wait_layer(self, layer: int) -> None:
+        sleep_until(self.ready_at(layer))
+
+
+def sleep_until(deadline: float) -> None:
+    """Sleep, then spin the last 0.2 ms: sleep alone overshoots by 50-100 us."""
+    left = deadline - time.perf_counter()
+    if left > 3e-4:
+        time.sleep(left - 2e-4)
+    while time.perf_counter() < deadline:
+        pass

@@ -24,6 +24,23 @@ class SuiteError(ValueError):
     """A bad suite or flag; the message is the one line the user sees."""
 
 
+ARRIVAL_HELP = "none, poisson:<requests per second> or interval:<ms between requests>"
+
+
+def parse_arrival(spec: str) -> tuple[str, float]:
+    """'poisson:20' -> ('poisson', 20.0); 'interval:50' -> ('interval', 50.0); 'none' -> ('none', 0)."""
+    kind, _, val = spec.partition(":")
+    if kind == "none" and not val:
+        return "none", 0.0
+    try:
+        x = float(val)
+    except ValueError:
+        x = -1.0
+    if kind not in ("poisson", "interval") or x <= 0:
+        raise ValueError(f"arrival '{spec}' is not one of: {ARRIVAL_HELP}")
+    return kind, x
+
+
 class Axes(BaseModel):
     """Sweep axes; each is a list of values."""
 
@@ -41,6 +58,10 @@ class Axes(BaseModel):
     tp: list[int] = Field(default=[1], min_length=1)
     pp: list[int] = Field(default=[1], min_length=1)
     inflight: list[int] = Field(default=[1], min_length=1)
+    overlap: list[Literal["serial", "streaming"]] = Field(default=["serial"], min_length=1)
+    prefill_ms: list[float | Literal["auto"]] = Field(default=[0.0], min_length=1)
+    handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
+    arrival: list[str] = Field(default=["none"], min_length=1)
 
     @field_validator("transport")
     @classmethod
@@ -72,12 +93,38 @@ class Axes(BaseModel):
                 raise ValueError(f"{x} is not a positive integer")
         return v
 
+    @field_validator("arrival")
+    @classmethod
+    def _arrival(cls, v):
+        for a in v:
+            parse_arrival(a)
+        return v
+
+    @field_validator("prefill_ms")
+    @classmethod
+    def _prefill(cls, v):
+        for p in v:
+            if p != "auto" and p < 0:
+                raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
+        return v
+
     @field_validator("alloc")
     @classmethod
     def _alloc(cls, v):
         for a in v:
             parse_alloc(a)
         return v
+
+
+class Workload(BaseModel):
+    """Many requests through the pairs with a bounded decode pool (back-pressure); see kvbench/load.py."""
+
+    model_config = ConfigDict(extra="forbid")
+    requests: int = Field(default=100, ge=1)  # per prefill rank
+    prompt: str = "1024"  # "N", "a,b,c" (cycled), "uniform:lo:hi", "lognormal:median:sigma"
+    decode_ms: float = Field(default=20.0, ge=0)  # a request holds its decode blocks this long after landing
+    alloc_timeout_ms: float = Field(default=1000.0, ge=0)  # back-pressure wait before a request is dropped
+    decode_pool_tokens: int = Field(default=0, ge=0)  # decode pool capacity in tokens (0: room for every request)
 
 
 class Suite(BaseModel):
@@ -94,6 +141,8 @@ class Suite(BaseModel):
     pool_factor: float = Field(default=2.0, ge=1.0)
     timeout: float = Field(default=600.0, gt=0)
     variants: list[Literal["bulk", "paged"]] = Field(default=["bulk", "paged"], min_length=1)
+    prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
+    workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
 
 
@@ -146,7 +195,7 @@ def list_suites() -> list[str]:
 
 
 CASE_KEYS = ("transport", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
-             "coalesce", "dtype", "tp", "pp", "inflight")
+             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival")
 
 
 def expand(suite: Suite) -> list[dict]:
@@ -168,5 +217,13 @@ def expand(suite: Suite) -> list[dict]:
         except ValueError as exc:
             raise SuiteError(str(exc)) from None
         case["scheme"] = suite.scheme
+        case["prefill_ms_set"] = str(case["prefill_ms"])
+        if case["prefill_ms"] == "auto":
+            ntok = case["tokens"] - case["prefix_hit"]
+            case["prefill_ms"] = M.prefill_ms(M.shard(shape, case["tp"], case["pp"]), ntok, suite.prefill_tflops)
+        if (case["arrival"] == "none") != (suite.workload is None):
+            raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
+                             f"axes.arrival ({ARRIVAL_HELP})")
+        case["workload"] = case["arrival"]
         cases.append(case)
     return cases

@@ -71,6 +71,10 @@ def csv(kind):
     return parse
 
 
+def _ms(text: str):
+    return text if text == "auto" else float(text)
+
+
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (a preset, a YAML file, or a shape from flags)")
     g.add_argument("-m", "--model", type=csv(str), help=f"presets: {', '.join(M.PRESETS)}; or path/to/model.yaml")
@@ -121,6 +125,20 @@ def build_parser() -> Parser:
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
     r.add_argument("--pool-factor", type=float, help="pool size as a multiple of the largest request (default 2)")
     r.add_argument("--timeout", type=float, help="seconds a case may take before the job is aborted (default 600)")
+    ov = r.add_argument_group("overlap with prefill and the control plane (exposed time)")
+    ov.add_argument("--overlap", type=csv(str), help="serial (send after prefill ends) or streaming (send layer i "
+                    "as soon as it is final)")
+    ov.add_argument("--prefill-ms", type=csv(_ms), help="prefill time P in ms, or 'auto' = FLOPs / --prefill-tflops")
+    ov.add_argument("--prefill-tflops", type=float, help="achieved prefill TFLOP/s for --prefill-ms auto (default 400)")
+    ov.add_argument("--handshake", type=csv(str), help="allocate-then-stream round trip: off, serial (before "
+                    "prefill starts) or overlap (during the first layer)")
+    wl = r.add_argument_group("workload (many requests, bounded decode pool, back-pressure)")
+    wl.add_argument("--arrival", type=csv(str), help="none, poisson:<req/s per prefill rank>, interval:<ms>")
+    wl.add_argument("--requests", type=int, help="requests per prefill rank (default 100)")
+    wl.add_argument("--prompt", help="prompt lengths: N, a,b,c (cycled), uniform:lo:hi, lognormal:median:sigma")
+    wl.add_argument("--decode-ms", type=float, help="how long a request holds its decode blocks after landing")
+    wl.add_argument("--alloc-timeout", type=float, help="ms a request may wait for decode blocks before it is dropped")
+    wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded)")
     r.add_argument("--variants", type=csv(str), help="bulk,paged (default both): bulk = one descriptor per layer, "
                    "the path's ceiling; paged = the block table")
     r.add_argument("-O", "--option", action="append", metavar="KEY=VALUE",

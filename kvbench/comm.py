@@ -69,13 +69,25 @@ class Comm:
     def recv(self, source: int, tag: int = 0):
         return self.world.recv(source=source, tag=tag)
 
-    def notify(self, dest: int) -> None:
+    def notify(self, dest: int, tag: int = _NOTIFY_TAG) -> None:
         """Tell ``dest`` that bytes it is waiting for have landed (zero-byte send)."""
-        self.world.Send([b"", 0, _mpi().BYTE], dest=dest, tag=_NOTIFY_TAG)
+        self.world.Send([b"", 0, _mpi().BYTE], dest=dest, tag=tag)
 
-    def wait_notify(self, source: int) -> None:
+    def wait_notify(self, source: int, tag: int = _NOTIFY_TAG) -> None:
         """Block until ``source`` calls ``notify`` for us."""
-        self.world.Recv([bytearray(0), 0, _mpi().BYTE], source=source, tag=_NOTIFY_TAG)
+        self.world.Recv([bytearray(0), 0, _mpi().BYTE], source=source, tag=tag)
+
+    def isend_bytes(self, buf, dest: int, tag: int):
+        """Non-blocking send of a bytes-like control message; returns a request to ``waitall``."""
+        return self.world.Isend([buf, _mpi().BYTE], dest=dest, tag=tag)
+
+    def recv_bytes(self, buf, source: int, tag: int) -> None:
+        """Receive a control message of known size into ``buf``."""
+        self.world.Recv([buf, _mpi().BYTE], source=source, tag=tag)
+
+    def waitall(self, requests) -> None:
+        if requests:
+            _mpi().Request.Waitall(requests)
 
     def transport_comm(self):
         """A duplicate of COMM_WORLD reserved for the ``mpi`` transport."""

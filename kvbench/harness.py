@@ -22,7 +22,7 @@ from . import memory, transports
 from . import model as M
 from .descriptors import bulk_descs, coalesce, layer_descs
 from .pool import BlockAllocator, Layout, Pool
-from .schedule import Entry, SchemeError, make_pairs, max_entries_per_rank, offset_bulk, roles
+from .schedule import Entry, Iteration, SchemeError, control_bytes, make_pairs, max_entries_per_rank, offset_bulk
 from .transports.base import DST, LEN, Context, TransportError
 
 
@@ -178,8 +178,9 @@ class Harness:
     def run_case(self, case: dict, s: dict) -> None:
         bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight"))
         if bulk_key not in s["bulk"] and "bulk" in self.opts.variants:
-            s["bulk"].add(bulk_key)
-            self.measure(dict(case, variant="bulk"), s)
+            s["bulk"].add(bulk_key)  # the ceiling: a plain transfer, no clock, no handshake
+            self.measure(dict(case, variant="bulk", overlap="serial", prefill_ms=0.0, prefill_ms_set="0",
+                              handshake="off"), s)
         if "paged" in self.opts.variants:
             self.measure(dict(case, variant="paged"), s)
 
@@ -226,69 +227,47 @@ class Harness:
                         start, span = lay.layer_span(j)
                         if int((d[:, :2] + d[:, 2:3]).max()) > start + span:
                             raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
-                entries.append(Entry(i, req, src, dst, layers))
+                entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
         return entries
 
     def measure(self, case: dict, s: dict) -> None:
         self.case_no += 1
         g = case_geometry(case)
         entries = self.plan(case, g, s)
-        times, overhead, nwrong = self.timed(case, s, entries)
-        self.emit(case, g, entries, times, overhead, nwrong)
+        rec, nwrong = self.timed(case, s, entries)
+        self.emit(case, g, entries, rec, nwrong)
 
     def timed(self, case, s, entries):
-        t, op, o = s["t"], case["op"], self.opts
-        local = s["local"]
-        init, serve = roles(entries, self.rank, op, local)
-        notify = op == "push" and not t.caps.notifies and not local
+        o = self.opts
+        itr = Iteration(s["t"], self.comm, self.rank, entries, case, s["local"])
         req = self.case_no << 8
-        order = [e for e, _ in init] + [e for e, _ in serve]
 
         def once(it):
-            """One iteration: post everything, then complete entry by entry; per-entry times and transport time."""
             if self.fault:
                 raise TransportError("injected fault (KVBENCH_FAULT)")
-            tag0 = ((req + it) & 0xFFFF) << 16
-            inside = 0.0
-            t0 = time.perf_counter()
-            handles = {}
-            for e, peer in init:
-                handles[id(e)] = [t.post(op, peer, d, tag0 | (e.req << 12) | k) for k, d in enumerate(e.layers)]
-            for e, peer in serve:
-                handles[id(e)] = [t.serve(op, peer, d, tag0 | (e.req << 12) | k) for k, d in enumerate(e.layers)]
-            inside += time.perf_counter() - t0
-            done = []
-            for e in order:
-                a = time.perf_counter()
-                for h in handles[id(e)]:
-                    t.wait(h)
-                if notify:  # completion the harness adds for one-sided transports: waiting, not overhead
-                    if e.src == self.rank:
-                        self.comm.notify(e.dst)
-                    else:
-                        self.comm.wait_notify(e.src)
-                b = time.perf_counter()
-                inside += b - a
-                done.append(b - t0)
-            return done, inside
+            return itr.run(((req + it) & 0xFFFF) << 16)
 
         watchdog = threading.Timer(o.timeout, self._timeout, args=(case,))
         watchdog.daemon = True
         watchdog.start()
         try:
-            times, overhead = [], []
+            rec = []  # per timed iteration: done per entry, harness overhead, handshake, exposed per entry
             for it in range(o.warmup + o.iters):
                 self.comm.barrier()
                 t0 = time.perf_counter()
-                done, inside = once(it)
+                done, inside, hs, offset = once(it)
                 total = time.perf_counter() - t0
+                starts = itr.exchange_clock(offset) if itr.handshake == "serial" else {}
                 if it >= o.warmup:
-                    times.append(done)
-                    overhead.append(total - inside)
+                    exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
+                               for d, e in zip(done, itr.order)]
+                    rec.append((done, total - inside, hs, exposed))
             nwrong = self.check(case, s, entries, once) if o.check else None
         finally:
             watchdog.cancel()
-        return times, overhead, nwrong
+        # rows follow `entries`; the iteration completed them in `itr.order`
+        pos = [itr.order.index(e) for e in entries]
+        return [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos]) for r in rec], nwrong
 
     def check(self, case, s, entries, once) -> list[int]:
         """Poison the destination ranges, transfer once more, count wrong elements per entry."""
@@ -324,20 +303,26 @@ class Harness:
             "allocation": "bulk" if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
             "dtype": case["dtype"], "codec": "none", "overlap": case["overlap"], "scheme": case["scheme"],
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
+            "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
         }
 
-    def emit(self, case, g, entries, times, overhead, nwrong) -> None:
+    def emit(self, case, g, entries, rec, nwrong) -> None:
         rows = []
+        nan = float("nan")
+        prefill_s = float(case["prefill_ms"]) / 1e3
         for k, e in enumerate(entries):
             role = "both" if e.src == e.dst else ("prefill" if e.src == self.rank else "decode")
             base = dict(self.base_row(case, g), rank=self.rank, role=role, pair=e.pair, req=e.req,
-                        payload_bytes=e.payload, wire_bytes=e.payload, descriptors=e.descriptors,
-                        status="ok", reason="")
-            rows += [dict(base, iter=it, seconds=done[k], harness_seconds=overhead[it], nwrong=None)
-                     for it, done in enumerate(times)]
+                        payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
+                        descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
+                        queue_s=nan, arrival_s=nan)
+            for it, (done, over, hs, exposed) in enumerate(rec):
+                rows.append(dict(base, iter=it, seconds=done[k], harness_seconds=over, nwrong=None,
+                                 handshake_s=hs if e.src == self.rank else nan,
+                                 exposed_s=nan if exposed[k] is None else exposed[k]))
             if nwrong is not None:
-                rows.append(dict(base, iter=-1, seconds=float("nan"), harness_seconds=float("nan"),
+                rows.append(dict(base, iter=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0))
         self.deliver(rows)
 
@@ -346,7 +331,8 @@ class Harness:
         row = dict(self.base_row(dict(case, variant="paged")), rank=self.rank, role="", pair=-1, req=0, iter=-1,
                    seconds=float("nan"), harness_seconds=float("nan"),
                    payload_bytes=case_geometry(case)["payload"], wire_bytes=0, descriptors=0,
-                   status="skipped", reason=reason, nwrong=None)
+                   status="skipped", reason=reason, nwrong=None, prefill_s=float("nan"), handshake_s=float("nan"),
+                   exposed_s=float("nan"), queue_s=float("nan"), arrival_s=float("nan"))
         self.deliver([row] if self.rank == 0 else [])
 
     def deliver(self, rows: list[dict]) -> None:

@@ -13,7 +13,7 @@ from .results import SCHEMA_VERSION, case_stats
 
 # (header, width, formatter of a case_stats line)
 COLUMNS = [
-    ("transport", 9, lambda r: r["transport"]),
+    ("transport", 10, lambda r: r["transport"]),
     ("op", 4, lambda r: r["op"]),
     ("model", 12, lambda r: r["model"]),
     ("tokens", 6, lambda r: f"{r['tokens']}"),
@@ -48,7 +48,7 @@ def _f(x, spec: str) -> str:
 def header_lines() -> list[str]:
     """Column headers, '#'-prefixed like nccl-tests."""
     cols = " ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
-    cols = "#" + cols[1:] if cols.startswith(" ") else "#" + cols
+    cols = "#" + cols[1:]  # the first column is wider than its name
     return ["# GB/s = 10^9 bytes/s of one request's KV payload at its p50 time; time = until the destination",
             "# knows the last byte landed (max over the pair's ranks); aggGB/s = all requests of all pairs of an",
             "# iteration / the time the last one landed (median); bulk% = GB/s / the same payload sent as one",
@@ -56,12 +56,13 @@ def header_lines() -> list[str]:
             "#", cols]
 
 
-def format_line(r: dict) -> str:
+def format_line(r: dict, columns=None) -> str:
     """One table row."""
+    columns = columns or COLUMNS
     if r.get("status") == "skipped":
-        lead = " ".join(f"{f(r):>{w}}" for h, w, f in COLUMNS[:4])
+        lead = " ".join(f"{f(r):>{w}}" for h, w, f in columns[:4])
         return f"{lead}   skipped: {r['reason']}"
-    return " ".join(f"{f(r):>{w}}" for _, w, f in COLUMNS)
+    return " ".join(f"{f(r):>{w}}" for _, w, f in columns)
 
 
 BULK_KEYS = ["transport", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme", "world_size",
@@ -77,14 +78,61 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     keyed = st.set_index(BULK_KEYS).index
     st["bulk_gbps"] = [bulk.get(k, float("nan")) if k in bulk.index else float("nan") for k in keyed]
     st["bulk_pct"] = 100 * st["gbps"] / st["bulk_gbps"]
+    # the seeds' model of exposed time, from the measured bulk bandwidth: streaming hides all but the
+    # excess of transfer over prefill and the last layer's share; serial hides nothing
+    st["T_ms"] = st["payload_bytes"] / (st["bulk_gbps"] * 1e9) * 1e3
+    p_ms = st["prefill_s"].fillna(0) * 1e3
+    streaming = (st["T_ms"] - p_ms).clip(lower=0) + st["T_ms"] / st["layers"]
+    st["model_ms"] = streaming.where(st["overlap"] == "streaming", st["T_ms"])
+    st["exposed_ms"] = st["exposed_p50"] * 1e3
+    st["diff_ms"] = st["exposed_ms"] - st["model_ms"]
     return st
+
+
+OVERLAP_COLUMNS = [
+    ("transport", 10, lambda r: r["transport"]),
+    ("op", 4, lambda r: r["op"]),
+    ("overlap", 9, lambda r: r["overlap"]),
+    ("handshk", 7, lambda r: r["handshake"]),
+    ("model", 12, lambda r: r["model"]),
+    ("tokens", 6, lambda r: f"{r['tokens']}"),
+    ("L", 3, lambda r: f"{r['layers']}"),
+    ("blk(tok)", 8, lambda r: "-" if r["variant"] == "bulk" else f"{r['block_size']}"),
+    ("alloc", 10, lambda r: r["allocation"]),
+    ("payload(B)", 11, lambda r: f"{r['payload_bytes']}"),
+    ("P(ms)", 8, lambda r: _f(r["prefill_s"] * 1e3, ".2f")),
+    ("T(ms)", 8, lambda r: _f(r["T_ms"], ".2f")),
+    ("hs(us)", 7, lambda r: _f(r["handshake_p50"] * 1e6, ".0f")),
+    ("exp p50", 8, lambda r: _f(r["exposed_p50"] * 1e3, ".2f")),
+    ("p95", 8, lambda r: _f(r["exposed_p95"] * 1e3, ".2f")),
+    ("p99", 8, lambda r: _f(r["exposed_p99"] * 1e3, ".2f")),
+    ("model", 8, lambda r: _f(r["model_ms"], ".2f")),
+    ("diff", 7, lambda r: _f(r["diff_ms"], "+.2f")),
+    ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
+]
+
+
+def overlap_header_lines() -> list[str]:
+    """Headers of the exposed-time table (suites with a prefill clock, streaming or a handshake)."""
+    cols = " ".join(f"{h:>{w}}" for h, w, _ in OVERLAP_COLUMNS)
+    return ["# exposed = time from prefill end until decode knows the last byte landed (decode's clock, start",
+            "# synchronized by a barrier), ms; P = prefill time; T = payload / bulk GB/s of this path;",
+            "# model = max(0, T - P) + T/L when streaming, T when serial; diff = exp p50 - model;",
+            "# hs = allocate-then-stream handshake round trip (us, p50)", "#", "#" + cols[1:]]
+
+
+def uses_overlap(cases: list[dict]) -> bool:
+    """True when a suite's cases need the exposed-time table."""
+    return any(c.get("overlap") == "streaming" or float(c.get("prefill_ms") or 0) > 0 or
+               c.get("handshake", "off") != "off" for c in cases)
 
 
 class LivePrinter:
     """Rank 0's printer: keeps rows, prints each case's line as it finishes."""
 
-    def __init__(self, out=print):
+    def __init__(self, out=print, columns=None):
         self.out = out
+        self.columns = columns or COLUMNS
         self.frames: list[pd.DataFrame] = []
 
     def add(self, rows: list[dict]) -> None:
@@ -96,7 +144,7 @@ class LivePrinter:
         st = summarize(pd.concat(self.frames, ignore_index=True))
         case = rows[0]["case"]
         line = st[st["case"] == case].iloc[0].to_dict()
-        self.out(format_line(line))
+        self.out(format_line(line, self.columns))
 
     def summary(self) -> pd.DataFrame | None:
         if not self.frames:

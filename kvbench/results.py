@@ -24,7 +24,7 @@ SCHEMA_VERSION = 1
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
                 "pp", "world_size", "inflight"]
-CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload"]
+CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers"]
 # per row: seconds = until this rank's part of the request was complete, from the iteration's start
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
@@ -138,6 +138,11 @@ def case_stats(df: pd.DataFrame) -> pd.DataFrame:
         status=("status", "first"),
         reason=("reason", "first"),
     )
+    dec = ok[ok["exposed_s"].notna()].groupby("case")["exposed_s"]
+    for q in (50, 95, 99):
+        agg[f"exposed_p{q}"] = dec.quantile(q / 100)
+    agg["handshake_p50"] = ok.groupby("case")["handshake_s"].median()
+    agg["prefill_s"] = df.groupby("case")["prefill_s"].first()
     out = keys.join(agg, how="left")
     out["pairs"] = ok.groupby("case")["pair"].nunique()
     out["gbps"] = out["payload_bytes"] / out["p50"] / 1e9

@@ -12,7 +12,10 @@ from .schedule import SchemeError, make_pairs
 
 FLAG_AXES = {"transport": "transport", "op": "op", "model": "model", "tokens": "tokens", "coalesce": "coalesce",
              "alloc": "alloc", "layout": "layout", "dtype": "dtype", "tp": "tp", "pp": "pp",
-             "prefix_hit": "prefix_hit", "inflight": "inflight"}
+             "prefix_hit": "prefix_hit", "inflight": "inflight", "overlap": "overlap", "prefill_ms": "prefill_ms",
+             "handshake": "handshake", "arrival": "arrival"}
+WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
+                  "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 
 
 def block_sweep(a) -> list[int] | None:
@@ -53,6 +56,11 @@ def resolve(a) -> tuple[S.Suite, list[dict]]:
         axes["block_size"] = sweep
     if a.variants:
         data["variants"] = a.variants
+    if a.prefill_tflops is not None:
+        data["prefill_tflops"] = a.prefill_tflops
+    wl = {key: getattr(a, attr) for attr, key in WORKLOAD_FLAGS.items() if getattr(a, attr) is not None}
+    if wl or (a.arrival and any(x != "none" for x in a.arrival) and data.get("workload") is None):
+        data["workload"] = dict(data.get("workload") or {}, **wl)
     for attr in ("iters", "warmup", "seed", "pool_factor", "timeout", "scheme"):
         if getattr(a, attr) is not None:
             data[attr] = getattr(a, attr)
@@ -138,7 +146,7 @@ def run(a, argv: list[str]) -> int:
                    variants=tuple(suite.variants), transport_options=topts)
     printer = writer = None
     if c.rank == 0:
-        from .report import LivePrinter, header_lines
+        from .report import OVERLAP_COLUMNS, LivePrinter, header_lines, overlap_header_lines, uses_overlap
         from .results import ResultWriter, git_commit, library_versions, system_description
 
         for line in preamble(c, suite, argv, hosts) + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts):
@@ -149,8 +157,9 @@ def run(a, argv: list[str]) -> int:
                 "system": system_description(), "hosts": hosts, "world_size": c.size,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         writer = ResultWriter(a.results, a.name or suite.name, meta)
-        printer = LivePrinter(lambda s: print(s, flush=True))
-        for line in header_lines():
+        overlap = uses_overlap(cases)
+        printer = LivePrinter(lambda s: print(s, flush=True), OVERLAP_COLUMNS if overlap else None)
+        for line in overlap_header_lines() if overlap else header_lines():
             print(line)
         sys.stdout.flush()
 

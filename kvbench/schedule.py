@@ -63,6 +63,7 @@ class Entry:
     src: int
     dst: int
     layers: list[np.ndarray]
+    blocks_dst: np.ndarray | None = None  # the block table decode granted (sent in the handshake)
 
     def all_descs(self) -> np.ndarray:
         return np.concatenate(self.layers) if self.layers else np.empty((0, 3), np.int64)
@@ -144,3 +145,113 @@ def sleep_until(deadline: float) -> None:
         time.sleep(left - 2e-4)
     while time.perf_counter() < deadline:
         pass
+
+
+# control-plane messages (MPI tags) and their sizes: what real engines send beside the KV
+TAG_REQUEST, TAG_GRANT, TAG_LAYER_READY, TAG_CLOCK = 7101, 7102, 7103, 7104
+REQUEST_BYTES = 64  # request id, prompt length, sampling parameters
+STATE_BYTES = 64  # first token and sampler state, sent with the completion
+
+
+def control_bytes(e: Entry, handshake: str) -> int:
+    """Metadata bytes a request adds to the wire: request, block table grant, sampler state."""
+    if handshake == "off":
+        return 0
+    return REQUEST_BYTES + 4 * len(e.blocks_dst) + STATE_BYTES
+
+
+class Iteration:
+    """One timed iteration of a case on this rank: handshake, prefill clock, posts, completion.
+
+    Times are perf_counter offsets from ``t0`` (the end of the barrier that
+    started the iteration).  ``done[k]`` is when entry k was complete on this
+    rank; for a destination that is when its bytes were visible.
+    """
+
+    def __init__(self, t, comm, rank: int, entries: list[Entry], case: dict, local: bool):
+        self.t, self.comm, self.rank, self.case, self.local = t, comm, rank, case, local
+        self.op = case["op"]
+        self.init, self.serve = roles(entries, rank, self.op, local)
+        self.order = [e for e, _ in self.init] + [e for e, _ in self.serve]
+        self.entries = entries
+        self.notify = self.op == "push" and not t.caps.notifies and not local
+        self.streaming = case.get("overlap", "serial") == "streaming"
+        self.handshake = case.get("handshake", "off")
+        self.prefill_s = float(case.get("prefill_ms", 0.0)) / 1e3
+        self.layers = len(entries[0].layers) if entries else 0
+        self.clock = PrefillClock(self.prefill_s, max(self.layers, 1))
+        self.sources = sorted({e.src for e in entries if e.dst == rank and e.src != rank})
+        self.is_prefill = any(e.src == rank for e in entries)
+
+    def run(self, tag0: int):
+        """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset)."""
+        t, op, inside = self.t, self.op, 0.0
+        t0 = time.perf_counter()
+        hs = self._handshake(t0) if self.handshake != "off" else 0.0
+        self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
+        handles: dict[int, list] = {id(e): [] for e in self.order}
+        a = time.perf_counter()
+        for e, peer in self.serve:  # targets register every layer now; data arrives when posted
+            handles[id(e)] = [t.serve(op, peer, d, tag0 | (e.req << 12) | k) for k, d in enumerate(e.layers)]
+        inside += time.perf_counter() - a
+        groups = range(self.layers) if self.streaming else [None]
+        for g in groups:
+            ks = range(self.layers) if g is None else [g]
+            last = self.layers - 1 if g is None else g
+            if self.is_prefill or self.local:  # the prefill side owns the clock
+                self.clock.wait_layer(last)
+                if op == "pull" and not self.local:  # tell each decode rank the layer(s) are final
+                    for dst in sorted({e.dst for e in self.entries if e.src == self.rank}):
+                        self.comm.notify(dst, TAG_LAYER_READY)
+            elif op == "pull":
+                for src in self.sources:
+                    self.comm.wait_notify(src, TAG_LAYER_READY)
+            a = time.perf_counter()
+            for e, peer in self.init:
+                handles[id(e)] += [t.post(op, peer, e.layers[k], tag0 | (e.req << 12) | k) for k in ks]
+            inside += time.perf_counter() - a
+        done = []
+        for e in self.order:
+            a = time.perf_counter()
+            for h in handles[id(e)]:
+                t.wait(h)
+            if self.notify:  # completion the harness adds for one-sided transports: waiting, not overhead
+                if e.src == self.rank:
+                    self.comm.notify(e.dst)
+                else:
+                    self.comm.wait_notify(e.src)
+            b = time.perf_counter()
+            inside += b - a
+            done.append(b - t0)
+        return done, inside, hs, self.clock.t0 - t0
+
+    def _handshake(self, t0: float) -> float:
+        """Allocate-then-stream: prefill asks, decode answers with its block table; returns the round trip."""
+        reqs = []
+        for e in self.entries:
+            if e.src == self.rank and not self.local:
+                reqs.append(self.comm.isend_bytes(bytes(REQUEST_BYTES), e.dst, TAG_REQUEST))
+        for e in self.entries:
+            if e.dst == self.rank and not self.local:
+                self.comm.recv_bytes(bytearray(REQUEST_BYTES), e.src, TAG_REQUEST)
+                reqs.append(self.comm.isend_bytes(e.blocks_dst.astype(np.int32).tobytes(), e.src,
+                                                  TAG_GRANT))
+        for e in self.entries:
+            if e.src == self.rank and not self.local:
+                self.comm.recv_bytes(bytearray(4 * len(e.blocks_dst)), e.dst, TAG_GRANT)
+        self.comm.waitall(reqs)
+        return time.perf_counter() - t0
+
+    def exchange_clock(self, offset: float) -> dict[int, float]:
+        """After timing: each decode rank learns its sources' prefill start offsets (untimed)."""
+        reqs = [self.comm.isend_bytes(np.float64(offset).tobytes(), d, TAG_CLOCK)
+                for d in sorted({e.dst for e in self.entries if e.src == self.rank and e.dst != self.rank})]
+        got = {}
+        for s in self.sources:
+            buf = bytearray(8)
+            self.comm.recv_bytes(buf, s, TAG_CLOCK)
+            got[s] = float(np.frombuffer(buf, np.float64)[0])
+        self.comm.waitall(reqs)
+        if self.local:
+            got[self.rank] = offset
+        return got

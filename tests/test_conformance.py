@@ -16,8 +16,8 @@ NETWORK = ["shm", "tcp", "mpi", "nixl", "ucx", "mooncake"]
 
 def unavailable(name: str) -> str | None:
     """Probe in a fresh process: some engines must load before MPI (PLATFORM pitfall 7)."""
-    code = ("from kvbench import comm, transports; comm.preload([%r]); r = transports.probe(%r); "
-            "print('OK' if r is None else r)") % (name, name)
+    code = (f"from kvbench import comm, transports; comm.preload([{name!r}]); r = transports.probe({name!r}); "
+            "print('OK' if r is None else r)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     line = (out.stdout.strip().splitlines() or [out.stderr.strip()[-200:]])[-1]
     return None if line == "OK" else line

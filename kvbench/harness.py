@@ -127,7 +127,10 @@ class Harness:
         my_pairs = [(0, 0)] if local else pairs
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, self.token,
                       dict(self.opts.transport_options))
-        t = cls(ctx)
+        try:
+            t = cls(ctx)
+        except TransportError as exc:  # a bad -O option: the user's mistake, the same on every rank
+            raise UserError(str(exc)) from None
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         pools: list[Pool] = []

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ROOT
 
 TINY = ["-m", "llama-3-8b", "--tokens", "200", "-n", "3", "-w", "1"]
-NETWORK = ["shm", "tcp", "mpi", "nixl", "ucx", "mooncake"]
+NETWORK = ["shm", "tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake"]
 
 
 def unavailable(name: str) -> str | None:

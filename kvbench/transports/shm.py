@@ -77,7 +77,8 @@ class ShmTransport(Transport):
                                      "(shm needs all ranks on one host)") from None
             try:
                 size = os.fstat(fd).st_size
-                mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+                # populate the page tables now: a peer's first touch of each page must not land in a timed copy
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
             finally:
                 os.close(fd)
             self._maps.append(mm)

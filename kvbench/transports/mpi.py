@@ -1,0 +1,339 @@
+"""mpi: one-sided MPI RMA on a window that exposes the pool; ``mpi-sendrecv``
+(or ``mpi`` with ``-O mode=sendrecv``): two-sided Isend/Irecv, for comparison.
+On clusters MPI runs over UCX/verbs/OFI, so this is also an RDMA path there.
+
+A layer moves in ONE MPI call: the descriptor columns become hindexed byte
+datatypes (origin and target side), so MPI walks the blocks, not Python.
+
+Options (``ctx.options``):
+  window   "allocate" (default; MPI.Win.Allocate provides the pool, which MPICH
+           shares between the ranks of a node) or "create" (Win.Create over
+           the harness's pool; 3-6x slower on MPICH within a node)
+  epoch    "lock_all" (default; one passive epoch from ready() to close()) or
+           "lock" (Lock a peer at its first post, Unlock it at the last wait)
+  prep     "off" (default): build, commit and free the datatypes in every post,
+           as a request with a new block table must; "on": keep them while a
+           descriptor array is unchanged (like nixl's prep=on)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import DST, LEN, OPS, SRC, Buffer, Caps, Transport, TransportError, check_descs
+
+_CACHE_MAX = 4096  # datatype sets kept; a case needs layers x peers of them
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def _mpi():
+    from mpi4py import MPI  # lazy: optional dependency
+
+    return MPI
+
+
+def _fail(exc) -> TransportError:
+    return TransportError(f"mpi: {exc.Get_error_string().splitlines()[0]}")
+
+
+def _hindexed(MPI, lens: np.ndarray, displs: np.ndarray):
+    """A committed byte datatype of ``lens`` bytes at each of ``displs``."""
+    # mpi4py copies sequences item by item: Python ints (tolist) convert ~3x
+    # faster than numpy scalars, and equal lengths spare one array entirely
+    if len(lens) and (lens == lens[0]).all():
+        return MPI.BYTE.Create_hindexed_block(int(lens[0]), displs.tolist()).Commit()
+    return MPI.BYTE.Create_hindexed(lens.tolist(), displs.tolist()).Commit()
+
+
+class _Types:
+    """Committed datatypes per descriptor array (prep=on keeps them while it is unchanged).
+
+    The harness reuses one descs array per layer for every iteration, so the
+    key is the array's address and shape; a hit is confirmed by comparing the
+    contents with a private copy (vectorized), and a changed array is rebuilt.
+    """
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.entries: dict = {}
+
+    def get(self, descs: np.ndarray, cols: tuple, bounds: tuple) -> tuple:
+        """One datatype per column in ``cols``; bounds = (src, dst) pool bytes."""
+        key = (descs.ctypes.data, len(descs), cols, bounds)
+        hit = self.entries.get(key)
+        if hit is not None and np.array_equal(hit[0], descs):
+            return hit[1]
+        check_descs(descs, *bounds)
+        lens = np.ascontiguousarray(descs[:, LEN])
+        types = tuple(_hindexed(_mpi(), lens, np.ascontiguousarray(descs[:, c])) for c in cols)
+        if self.enabled:
+            if hit is not None:
+                self._free(hit[1])
+            elif len(self.entries) >= _CACHE_MAX:
+                self._free(self.entries.pop(next(iter(self.entries)))[1])
+            self.entries[key] = (descs.copy(), types)
+        return types
+
+    def done(self, types: tuple) -> None:
+        """After posting: free ``types`` unless cached (pending operations keep them)."""
+        if not self.enabled:
+            self._free(types)
+
+    @staticmethod
+    def _free(types: tuple) -> None:
+        for t in types:
+            t.Free()
+
+    def clear(self) -> None:
+        """Free every cached datatype."""
+        for _, types in self.entries.values():
+            self._free(types)
+        self.entries.clear()
+
+
+class MpiTransport(Transport):
+    """One-sided MPI: push = Put, pull = Get, completion = Win.Flush(peer).
+
+    notifies=True: after a push's Flush the initiator Isends a zero-byte
+    message per layer; the destination's wait receives it and calls Win.Sync,
+    which MPI's memory model requires at the target once it learns of the
+    completion (it matters on weakly ordered CPUs such as Grace).  Only the
+    window's owner can do that, so it is not left to the harness.
+    """
+
+    name = "mpi"
+    caps = Caps(one_sided=True, multi_node=True, notifies=True, network=True)
+    MODE = "rma"
+
+    def __new__(cls, ctx):
+        # -O mode=sendrecv on transport "mpi" selects the two-sided class (also "mpi-sendrecv")
+        if cls is MpiTransport and ctx.options.get("mode", "rma") == "sendrecv":
+            cls = MpiSendRecvTransport
+        return super().__new__(cls)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        opts = ctx.options
+        if opts.get("mode", self.MODE) not in ("rma", "sendrecv"):
+            raise TransportError(f"mode '{opts['mode']}' is not one of: rma, sendrecv")
+        self.window = opts.get("window", "allocate")
+        self.epoch = opts.get("epoch", "lock_all")
+        if self.window not in ("allocate", "create"):
+            raise TransportError(f"window '{self.window}' is not one of: allocate, create")
+        if self.epoch not in ("lock_all", "lock"):
+            raise TransportError(f"epoch '{self.epoch}' is not one of: lock_all, lock")
+        prep = str(opts.get("prep", "off")).lower()
+        if prep not in ("on", "off", "true", "false", "1", "0"):
+            raise TransportError(f"mpi option prep='{prep}' must be on or off")
+        self._types = _Types(prep in ("on", "true", "1"))
+        self._comm = self._win = self._arr = None
+        self._owned = False  # the window's memory came from Win.Allocate
+        self._open = False
+        self._peer_bytes: dict[int, int] = {}
+        self._posted: dict[int, int] = {}  # peer -> operations posted so far
+        self._flushed: dict[int, int] = {}  # peer -> operations known complete
+        self._locked: set[int] = set()
+        self._sends: list = []
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """None when mpi4py imports and MPI is initialised."""
+        try:
+            MPI = _mpi()
+        except ImportError as exc:
+            return f"install mpi4py and an MPI (pip install mpi4py mpich): {exc}"
+        return None if MPI.Is_initialized() else "MPI did not initialise"
+
+    def _setup(self):
+        if self._comm is None:
+            from kvbench import comm  # the harness's door to MPI
+
+            self._comm = comm.transport_comm()
+            self._tag_mod = int(self._comm.Get_attr(_mpi().TAG_UB)) + 1
+        return self._comm
+
+    def alloc(self, nbytes: int) -> Buffer | None:
+        """window == "allocate": Win.Allocate the pool (collective)."""
+        if self.window != "allocate":
+            return None
+        MPI, c = _mpi(), self._setup()
+        self._win = MPI.Win.Allocate(nbytes, 1, MPI.INFO_NULL, c)
+        self._owned = True
+        arr = np.frombuffer(self._win.tomemory(), dtype=np.uint8, count=nbytes)
+        # pools are released after close(); freeing the window in close()
+        # would pull the memory from under the pool, so its release does it
+        return Buffer(arr, release=self._free_window)
+
+    def register(self, pool) -> bytes:
+        """Expose the pool as the window (collective); metadata = its size."""
+        MPI, c = _mpi(), self._setup()
+        if self._arr is not None:
+            raise TransportError("mpi: one pool per transport instance")
+        if not self._owned:
+            self._win = MPI.Win.Create(pool.array, 1, MPI.INFO_NULL, c)
+        elif self._win is None or pool.addr != np.frombuffer(self._win.tomemory(), np.uint8).ctypes.data:
+            raise TransportError("mpi: the pool is not the window this transport allocated")
+        self._arr = pool.array
+        return int(pool.nbytes).to_bytes(8, "little")
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        """Remember the peers' pool sizes, for bounds checks."""
+        self._peer_bytes.update({p: int.from_bytes(m, "little") for p, m in peers.items()})
+
+    def ready(self) -> None:
+        """Open the passive-target epoch (lock_all: once for the whole run)."""
+        if self.epoch == "lock_all" and not self._open:
+            self._win.Lock_all(_mpi().MODE_NOCHECK)
+        self._open = True
+
+    def _bounds(self, peer: int, local_is_src: bool) -> tuple:
+        mine, theirs = self._arr.nbytes, self._peer_bytes.get(peer, 1 << 62)
+        return (mine, theirs) if local_is_src else (theirs, mine)
+
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Put (push) or Get (pull) all of the layer's blocks in one call."""
+        if op not in OPS:
+            raise TransportError(f"op '{op}' is not one of: {', '.join(OPS)}")
+        if not self._open:
+            raise TransportError("mpi: post before ready()")
+        seq = self._posted.get(peer, 0)
+        if len(descs):
+            cols = (SRC, DST) if op == "push" else (DST, SRC)  # (origin, target)
+            types = self._types.get(descs, cols, self._bounds(peer, op == "push"))
+            MPI = _mpi()
+            try:
+                if self.epoch == "lock" and peer not in self._locked:
+                    self._win.Lock(peer, MPI.LOCK_SHARED)
+                    self._locked.add(peer)
+                call = self._win.Put if op == "push" else self._win.Get
+                call([self._arr, 1, types[0]], peer, (0, 1, types[1]))
+            except MPI.Exception as exc:
+                raise _fail(exc) from None
+            self._types.done(types)
+            seq = self._posted[peer] = seq + 1
+        return ("rma", op, peer, seq, tag % self._tag_mod)
+
+    def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Push: post the receive of the initiator's notification; pull: nothing."""
+        if op == "push":
+            return ("note", self._comm.Irecv([_EMPTY, 0, _mpi().BYTE], peer, tag % self._tag_mod))
+        return None
+
+    def wait(self, handle) -> None:
+        """Initiator: Flush the peer (once for all posted so far), then notify.
+        Push destination: receive the notification, then Win.Sync."""
+        if handle is None:
+            return
+        MPI = _mpi()
+        try:
+            if handle[0] == "note":
+                handle[1].Wait()
+                if self.epoch == "lock":  # Win_sync needs a passive epoch (MPICH checks)
+                    self._win.Lock(self._comm.Get_rank(), MPI.LOCK_SHARED)
+                self._win.Sync()
+                if self.epoch == "lock":
+                    self._win.Unlock(self._comm.Get_rank())
+                return
+            _, op, peer, seq, tag = handle
+            if peer in self._locked and seq == self._posted[peer]:
+                self._win.Unlock(peer)  # epoch "lock": the peer's last handle
+                self._locked.discard(peer)
+                self._flushed[peer] = seq
+            elif self._flushed.get(peer, 0) < seq:
+                self._win.Flush(peer)
+                self._flushed[peer] = self._posted[peer]  # Flush completes all of them
+            if op == "push":
+                self._sends.append(self._comm.Isend([_EMPTY, 0, MPI.BYTE], peer, tag))
+                if len(self._sends) >= 256:
+                    MPI.Request.Waitall(self._sends)
+                    self._sends.clear()
+        except MPI.Exception as exc:
+            raise _fail(exc) from None
+
+    def info(self) -> dict:
+        """MPI library, mpi4py version, mode, window kind, epoch, prep."""
+        info = {"mode": self.MODE, "prep": "on" if self._types.enabled else "off"}
+        if self.MODE == "rma":
+            info.update(window=self.window, epoch=self.epoch)
+        try:
+            import mpi4py
+
+            info["mpi_library"] = _mpi().Get_library_version().splitlines()[0].strip()
+            info["mpi4py"] = mpi4py.__version__
+        except ImportError:
+            pass
+        return info
+
+    def close(self) -> None:
+        """End the epoch, free datatypes and (window "create") the window; idempotent."""
+        if self._sends:
+            _mpi().Request.Waitall(self._sends)
+            self._sends.clear()
+        if self._win is not None and self._open:
+            if self.epoch == "lock_all":
+                self._win.Unlock_all()
+            for peer in sorted(self._locked):
+                self._win.Unlock(peer)
+            self._locked.clear()
+        self._open = False
+        self._types.clear()
+        if not self._owned:
+            self._free_window()
+
+    def _free_window(self) -> None:
+        win, self._win = self._win, None
+        if win is not None:
+            win.Free()  # collective: every rank frees, in the same order
+
+
+class MpiSendRecvTransport(MpiTransport):
+    """Two-sided MPI: the source Isends straight from its pool and the
+    destination Irecvs into its pool, each with its own hindexed datatype
+    (MPI packs internally); wait = Wait.  No window."""
+
+    name = "mpi-sendrecv"
+    caps = Caps(one_sided=False, multi_node=True, notifies=True, network=True)
+    MODE = "sendrecv"
+
+    def alloc(self, nbytes: int) -> Buffer | None:
+        """The harness allocates: two-sided needs no window."""
+        return None
+
+    def register(self, pool) -> bytes:
+        """Keep the pool; metadata = its size."""
+        self._setup()
+        self._arr = pool.array
+        return int(pool.nbytes).to_bytes(8, "little")
+
+    def ready(self) -> None:
+        """Nothing to open."""
+        self._open = True
+
+    def _xfer(self, sending: bool, peer: int, descs: np.ndarray, tag: int):
+        (dtype,) = self._types.get(descs, (SRC if sending else DST,), self._bounds(peer, sending))
+        msg, tag = [self._arr, 1, dtype], tag % self._tag_mod
+        req = self._comm.Isend(msg, peer, tag) if sending else self._comm.Irecv(msg, peer, tag)
+        self._types.done((dtype,))
+        return ("req", req)
+
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Push: Isend from the pool; pull: Irecv into the pool."""
+        if op not in OPS:
+            raise TransportError(f"op '{op}' is not one of: {', '.join(OPS)}")
+        return self._xfer(op == "push", peer, descs, tag)
+
+    def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Push: Irecv into the pool; pull: Isend from the pool."""
+        return self._xfer(op == "pull", peer, descs, tag)
+
+    def wait(self, handle) -> None:
+        """Wait for the send or receive."""
+        if handle is not None:
+            try:
+                handle[1].Wait()
+            except _mpi().Exception as exc:
+                raise _fail(exc) from None
+
+    def close(self) -> None:
+        """Free cached datatypes; idempotent."""
+        self._open = False
+        self._types.clear()

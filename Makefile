@@ -18,7 +18,7 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: install bench test lint clean-results help
+.PHONY: install bench bench-overlap test lint clean-results help
 
 help:
 	@sed -n '2,10p' Makefile
@@ -39,6 +39,10 @@ install: $(STAMP)
 
 bench: $(STAMP)
 	$(MPIRUN) -n $(NP) $(BIN)/kvbench run $(SUITE) $(ARGS)
+
+# exposed time against the model over several P/T ratios (shm, tcp; push, pull; serial, streaming)
+bench-overlap: $(STAMP)
+	$(BIN)/python benchmarks/overlap.py --mpirun $(MPIRUN)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -220,7 +220,8 @@ def expand(suite: Suite) -> list[dict]:
         case["prefill_ms_set"] = str(case["prefill_ms"])
         if case["prefill_ms"] == "auto":
             ntok = case["tokens"] - case["prefix_hit"]
-            case["prefill_ms"] = M.prefill_ms(M.shard(shape, case["tp"], case["pp"]), ntok, suite.prefill_tflops)
+            # TP and PP split the FLOPs: each rank computes 1/(tp x pp) of them at prefill_tflops
+            case["prefill_ms"] = M.prefill_ms(shape, ntok, suite.prefill_tflops * case["tp"] * case["pp"])
         if (case["arrival"] == "none") != (suite.workload is None):
             raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
                              f"axes.arrival ({ARRIVAL_HELP})")

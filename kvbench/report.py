@@ -72,7 +72,9 @@ BULK_KEYS = ["transport", "op", "model", "tokens", "prefix_hit", "dtype", "tp", 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """case_stats plus bulk% (each paged case against the bulk case of the same payload)."""
     st = case_stats(df)
-    checked = df[df["iter"] == -1].groupby("case")["nwrong"].apply(lambda s: s.sum(min_count=1))
+    # the check pass is the iter == -1 row; under a workload every admitted request carries its own count
+    rows = df[(df["iter"] == -1) | (df["workload"] != "none")]
+    checked = rows.groupby("case")["nwrong"].apply(lambda s: s.sum(min_count=1))
     st["nwrong_checked"] = st["case"].map(checked)
     bulk = st[st["variant"] == "bulk"].set_index(BULK_KEYS)["gbps"]
     keyed = st.set_index(BULK_KEYS).index

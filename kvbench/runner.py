@@ -191,7 +191,7 @@ def run(a, argv: list[str]) -> int:
         print(f"# results: {writer.path}")
         writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=h.total_wrong,
                       status="OK" if ok else "FAILED", harness_overhead_us=overhead_us(printer),
-                      transports=h.transport_info)
+                      transports=h.transport_info, **getattr(h, "extra_meta", {}))
         code = 0 if ok else 1
     code = c.bcast(code)
     return finish(c, code)

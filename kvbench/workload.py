@@ -1,4 +1,6 @@
-"""Workload generators: when requests arrive and how long their prompts are (seeded, pure).
+"""Workload generators and the pure helpers of kvbench/load.py (no MPI, no transport).
+
+Generators: when requests arrive and how long their prompts are (seeded).
 
 A prefill rank's workload is ``n`` requests.  Arrival times come from
 ``poisson:<req/s>`` (exponential gaps, per prefill rank) or
@@ -65,3 +67,87 @@ def arrivals(kind: str, value: float, n: int, rng: np.random.Generator) -> np.nd
     if kind == "interval":
         return np.arange(n, dtype=np.float64) * value / 1e3
     raise ValueError(f"arrival kind '{kind}' has no generator")
+
+
+# ----- a request's blocks: descriptors, poison, byte check (vectorized over layers) ----------------
+# These belong in descriptors.py and memory.py; they live here until the core takes them.
+
+def block_array(pool: np.ndarray, lay, dtype=np.uint8) -> np.ndarray:
+    """A (layers, regions, blocks, block_bytes / itemsize) view of a pool: ``[:, :, ids]`` is blocks ``ids``."""
+    L, R, nb = lay.layers, lay.regions, lay.nblocks
+    w = lay.block_bytes // np.dtype(dtype).itemsize
+    flat = pool[: lay.nbytes].view(dtype)
+    if lay.kind == "block-major":
+        return flat.reshape(L, nb, R, w).transpose(0, 2, 1, 3)
+    return flat.reshape(L, R, nb, w)
+
+
+def request_descs(lay, src_ids: np.ndarray, dst_ids: np.ndarray, last: int) -> list[np.ndarray]:
+    """descriptors.layer_descs for every layer at once (same rows, same order); ``last`` = bytes of the last block."""
+    L, R, n = lay.layers, lay.regions, len(src_ids)
+    layer = np.arange(L)[:, None]
+    out = np.empty((L, n, R, 3), dtype=np.int64)
+    for r in range(R):
+        out[:, :, r, 0] = lay.offsets(layer, r, src_ids)
+        out[:, :, r, 1] = lay.offsets(layer, r, dst_ids)
+    out[:, :, :, 2] = lay.block_bytes
+    out[:, -1, :, 2] = last
+    return list(out.reshape(L, n * R, 3))
+
+
+def layer_is_right(pool: np.ndarray, lay, layer: int, src_ids, dst_ids, last: int, src_rank: int) -> bool:
+    """Whether one layer of a landed request holds exactly the source rank's fill pattern (all regions).
+
+    The pattern is memory.fill's: word i of rank r's pool is (i * _MUL) ^ salt(r).
+    """
+    from . import memory
+
+    got = block_array(pool, lay, np.uint32)[layer][:, dst_ids]  # (regions, blocks, words)
+    base = np.stack([lay.offsets(layer, r, src_ids) // 4 for r in range(lay.regions)])
+    exp = base.astype(np.uint32)[..., None] + np.arange(lay.block_bytes // 4, dtype=np.uint32)
+    exp *= memory._MUL
+    exp ^= np.uint32((src_rank + 1) * int(memory._RANK) & 0xFFFFFFFF)
+    lw = last // 4
+    return bool(np.array_equal(got[:, :-1], exp[:, :-1]) and np.array_equal(got[:, -1, :lw], exp[:, -1, :lw]))
+
+
+def occupancy_stats(timelines: dict) -> dict:
+    """Blocks in use per layer of one decode pool: peak (max over decode ranks) and time-weighted mean
+    (averaged over decode ranks), from (time, used) steps."""
+    peaks, means = [0], []
+    for tl in timelines.values():
+        a = np.asarray(tl, dtype=float).reshape(-1, 2)
+        dt = np.diff(a[:, 0])
+        if len(dt) and dt.sum() > 0:
+            peaks.append(int(a[:, 1].max()))
+            means.append(float((a[:-1, 1] * dt).sum() / dt.sum()))
+    return {"peak": max(peaks), "mean": float(np.mean(means)) if means else 0.0}
+
+
+# ----- per-case summary (rank 0; pure, from rows) ----------------------------------------------
+SUMMARY_HEADER = ("# load: queue = wait for decode blocks; exposed = prefill end -> KV landed at decode (ms, admitted "
+                  "requests); pool = decode blocks per layer in use (peak, time-weighted mean)")
+
+
+def summarize(rows: list[dict], infos: list[dict]) -> dict:
+    """A case's counts, queue and exposed tails (s, admitted requests), occupancy and violations."""
+    dec = [r for r in rows if r["role"] == "decode"]
+    ok = [r for r in dec if r["status"] == "ok"]
+    out = {"admitted": len(ok), "dropped": len(dec) - len(ok),
+           "violations": sum(i.get("violations") or 0 for i in infos)}
+    for key in ("queue", "exposed"):
+        vals = [r[key + "_s"] for r in ok]
+        for q in (50, 95, 99):
+            out[f"{key}_p{q}"] = float(np.percentile(vals, q)) if vals else float("nan")
+    return out | occupancy_stats({i["rank"]: i["occupancy"] for i in infos})
+
+
+def summary_line(case_no: int, case: dict, cap: int, st: dict, checked: bool) -> str:
+    """The '# load:' line rank 0 prints after a case's table row."""
+    def ms(key):
+        return "/".join(f"{st[f'{key}_p{q}'] * 1e3:.2f}" for q in (50, 95, 99))
+
+    return (f"# load: case {case_no} {case['transport']} {case['op']} {case['overlap']} {case['arrival']}  "
+            f"admitted {st['admitted']} dropped {st['dropped']}  queue p50/p95/p99 {ms('queue')} ms  exposed "
+            f"p50/p95/p99 {ms('exposed')} ms  pool cap {cap} peak {st['peak']} mean {st['mean']:.1f}  "
+            f"violations {st['violations'] if checked else '-'}")

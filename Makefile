@@ -1,7 +1,8 @@
 # kvbench front door.  `make bench` and `make test` work as the very first command on a fresh clone.
 #
 #   make install            venv in .venv, kvbench + test tools, MPI from the mpich wheel
-#                           (MPI=site: use the mpirun/libmpi already on PATH instead)
+#                           (MPI=site: use the mpirun/libmpi already on PATH instead), and the
+#                           engines NIXL, UCX (ucxx) and Mooncake (ENGINES=0: skip them)
 #   make bench              the quick suite on 2 ranks of localhost
 #   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
 #   make test               the test suite (unit, property, real mpiexec runs)
@@ -13,12 +14,13 @@ SUITE   ?= quick
 NP      ?= 2
 MPI     ?= wheel
 ARGS    ?=
+ENGINES ?= 1
 BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: install bench bench-overlap test lint clean-results help
+.PHONY: install bench bench-overlap bench-fidelity test lint clean-results help
 
 help:
 	@sed -n '2,10p' Makefile
@@ -33,6 +35,12 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	  $(BIN)/python -m pip install -q mpi4py mpich; \
 	fi
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@if [ "$(ENGINES)" = "1" ]; then \
+	  echo "installing engines: nixl (no deps: no CUDA torch), ucxx, mooncake (non-CUDA build)"; \
+	  $(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1 && \
+	  $(BIN)/python -m pip install -q ucxx-cu12 mooncake-transfer-engine-non-cuda || \
+	  echo "warning: an engine did not install; its rows will say unavailable" >&2; \
+	fi
 	@touch $@
 
 install: $(STAMP)
@@ -43,6 +51,10 @@ bench: $(STAMP)
 # exposed time against the model over several P/T ratios (shm, tcp; push, pull; serial, streaming)
 bench-overlap: $(STAMP)
 	$(BIN)/python benchmarks/overlap.py --mpirun $(MPIRUN)
+
+# measurement fidelity: tcp and mpi bulk GB/s next to plain socket / mpi4py references, ratio per size
+bench-fidelity: $(STAMP)
+	$(BIN)/python benchmarks/fidelity.py --mpirun $(MPIRUN)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

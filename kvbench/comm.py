@@ -34,10 +34,16 @@ def preload(transports: list[str]) -> None:
     # several UCX copies (mpich's, NIXL's, ucxx's) each warn about the others' variables
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     if "ucx" in transports and _MPI is None:
+        # importing ucxx sets UCX_* defaults for itself (rendezvous threshold, memtype cache...);
+        # MPICH's own UCX reads the same variables, so keep them out of everybody else's way
+        before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
         try:
             import ucxx  # noqa: F401
         except Exception:  # missing or broken: the ucx transport reports why
             pass
+        for k in [k for k in os.environ if k.startswith("UCX_") and k not in before]:
+            del os.environ[k]
+        os.environ.update(before)
 
 
 class Comm:

@@ -162,6 +162,8 @@ class Harness:
                     self.emit_skipped(case, f"unavailable: {name} supports only {', '.join(cls.caps.ops)}")
                     continue
                 self.run_case(case, session)
+            # one-sided peers may still be reading our pool: nobody closes until everybody is done
+            self.comm.barrier()
         finally:
             t.close()
             for p in pools:

@@ -90,7 +90,9 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def get_model(name: str) -> ModelShape:
-    """A preset by name, or a model from a YAML file path (``*.yaml``/``*.yml``)."""
+    """A preset (or a registered model) by name, or a model from a YAML file path (``*.yaml``/``*.yml``)."""
+    if name in PRESETS:
+        return PRESETS[name]
     if name.endswith((".yaml", ".yml")):
         return load_model_yaml(name)
     try:

@@ -133,13 +133,25 @@ def run(a, argv: list[str]) -> int:
         try:
             suite, cases = resolve(a)
             make_pairs(suite.scheme, c.size)
-            payload = (suite.model_dump(), cases, transport_options(a), None)
+            # models travel with the cases: a YAML file or flags exist only on rank 0's side
+            from . import model as M
+
+            models = {case["model"]: M.get_model(case["model"]) for case in cases}
+            payload = (suite.model_dump(), cases, transport_options(a), models, None)
         except (S.SuiteError, UserError, SchemeError, ValueError) as exc:
-            payload = (None, None, None, str(exc))
-    suite_d, cases, topts, err = c.bcast(payload)
+            payload = (None, None, None, None, str(exc))
+    suite_d, cases, topts, models, err = c.bcast(payload)
     if err:
         return finish(c, 1, err)
-    suite = S.Suite.model_validate(suite_d)
+    try:
+        from . import model as M
+
+        M.PRESETS.update(models or {})
+        suite = S.Suite.model_validate(suite_d)
+    except Exception as exc:  # rank 0 validated this; a failure here is a broken rank: end the job, never hang
+        from .cli import fail_rank
+
+        fail_rank(exc)
     hosts = c.allgather(c.hostname)
     opts = Options(iters=suite.iters, warmup=suite.warmup, check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, inject_corruption=a.inject_corruption,

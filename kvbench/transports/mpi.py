@@ -63,8 +63,12 @@ class _Types:
         if hit is not None and np.array_equal(hit[0], descs):
             return hit[1]
         check_descs(descs, *bounds)
-        lens = np.ascontiguousarray(descs[:, LEN])
-        types = tuple(_hindexed(_mpi(), lens, np.ascontiguousarray(descs[:, c])) for c in cols)
+        if len(descs) == 1:  # bulk: one contiguous range, no numpy column copies on the timed path
+            row = descs.tolist()[0]
+            types = tuple(_mpi().BYTE.Create_hindexed_block(row[LEN], [row[c]]).Commit() for c in cols)
+        else:
+            lens = np.ascontiguousarray(descs[:, LEN])
+            types = tuple(_hindexed(_mpi(), lens, np.ascontiguousarray(descs[:, c])) for c in cols)
         if self.enabled:
             if hit is not None:
                 self._free(hit[1])

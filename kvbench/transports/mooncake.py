@@ -1,0 +1,189 @@
+"""Mooncake transfer engine: one-sided batch WRITE (push) / READ (pull), P2P handshake.
+
+No metadata server: each engine is initialised with ``P2PHANDSHAKE`` and its
+session id (``host:rpc_port``) plus the pool's base address is what
+``register`` returns.  Each post is one ``batch_transfer_async_write``/``read``
+per chunk of at most ``batch`` descriptors (default 2048: 4096+ fail on tcp
+with "queue-full" at the engine's default queue caps, PLATFORM pitfall 4; see
+below); ``wait`` blocks in
+``get_batch_transfer_status`` (GIL released).  Mooncake's Python API only
+attaches notifications to its *synchronous* batch call, so this transport does
+not notify (``caps.notifies = False``): the harness notifies the destination.
+
+Protocol (option ``protocol``, default rdma when /sys/class/infiniband exists,
+else tcp).  Mooncake's ``initialize(..., protocol, ...)`` does NOT choose the
+transport: it installs RDMA whenever it discovers an HCA and TCP otherwise
+(unless MC_FORCE_TCP is set), silently.  So ``tcp`` sets MC_FORCE_TCP=1, and the
+protocol really in use is derived the way the engine decides (its topology's
+HCA list and MC_FORCE_TCP); ``rdma`` requested with TCP in use is an error,
+never a mislabelled row.  Both of its listeners (handshake RPC and the TCP
+data port) bind all interfaces even when ``host`` is 127.0.0.1.
+Options: ``protocol``, ``host`` (address peers reach; default ``kvbench.net``'s
+choice: ``addr``/``ifname`` options, KVBENCH_SOCKET_IFNAME, else the host
+name's route), ``device`` (HCA filter, e.g. ``mlx5_0,mlx5_1``), ``batch``.
+The tcp lanes' queue caps (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER,
+MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER) default to 65535 here, as serving
+deployments set them: at the engine's defaults ~2-4k outstanding descriptors
+per peer fail with "queue-full".
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+
+
+class MooncakeTransport(Transport):
+    """One TransferEngine per rank; push = batch WRITE, pull = batch READ."""
+
+    name = "mooncake"
+    caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=True,
+                multi_node=True, notifies=False, network=True)
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """Why Mooncake cannot run here, or None."""
+        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")  # its INFO log is a screen per engine
+        try:
+            import mooncake.engine  # noqa: F401
+        except ModuleNotFoundError:
+            return "install kvbench[mooncake] (mooncake-transfer-engine-non-cuda on hosts without CUDA)"
+        except ImportError as exc:
+            msg = str(exc).splitlines()[0]
+            if "libibverbs" in msg:
+                return f"{msg}; apt-get install libibverbs1"
+            return f"mooncake import failed: {msg}"
+        return None
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self._te = self._pool = None
+        self._peers: dict[int, tuple[str, int, int]] = {}  # rank -> (session, addr, nbytes)
+        self._info: dict = {}
+        self._batch = int(ctx.options.get("batch", 2048))
+        if not 1 <= self._batch <= 65535:
+            raise TransportError(f"mooncake option batch={self._batch} must be 1..65535")
+
+    def register(self, pool) -> bytes:
+        """Start the engine (P2P handshake), register the pool once, return session id + base."""
+        reason = self.probe()
+        if reason:
+            raise Unavailable(reason)
+        from mooncake.engine import TransferEngine
+
+        if pool.kind != "host":
+            raise TransportError(f"mooncake: memory kind {pool.kind} not supported here (host only)")
+        opts = self.ctx.options
+        want = str(opts.get("protocol") or ("rdma" if os.path.exists("/sys/class/infiniband") else "tcp"))
+        if want not in ("tcp", "rdma"):
+            raise TransportError(f"mooncake option protocol={want} must be tcp or rdma")
+        if want == "rdma" and os.environ.get("MC_FORCE_TCP"):
+            raise TransportError("rdma requested but MC_FORCE_TCP is set in the environment")
+        # Its tcp lanes reject ("queue-full") more than ~2-4k queued descriptors per peer by default;
+        # a request posts all layers before waiting, so raise the caps as serving deployments do.
+        for var in ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER"):
+            os.environ.setdefault(var, "65535")
+        from ..net import select_addr  # NCCL-style -O addr= / ifname= / KVBENCH_SOCKET_IFNAME, as tcp
+
+        host = str(opts.get("host") or select_addr(self.ctx.hostname, opts)[0])
+        device = str(opts.get("device", ""))
+        saved = os.environ.get("MC_FORCE_TCP")
+        if want == "tcp":
+            os.environ["MC_FORCE_TCP"] = "1"  # else an HCA, if present, is used regardless
+        forced = bool(os.environ.get("MC_FORCE_TCP")) and not os.environ.get("MC_FORCE_HCA")
+        try:
+            self._te = te = TransferEngine()
+            rc = te.initialize(host, "P2PHANDSHAKE", want, device)
+        finally:  # read at initialisation only: do not leak it into later engines of this process
+            if saved is None:
+                os.environ.pop("MC_FORCE_TCP", None)
+        if rc != 0:
+            raise TransportError(f"mooncake: initialize({host}, P2PHANDSHAKE, {want}) failed")
+        used = self._protocol_in_use(te, device, forced)
+        if want == "rdma" and used != "rdma":
+            raise TransportError("rdma requested but mooncake fell back to tcp (no RDMA device found)")
+        if te.register_memory(pool.addr, pool.nbytes) != 0:
+            raise TransportError(f"mooncake: register_memory of {pool.nbytes} bytes failed")
+        self._pool = pool
+        session = f"{host}:{te.get_rpc_port()}"
+        self._info = {"protocol": used, "requested": want, "session": session, "batch": self._batch,
+                      "listeners": "handshake RPC and tcp data port bind all interfaces (0.0.0.0)",
+                      "env": {k: v for k, v in os.environ.items() if k.startswith("MC_")},
+                      "MC_FORCE_TCP": forced}
+        return json.dumps({"session": session, "addr": pool.addr, "nbytes": pool.nbytes}).encode()
+
+    @staticmethod
+    def _protocol_in_use(te, device: str, forced_tcp: bool) -> str:
+        # The engine installs rdma iff topology discovery finds an HCA and MC_FORCE_TCP was unset;
+        # get_local_topology re-runs that same discovery: {"cpu:0": [[preferred HCAs], [others]]}.
+        topo = json.loads(te.get_local_topology(device))
+        hcas = any(h for lists in topo.values() for lst in lists for h in lst)
+        return "rdma" if hcas and not forced_tcp else "tcp"
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        """Remember each peer's session and pool (the engine opens segments on first use)."""
+        for peer, meta in peers.items():
+            m = json.loads(meta)
+            self._peers[peer] = (m["session"], int(m["addr"]), int(m["nbytes"]))
+
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Submit the layer as batches of <= ``batch`` descriptors; returns their batch ids."""
+        session, raddr, rbytes = self._peers[peer]
+        if op == "push":
+            check_descs(descs, self._pool.nbytes, rbytes)
+            local, remote, submit = descs[:, SRC], descs[:, DST], self._te.batch_transfer_async_write
+        elif op == "pull":
+            check_descs(descs, rbytes, self._pool.nbytes)
+            local, remote, submit = descs[:, DST], descs[:, SRC], self._te.batch_transfer_async_read
+        else:
+            raise TransportError(f"mooncake: unknown op {op}")
+        # the binding takes list[int]; .tolist() converts in C (no Python loop per descriptor)
+        loc = (local + self._pool.addr).tolist()
+        rem = (remote + raddr).tolist()
+        lens = descs[:, LEN].tolist()
+        ids = []
+        for i in range(0, len(lens), self._batch):
+            j = i + self._batch
+            bid = submit(session, loc[i:j], rem[i:j], lens[i:j])
+            if bid == 0:
+                if ids:  # do not leave submitted batches behind unreaped
+                    self._te.get_batch_transfer_status(ids)
+                raise TransportError(f"mooncake: {op} batch submission to {session} failed")
+            ids.append(bid)
+        return ids
+
+    def wait(self, handle) -> None:
+        """Block until every batch of ``handle`` completed (the engine frees completed ids)."""
+        if not handle:
+            return
+        ids, handle[:] = list(handle), []  # ids are freed once reaped: never ask twice
+        if self._te.get_batch_transfer_status(ids) != 0:
+            raise TransportError("mooncake: transfer failed or timed out")
+
+    def info(self) -> dict:
+        """Protocol really used (not merely requested), session, listener note, version."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        out = dict(self._info)
+        for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
+            try:
+                out["version"] = f"{dist} {version(dist)}"
+                break
+            except PackageNotFoundError:
+                pass
+        return out
+
+    def close(self) -> None:
+        """Unregister the pool and drop the engine (idempotent)."""
+        te, self._te = self._te, None
+        if te is None:
+            return
+        if self._pool is not None:
+            try:
+                te.unregister_memory(self._pool.addr)
+            except Exception:
+                pass
+        del te

@@ -1,0 +1,278 @@
+"""NIXL: one-sided WRITE (push) / READ (pull) over its UCX backend, the engine vLLM and Dynamo use.
+
+One agent per rank; the pool is registered once and the agent's metadata
+(plus the pool's base address) is what ``register`` returns.  Each post is
+one NIXL transfer carrying a notification (the tag) to the peer, so the
+target's ``serve``/``wait`` blocks until that notification arrives: for push
+that is the destination learning its data landed; for pull it keeps the
+passive prefill rank progressing (without a progress thread a passive UCX
+worker that is never polled stalls the first transfer) and ends its iteration.
+
+Options (on/off): ``prep`` (off: ``initialize_xfer`` per post; on:
+``prep_xfer_dlist`` once per descriptor array, ``make_prepped_xfer`` per post, as
+serving engines do), ``progress_thread``, ``telemetry`` (see ``telemetry()``).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import struct
+import weakref
+from collections import Counter, OrderedDict, deque
+
+import numpy as np
+
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+
+_HDR = struct.Struct("<4sQQqB")  # magic, pool addr, pool bytes, device id, 1 = VRAM
+_MAGIC = b"KVBN"
+_CACHE_MAX = 4096  # descriptor arrays remembered (prepared lists hold NIXL memory)
+_AGENTS: weakref.WeakSet = weakref.WeakSet()  # transports of this process with a live agent
+_SERIAL = itertools.count()  # a new agent name per instance: a peer may still know the last one
+
+
+def _on(ctx: Context, key: str) -> bool:
+    val = str(ctx.options.get(key, "off")).lower()
+    if val not in ("on", "off", "true", "false", "1", "0"):
+        raise TransportError(f"nixl option {key}='{val}' must be on or off")
+    return val in ("on", "true", "1")
+
+
+class NixlTransport(Transport):
+    """NIXL agent per rank; push = WRITE, pull = READ, one notification per post."""
+
+    name = "nixl"
+    caps = Caps(memory=("host", "cuda"), ops=("push", "pull"), one_sided=True,
+                multi_node=True, notifies=True, network=True)
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """Why NIXL cannot run here, or None."""
+        try:
+            import nixl._api  # noqa: F401
+        except ModuleNotFoundError:
+            return ("install kvbench[nixl] (CPU-only host: pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1, "
+                    "as make install does)")
+        except Exception as exc:  # e.g. "detected CUDA 13 but nixl-cu13 is not installed"
+            return f"nixl import failed: {exc}".splitlines()[0]
+        return None
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        self.prep = _on(ctx, "prep")
+        self.prog_thread = _on(ctx, "progress_thread")
+        self.capture = _on(ctx, "telemetry")
+        self.agent = None
+        self.reg = None
+        self.peers: dict[int, tuple] = {}  # rank -> (agent name, pool addr, pool bytes, devid)
+        self.notifs: Counter = Counter()  # (agent name, message) -> arrived, not yet consumed
+        self.cache: OrderedDict = OrderedDict()
+        self.live: set = set()  # xfer handles posted and not yet waited
+        self.tele: deque = deque(maxlen=65536)
+        self.env_set = ""
+
+    # -- setup ---------------------------------------------------------------
+    def register(self, pool) -> bytes:
+        """Create the agent, register ``pool`` once, return metadata for the peers."""
+        if self.reg is not None:
+            raise TransportError("nixl: register called twice (one pool per transport)")
+        try:
+            from nixl._api import nixl_agent, nixl_agent_config
+        except ImportError as exc:
+            raise Unavailable(self.probe() or str(exc)) from None
+        if "NIXL_LOG_LEVEL" not in os.environ:  # nixl configures its logger at import, at INFO
+            logging.getLogger("nixl").setLevel(logging.WARNING)  # per-agent INFO lines clutter tables
+        if "UCX_MODULES" not in os.environ and not os.path.exists("/sys/class/infiniband"):
+            # NIXL's bundled libnl (pulled in by UCX's ib module) segfaults in its exit destructor
+            # when NIXL's UCX loads before MPI's; without RDMA devices the ib module is useless anyway
+            os.environ["UCX_MODULES"] = "^ib"
+            self.env_set = "UCX_MODULES=^ib"
+        cfg = nixl_agent_config(enable_prog_thread=self.prog_thread, enable_listen_thread=False,
+                                capture_telemetry=self.capture, backends=["UCX"])
+        try:
+            self.agent = nixl_agent(f"kvb-{self.ctx.run_id}-{self.ctx.rank}-{next(_SERIAL)}", cfg)
+        except Exception as exc:
+            raise TransportError(f"nixl: agent creation failed: {exc}") from None
+        if "UCX" not in self.agent.backends:
+            raise TransportError("nixl: the UCX backend plugin is missing from this NIXL build")
+        self.seg = "VRAM" if pool.kind == "cuda" else "DRAM"
+        self.devid = int(getattr(pool, "device", 0) or 0) if self.seg == "VRAM" else 0
+        self.addr, self.nbytes = int(pool.addr), int(pool.nbytes)
+        try:
+            self.reg = self.agent.register_memory(
+                np.array([[self.addr, self.nbytes, self.devid]], dtype=np.uint64), self.seg)
+        except Exception as exc:
+            raise TransportError(f"nixl: registering {self.nbytes} B of {self.seg} failed: {exc}") from None
+        _AGENTS.add(self)
+        md = self.agent.get_agent_metadata()
+        return _HDR.pack(_MAGIC, self.addr, self.nbytes, self.devid, self.seg == "VRAM") + md
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        """Load each peer's agent metadata (after this we may initiate towards it)."""
+        for rank, meta in peers.items():
+            magic, addr, nbytes, devid, _vram = _HDR.unpack_from(meta)
+            if magic != _MAGIC:
+                raise TransportError(f"nixl: rank {rank} sent metadata that is not from this transport")
+            try:
+                name = self.agent.add_remote_agent(bytes(meta[_HDR.size:]))
+            except Exception as exc:
+                raise TransportError(f"nixl: loading rank {rank}'s metadata failed: {exc}") from None
+            name = name.decode() if isinstance(name, bytes) else name
+            self.peers[rank] = (name, addr, nbytes, devid)
+
+    # -- data path -----------------------------------------------------------
+    def _entry(self, op: str, peer: int, descs: np.ndarray):
+        """Validated address arrays (and prepared lists) for one descriptor array.
+
+        Keyed on the array's identity: the harness posts the same arrays every
+        iteration, and the entry holds a reference so the id cannot be reused.
+        The arrays must not be modified in place once posted.
+        """
+        key = (op, peer, id(descs))
+        ent = self.cache.get(key)
+        if ent is not None:
+            self.cache.move_to_end(key)
+            return ent
+        name, raddr, rbytes, rdev = self.peers[peer]
+        local, remote = (SRC, DST) if op == "push" else (DST, SRC)
+        check_descs(descs, *((self.nbytes, rbytes) if op == "push" else (rbytes, self.nbytes)))
+        n = len(descs)
+        loc = np.empty((n, 3), dtype=np.int64)
+        rem = np.empty((n, 3), dtype=np.int64)
+        np.add(descs[:, local], self.addr, out=loc[:, 0])
+        np.add(descs[:, remote], raddr, out=rem[:, 0])
+        loc[:, 1] = rem[:, 1] = descs[:, LEN]
+        loc[:, 2], rem[:, 2] = self.devid, rdev
+        lh = rh = idx = None
+        if self.prep and n:
+            lh = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", loc, self.seg)
+            rh = self.agent.prep_xfer_dlist(name, rem, self.seg)
+            idx = np.arange(n, dtype=np.int32)
+        ent = (descs, loc, rem, lh, rh, idx)
+        self.cache[key] = ent
+        if len(self.cache) > _CACHE_MAX:
+            for h in self.cache.popitem(last=False)[1][3:5]:
+                if h is not None:
+                    h.release()
+        return ent
+
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Start a WRITE (push) or READ (pull) with ``peer``, notifying it with ``tag``."""
+        if op not in self.caps.ops:
+            raise TransportError(f"nixl: unknown op '{op}'")
+        if peer not in self.peers:
+            raise TransportError(f"nixl: rank {peer} was not connected")
+        _, loc, rem, lh, rh, idx = self._entry(op, peer, descs)
+        name, msg = self.peers[peer][0], b"kvb%d" % tag
+        if len(loc) == 0:  # nothing to move, but the target still waits for its notification
+            self.agent.send_notif(name, msg)
+            return None
+        xop = "WRITE" if op == "push" else "READ"
+        try:
+            if self.prep:
+                h = self.agent.make_prepped_xfer(xop, lh, idx, rh, idx, msg)
+            else:
+                a = self.agent
+                h = a.initialize_xfer(xop, a.get_xfer_descs(loc, self.seg), a.get_xfer_descs(rem, self.seg), name, msg)
+            st = self.agent.transfer(h)
+        except Exception as exc:
+            raise TransportError(f"nixl: posting {xop} to rank {peer} failed: {exc}") from None
+        if st == "ERR":
+            h.release()
+            raise TransportError(f"nixl: {xop} to rank {peer} failed at post")
+        self.live.add(h)
+        return h
+
+    def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Target side: the handle is the notification the initiator will send."""
+        if peer not in self.peers:
+            raise TransportError(f"nixl: rank {peer} was not connected")
+        return (self.peers[peer][0], b"kvb%d" % tag)
+
+    def _drain(self) -> None:
+        for name, msgs in self.agent.get_new_notifs().items():
+            for m in msgs:
+                self.notifs[(name, bytes(m))] += 1
+
+    def _progress_others(self) -> None:
+        # several agents in one process (in-process tests): without a progress thread, the
+        # agent on the other end only advances when polled, and nobody else polls it here
+        for t in list(_AGENTS):
+            if t is not self and t.agent is not None:
+                t._drain()
+
+    def wait(self, handle) -> None:
+        """Initiator: until the transfer completes. Target: until its notification arrives."""
+        if handle is None:
+            return
+        a = self.agent
+        if isinstance(handle, tuple):
+            notifs, others = self.notifs, len(_AGENTS) > 1
+            while notifs[handle] == 0:
+                self._drain()
+                if others:
+                    self._progress_others()
+            notifs[handle] -= 1
+            if not notifs[handle]:
+                del notifs[handle]  # tags are per request: keep the counter small
+            return
+        check, others = a.check_xfer_state, len(_AGENTS) > 1
+        try:
+            st = check(handle)
+            while st == "PROC":
+                if others:
+                    self._progress_others()
+                st = check(handle)
+        except Exception as exc:  # e.g. nixlRemoteDisconnectError
+            st = f"{type(exc).__name__}: {exc}"
+        self.live.discard(handle)
+        if st != "DONE":
+            with contextlib.suppress(Exception):
+                handle.release()
+            raise TransportError(f"nixl: transfer failed ({st})")
+        if self.capture:
+            t = a.get_xfer_telemetry(handle)
+            self.tele.append({"post_us": t.postDuration, "xfer_us": t.xferDuration,
+                              "bytes": t.totalBytes, "descs": t.descCount})
+        handle.release()
+
+    # -- facts and teardown --------------------------------------------------
+    def telemetry(self) -> list[dict]:
+        """NIXL's per-transfer telemetry since the last call (needs option telemetry=on).
+
+        Each entry: post_us (time inside post), xfer_us (post to completion, as
+        NIXL saw it), bytes, descs (descriptors after NIXL merged adjacent ones).
+        """
+        out = list(self.tele)
+        self.tele.clear()
+        return out
+
+    def info(self) -> dict:
+        """Library version and the options in force."""
+        from importlib.metadata import version
+
+        return {"nixl": version("nixl"), "backend": "UCX", "prep": "on" if self.prep else "off",
+                "progress_thread": "on" if self.prog_thread else "off",
+                "telemetry": "on" if self.capture else "off", "env_set": self.env_set}
+
+    def close(self) -> None:
+        """Release transfers, prepared lists, peers and the registration (idempotent)."""
+        a, self.agent = self.agent, None
+        if a is None:
+            return
+        _AGENTS.discard(self)
+        # best effort: an active transfer that cannot be cancelled is freed with the agent
+        steps = [h.release for h in self.live]
+        steps += [h.release for ent in self.cache.values() for h in ent[3:5] if h is not None]
+        steps += [lambda n=name: a.remove_remote_agent(n) for name, *_ in self.peers.values()]
+        if self.reg is not None:
+            steps.append(lambda: a.deregister_memory(self.reg))
+        for step in steps:
+            with contextlib.suppress(Exception):
+                step()
+        self.live.clear()
+        self.cache.clear()
+        self.peers.clear()
+        self.reg = None

@@ -162,6 +162,10 @@ class TcpTransport(Transport):
         self.listener = self.pool = self.addr = self.ifname = None
         self.conns: dict[int, _Conn] = {}
         self.peer_nbytes: dict[int, int] = {}
+        # the I/O threads need the GIL for a few microseconds per layer; at the default 5 ms switch
+        # interval they wait behind the posting thread instead (restored in close)
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(float(ctx.options.get("switch_interval_us", 50)) * 1e-6)
 
     def register(self, pool) -> bytes:
         """Open the listener; the metadata is JSON: host, addr, port, rank, nbytes."""
@@ -302,6 +306,9 @@ class TcpTransport(Transport):
         conns, self.conns = self.conns, {}
         for c in conns.values():
             c.close()
+        if self._switch is not None:
+            sys.setswitchinterval(self._switch)
+            self._switch = None
         if self.listener is not None:
             self.listener.close()
             self.listener = None

@@ -1,0 +1,36 @@
+"""The non-MPI commands: list, env, report, help."""
+from kvbench import transports
+from tests.conftest import kvbench_cli
+
+
+def test_list_shows_every_transport_with_a_status():
+    r = kvbench_cli("list")
+    assert r.returncode == 0, r.stderr
+    for name in transports.names():
+        line = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == [name])
+        assert "available" in line
+    assert "unavailable: " in r.stdout  # cuda_ipc, verbs, staged at least
+    assert "deepseek-v3" in r.stdout and "quick" in r.stdout
+
+
+def test_env_describes_the_machine():
+    r = kvbench_cli("env")
+    assert r.returncode == 0, r.stderr
+    for key in ("cpu_model", "memory", "MPI", "GPUs", "RDMA devices", "NICs", "numpy"):
+        assert key in r.stdout
+
+
+def test_run_help_teaches_the_vocabulary():
+    r = kvbench_cli("run", "--help")
+    assert r.returncode == 0
+    for word in ("descriptor", "coalesce", "bulk%", "push", "pull", "--inflight", "--overlap", "--arrival"):
+        assert word in r.stdout
+
+
+def test_report_reprints_a_stored_table(kvrun):
+    run = kvrun(["-t", "shm", "--tokens", "64", "-b", "16", "-e", "16", "-n", "2", "-w", "0"])
+    assert run.code == 0, run.err
+    r = kvbench_cli("report", run.results)
+    assert r.returncode == 0, r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("shm")]
+    assert len(rows) == 2 and all(ln.split()[-1] == "0" for ln in rows)  # bulk + paged, #wrong 0

@@ -148,7 +148,7 @@ def sleep_until(deadline: float) -> None:
 
 
 # control-plane messages (MPI tags) and their sizes: what real engines send beside the KV
-TAG_REQUEST, TAG_GRANT, TAG_LAYER_READY, TAG_CLOCK = 7101, 7102, 7103, 7104
+TAG_REQUEST, TAG_GRANT, TAG_LAYER_READY, TAG_CLOCK, TAG_STATE = 7101, 7102, 7103, 7104, 7105
 REQUEST_BYTES = 64  # request id, prompt length, sampling parameters
 STATE_BYTES = 64  # first token and sampler state, sent with the completion
 
@@ -222,6 +222,11 @@ class Iteration:
                     self.comm.notify(e.dst)
                 else:
                     self.comm.wait_notify(e.src)
+            if self.handshake != "off" and not self.local:  # decode cannot start without the sampler state
+                if e.src == self.rank:
+                    self.comm.waitall([self.comm.isend_bytes(bytes(STATE_BYTES), e.dst, TAG_STATE)])
+                else:
+                    self.comm.recv_bytes(bytearray(STATE_BYTES), e.src, TAG_STATE)
             b = time.perf_counter()
             inside += b - a
             done.append(b - t0)

@@ -116,7 +116,7 @@ class Harness:
             cls = transports.load(name)
             if not cls.caps.local_only and self.comm.size < 2:
                 reason = "needs 2 ranks or more (mpirun -np 2 kvbench run ...)"
-            elif cases[0]["op"] not in cls.caps.ops and all(c["op"] not in cls.caps.ops for c in cases):
+            elif all(c["op"] not in cls.caps.ops for c in cases):
                 reason = f"supports only {', '.join(cls.caps.ops)}"
         reasons = [r for r in self.comm.allgather(reason) if r]
         if reasons:
@@ -140,7 +140,10 @@ class Harness:
                 pools.append(self._alloc(t, nbytes))
                 if local:
                     pools.append(Pool(memory.alloc_host(nbytes)))
+                r0 = time.perf_counter()
                 metas = [t.register(p) for p in pools]
+                register_s = time.perf_counter() - r0  # once per pool, never per request
+            c0 = time.perf_counter()
             if not local:
                 allm = self.comm.allgather(metas[0])
                 peers = {}
@@ -153,7 +156,9 @@ class Harness:
                 t.connect({})
             self.comm.barrier()
             t.ready()
-            infos = self.comm.gather(t.info() if not local or self.rank == 0 else None)
+            connect_s = time.perf_counter() - c0
+            infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes)
+                                     if active else None)
             if self.rank == 0:
                 self.transport_info[name] = infos
             session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}

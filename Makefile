@@ -20,7 +20,7 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: install bench bench-overlap bench-fidelity test lint clean-results help
+.PHONY: install bench bench-overlap bench-fidelity bench-engines test lint clean-results help
 
 help:
 	@sed -n '2,10p' Makefile
@@ -55,6 +55,10 @@ bench-overlap: $(STAMP)
 # measurement fidelity: tcp and mpi bulk GB/s next to plain socket / mpi4py references, ratio per size
 bench-fidelity: $(STAMP)
 	$(BIN)/python benchmarks/fidelity.py --mpirun $(MPIRUN)
+
+# engines vs their own tools: nixl, ucx, mooncake bulk GB/s next to nixl_reference, ucx_perftest, transfer_engine_bench
+bench-engines: $(STAMP)
+	$(BIN)/python benchmarks/engines.py --mpirun $(MPIRUN)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -1,12 +1,18 @@
-"""NIXL WRITE bandwidth the way NIXL's own tools measure it, with no kvbench code.
+"""NIXL WRITE/READ bandwidth the way NIXL's own tools measure it, with no kvbench code.
 
 Plays "NIXL's own tool" next to kvbench's nixl rows (nixlbench is not in the
 PyPI wheel).  Like nixlbench's defaults: one descriptor of SIZE bytes, one
 transfer prepared once per size and re-posted ITERS times back to back, no
-barrier between posts, progress thread off.  Rank 0 writes into rank 1;
+barrier between posts, progress thread off.  Rank 0 initiates: ``--op write``
+puts its buffer into rank 1's, ``--op read`` gets rank 1's into its own.
 mpi4py only launches the pair and swaps agent metadata.
 
-    mpiexec -n 2 python benchmarks/nixl_reference.py --sizes 65536,1048576 --iters 1000
+``--regions N`` (default 1, nixlbench's way: the same SIZE bytes every time,
+so from 256 KiB up they sit in the CPU caches) cycles the transfers over N
+distinct SIZE regions of each buffer instead; N = kvbench's layer count gives
+the working set of one kvbench bulk request.
+
+    mpiexec -n 2 python benchmarks/nixl_reference.py --sizes 65536,1048576 --iters 1000 [--op read] [--regions 16]
 
 Prints ``#`` header lines, then one CSV line per size: ``size_bytes,gbps``
 (GB/s = 1e9 B/s, payload bytes over the initiator's wall time for the loop,
@@ -29,9 +35,18 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=1000, help="timed transfers per size")
     ap.add_argument("--warmup", type=int, default=100, help="untimed transfers per size")
     ap.add_argument("--progress-thread", action="store_true", help="enable NIXL's progress thread")
+    ap.add_argument("--op", choices=("write", "read"), default="write", help="WRITE into rank 1 or READ from it")
+    ap.add_argument("--regions", type=int, default=1, help="distinct SIZE regions cycled over (default 1)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
+    if a.regions < 1:
+        ap.error("--regions must be >= 1")
+    xop = a.op.upper()
 
+    if "UCX_MODULES" not in os.environ and not os.path.exists("/sys/class/infiniband"):
+        # NIXL's bundled libnl (loaded by UCX's ib module) can segfault at exit (PLATFORM pitfall 3);
+        # without RDMA devices that module is useless, so leave it out, as kvbench's nixl transport does
+        os.environ["UCX_MODULES"] = "^ib"
     from nixl._api import nixl_agent, nixl_agent_config
 
     logging.getLogger("nixl").setLevel(logging.WARNING)
@@ -40,7 +55,7 @@ def main() -> int:
     if comm.Get_size() != 2:
         print("nixl_reference: run with exactly 2 ranks", file=sys.stderr)
         return 1
-    nbytes = max(sizes)
+    nbytes = max(sizes) * a.regions
     mm = mmap.mmap(-1, nbytes)  # page-aligned, like every kvbench pool
     buf = np.frombuffer(mm, dtype=np.uint8)
     buf.fill(rank + 1)  # pre-fault
@@ -52,28 +67,36 @@ def main() -> int:
     peer_addr = mds[1 - rank][1]
     comm.Barrier()
     if rank == 0:
-        print(f"# nixl_reference: NIXL WRITE rank0 -> rank1, 1 descriptor per transfer, GB/s = 1e9 B/s, "
-              f"iters={a.iters} warmup={a.warmup} progress_thread={a.progress_thread}")
+        print(f"# nixl_reference: NIXL {xop} initiated by rank 0, 1 descriptor per transfer, GB/s = 1e9 B/s, "
+              f"iters={a.iters} warmup={a.warmup} regions={a.regions} progress_thread={a.progress_thread}")
         print("size_bytes,gbps", flush=True)
     for size in sizes:
         if rank == 0:
-            local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.array([[addr, size, 0]], dtype=np.int64), "DRAM")
-            remote = agent.prep_xfer_dlist(peer_name, np.array([[peer_addr, size, 0]], dtype=np.int64), "DRAM")
-            h = agent.make_prepped_xfer("WRITE", local, [0], remote, [0], b"x")
+            offs = np.arange(a.regions, dtype=np.int64) * size
+            ones = np.full(a.regions, size, dtype=np.int64)
+            zeros = np.zeros(a.regions, dtype=np.int64)
+            local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.stack([addr + offs, ones, zeros], 1), "DRAM")
+            remote = agent.prep_xfer_dlist(peer_name, np.stack([peer_addr + offs, ones, zeros], 1), "DRAM")
+            # one prepared transfer per region, made once: re-posting them is all the loop does
+            hs = [agent.make_prepped_xfer(xop, local, [r], remote, [r], b"x") for r in range(a.regions)]
             comm.Barrier()
             for i in range(a.warmup + a.iters):
                 if i == a.warmup:
                     t0 = time.perf_counter()
                 last = i == a.warmup + a.iters - 1
+                h = hs[i % a.regions]
                 st = agent.transfer(h, b"end" if last else b"x")
                 while st == "PROC":
                     st = agent.check_xfer_state(h)
                 if st != "DONE":
-                    raise RuntimeError(f"WRITE of {size} B failed")
-            comm.recv(source=1)  # rank 1 saw the last notification: the data has landed
+                    raise RuntimeError(f"{xop} of {size} B failed")
+            comm.recv(source=1)  # rank 1 saw the last notification: the last transfer is complete
             dt = time.perf_counter() - t0
             print(f"{size},{size * a.iters / dt / 1e9:.3f}", flush=True)
-            h.release()
+            if a.op == "read" and buf[size - 1] != 2:
+                raise RuntimeError("data did not land")
+            for h in hs:
+                h.release()
             local.release()
             remote.release()
         else:
@@ -84,16 +107,15 @@ def main() -> int:
                 for msgs in agent.get_new_notifs().values():
                     done = done or b"end" in msgs
             comm.send(None, dest=0)
-            if buf[size - 1] != 1:
+            if a.op == "write" and buf[size - 1] != 1:
                 raise RuntimeError("data did not land")
     comm.Barrier()
     agent.remove_remote_agent(peer_name)
     agent.deregister_memory(reg)
     del agent
-    # NIXL's bundled libnl can crash at exit (PLATFORM pitfall 3): finalize MPI, then leave without teardown
+    # a normal exit: os._exit() would skip MPICH's exit handlers and leave /dev/shm/mpich_shm_* behind
     MPI.Finalize()
-    sys.stdout.flush()
-    os._exit(0)
+    return 0
 
 
 if __name__ == "__main__":

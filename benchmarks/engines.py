@@ -55,6 +55,7 @@ sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout w
 sys.path.insert(0, HERE)
 
 import native_tools as nt  # noqa: E402  (subprocess only: ucx_perftest, transfer_engine_bench)
+from jobs import LIVE, descendants, kill_tree, launch  # noqa: E402
 
 from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
 
@@ -62,114 +63,14 @@ KIB = 1024
 ENGINES = ("nixl", "ucx", "mooncake")
 MODEL_YAML = "name: engines-mla512\nlayers: {layers}\nattention: mla\nkv_lora_rank: 512\nrope_dim: 0\n"
 TARGET_SIZE, TARGET_RATIO = 256 * KIB, 0.9
-_LIVE: set[int] = set()  # process trees (root pids) of launches in flight
 
 
 # ----- processes and leftovers --------------------------------------------------------------
-def _starttime(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot): with the pid, its identity (pids are reused)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _descendants(root: int) -> dict[int, int]:
-    """root's process tree from /proc as {pid: start time} (hydra's proxies start sessions of their own,
-    so a process group misses the ranks)."""
-    kids: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(stat.split("/")[2]))
-    out, todo = {}, [root]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            if (st := _starttime(c)) is not None:
-                out[c] = st
-            todo.append(c)
-    return out
-
-
-def _shm_of(pids) -> set[str]:
-    """mpich_shm_* segments these processes map."""
-    got = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as fh:
-                got.update(ln.rsplit("/", 1)[-1].split()[0] for ln in fh if "/dev/shm/mpich_shm_" in ln)
-        except OSError:
-            pass
-    return got
-
-
-def _kill_tree(root: int | None, tree: dict[int, int]) -> None:
-    """SIGKILL root (a child not yet reaped) and the processes seen in its tree, each only if it is
-    still the same process."""
-    for pid, st in [*([(root, None)] if root else []), *tree.items()]:
-        if st is not None and _starttime(pid) != st:
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def _kill_live() -> None:
-    for root in list(_LIVE):
-        _kill_tree(root, _descendants(root))
-    _LIVE.clear()
+    for root in list(LIVE):
+        kill_tree(root, descendants(root))
+    LIVE.clear()
     nt._kill_all()
-
-
-def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
-    """Run one job (mpiexec and its ranks) with a timeout; kill its whole tree if it outlives it.
-
-    MPICH leaves /dev/shm/mpich_shm_* behind when ranks die without finishing
-    (PLATFORM pitfall 8).  The segments this job's ranks map are recorded while
-    it runs; those still on disk and mapped by nobody once it is gone are removed.
-    Other jobs' segments are never touched.
-    """
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True, cwd=ROOT, env=env)
-    except OSError as exc:
-        return 127, f"cannot start {cmd[0]}: {exc.strerror}"
-    _LIVE.add(p.pid)
-    mine: set[str] = set()
-    tree: dict[int, int] = {}
-    deadline, chunks = time.monotonic() + timeout, []
-    while True:
-        tree.update(_descendants(p.pid))
-        mine |= _shm_of(tree)
-        try:
-            out, _ = p.communicate(timeout=0.25)
-            break
-        except subprocess.TimeoutExpired:
-            if time.monotonic() > deadline:
-                _kill_tree(p.pid, tree)
-                out, _ = p.communicate()
-                chunks.append(f"\n(timed out after {timeout:g} s)")
-                break
-    _LIVE.discard(p.pid)
-    rc = p.returncode if not chunks else 124
-    if rc != 0:  # ranks a dead launcher left behind (the launcher itself is reaped: not by pid)
-        _kill_tree(None, tree)
-    left = [n for n in mine if os.path.exists(f"/dev/shm/{n}")]
-    if left:
-        time.sleep(0.3)  # let killed ranks unmap
-        busy = _shm_of(int(d) for d in os.listdir("/proc") if d.isdigit())
-        for n in left:
-            if n not in busy:
-                try:
-                    os.unlink(f"/dev/shm/{n}")
-                except OSError:
-                    pass
-    return rc, (out or "") + "".join(chunks)
 
 
 # ----- availability -------------------------------------------------------------------------

@@ -28,9 +28,7 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,53 +41,22 @@ sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout w
 
 from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
 
+sys.path.insert(0, HERE)
+from jobs import launch  # noqa: E402
+
 KIB = 1024
 LAYERS = 16
 MODEL_YAML = "name: fidelity-mla512\nlayers: {layers}\nattention: mla\nkv_lora_rank: 512\nrope_dim: 0\n"
 TARGET_SIZE, TARGET_RATIO = 1 << 20, 0.9
 
 
-def shm_in_use() -> set[str]:
-    """mpich_shm_* files some live process still maps (never delete those)."""
-    used = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as fh:
-                used.update(line.rsplit("/", 1)[-1].split()[0] for line in fh if "/dev/shm/mpich_shm_" in line)
-        except OSError:
-            pass
-    return used
-
-
-def launch(cmd: list[str], timeout: float, label: str) -> str:
-    """Run one mpiexec job in its own process group; on failure clean up what it left and exit."""
-    before = set(glob.glob("/dev/shm/mpich_shm_*"))
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True, cwd=ROOT)
-    except OSError as exc:
-        sys.exit(f"fidelity: cannot start {label}: {cmd[0]}: {exc.strerror}")
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        out += f"\n(timed out after {timeout:g} s)"
-    if p.returncode == 0:
+def run_job(cmd: list[str], timeout: float, label: str) -> str:
+    """Run one mpiexec job (jobs.launch: timeout, whole-tree kill, leftover cleanup); exit on failure."""
+    rc, out = launch(cmd, timeout)
+    if rc == 0:
         return out
-    time.sleep(0.5)  # let the killed ranks unmap
-    # MPICH leaves segments when ranks die without MPI_Finalize (PLATFORM pitfall 8): remove those
-    # that appeared during this launch and that no process still maps
-    leftover = set(glob.glob("/dev/shm/mpich_shm_*")) - before
-    busy = shm_in_use()
-    for path in leftover:
-        if os.path.basename(path) not in busy:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
     tail = "\n".join(out.strip().splitlines()[-15:])
-    sys.exit(f"fidelity: {label} failed (exit {p.returncode}): {shlex.join(cmd)}\n{tail}")
+    sys.exit(f"fidelity: {label} failed (exit {rc}): {shlex.join(cmd)}\n{tail}")
 
 
 def kvbench_cmd(a, mpirun: list[str], transport: str, model: str, outdir: str) -> list[str]:
@@ -185,7 +152,7 @@ def main() -> int:
                 outdir = os.path.join(work, f"{t}-{rep}")
                 steps = [("kvbench", kvbench_cmd(a, mpirun, t, model, outdir)), ("reference", ref_cmd(a, mpirun, t))]
                 for what, cmd in steps if rep % 2 == 0 else steps[::-1]:
-                    out = launch(cmd, a.launch_timeout, f"{what} {t} (repeat {rep + 1})")
+                    out = run_job(cmd, a.launch_timeout, f"{what} {t} (repeat {rep + 1})")
                     if what == "kvbench":
                         per, infos[t] = kvbench_numbers(outdir)
                         for size, (g, o) in per.items():

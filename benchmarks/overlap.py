@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from jobs import launch  # noqa: E402
 
 from kvbench.report import read, summarize  # noqa: E402
 
@@ -31,9 +33,9 @@ BASE = ["-m", "llama-3-8b", "--alloc", "contiguous", "--coalesce", "on", "-b", "
 
 def run(mpirun: str, args: list[str], out: str) -> str:
     cmd = [mpirun, "-n", "2", sys.executable, "-m", "kvbench", "run", "-o", out, *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if res.returncode != 0:
-        sys.exit(f"kvbench failed ({res.returncode}): {' '.join(cmd)}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    rc, text = launch(cmd, 900)
+    if rc != 0:
+        sys.exit(f"kvbench failed ({rc}): {' '.join(cmd)}\n{text[-3000:]}")
     return sorted(glob.glob(os.path.join(out, "*", "*.parquet")), key=os.path.getmtime)[-1]
 
 

@@ -6,6 +6,9 @@
 #   make bench              the quick suite on 2 ranks of localhost
 #   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
 #   make test               the test suite (unit, property, real mpiexec runs)
+#   make bench-fidelity     tcp and mpi bulk ceilings next to plain socket / mpi4py references
+#   make bench-overlap      exposed time against the model over several prefill/transfer ratios
+#   make bench-engines      nixl, ucx, mooncake bulk rows next to the engines' own tools
 #   make lint               ruff
 
 PYTHON  ?= python3
@@ -23,7 +26,7 @@ MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 .PHONY: install bench bench-overlap bench-fidelity bench-engines test lint clean-results help
 
 help:
-	@sed -n '2,10p' Makefile
+	@sed -n '2,13p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -13,25 +13,33 @@ from .pool import Layout
 from .transports.base import DST, LEN, SRC
 
 
-def layer_descs(src: Layout, dst: Layout, src_blocks: np.ndarray, dst_blocks: np.ndarray,
-                layer: int, nbytes_last: int | None = None) -> np.ndarray:
-    """Descriptors moving ``src_blocks`` of one layer into ``dst_blocks`` (block by block).
+def request_descs(src: Layout, dst: Layout, src_blocks: np.ndarray, dst_blocks: np.ndarray,
+                  nbytes_last: int | None = None, layers=None) -> list[np.ndarray]:
+    """Per-layer descriptors moving ``src_blocks`` into ``dst_blocks`` (block by block), all layers at once.
 
     Rows are ordered block by block, regions inside a block, which is the
     order a serving engine walks its block table.  ``nbytes_last`` shortens
-    the final block (a prompt that does not fill its last block).
+    the final block (a prompt that does not fill its last block).  One numpy
+    pass for the whole request: no loop over layers or blocks.
     """
     if len(src_blocks) != len(dst_blocks):
         raise ValueError("source and destination block lists differ in length")
+    lay = np.arange(src.layers) if layers is None else np.asarray(layers)
     n, r = len(src_blocks), src.regions
-    out = np.empty((n, r, 3), dtype=np.int64)
+    out = np.empty((len(lay), n, r, 3), dtype=np.int64)
     for region in range(r):  # 1 or 2 iterations: regions, not descriptors
-        out[:, region, SRC] = src.offsets(layer, region, src_blocks)
-        out[:, region, DST] = dst.offsets(layer, region, dst_blocks)
-    out[:, :, LEN] = src.block_bytes
+        out[:, :, region, SRC] = src.offsets(lay[:, None], region, src_blocks)
+        out[:, :, region, DST] = dst.offsets(lay[:, None], region, dst_blocks)
+    out[:, :, :, LEN] = src.block_bytes
     if nbytes_last is not None and n:
-        out[-1, :, LEN] = nbytes_last
-    return out.reshape(n * r, 3)
+        out[:, -1, :, LEN] = nbytes_last
+    return list(out.reshape(len(lay), n * r, 3))
+
+
+def layer_descs(src: Layout, dst: Layout, src_blocks: np.ndarray, dst_blocks: np.ndarray,
+                layer: int, nbytes_last: int | None = None) -> np.ndarray:
+    """request_descs for one layer."""
+    return request_descs(src, dst, src_blocks, dst_blocks, nbytes_last, layers=[layer])[0]
 
 
 def coalesce(descs: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import memory, transports
 from . import model as M
-from .descriptors import bulk_descs, coalesce, layer_descs
+from .descriptors import bulk_descs, coalesce, request_descs
 from .pool import BlockAllocator, Layout, Pool
 from .schedule import Entry, Iteration, SchemeError, control_bytes, make_pairs, max_entries_per_rank, offset_bulk
 from .transports.base import DST, LEN, Context, TransportError
@@ -224,8 +224,8 @@ class Harness:
                 continue
             for req in range(case["inflight"]):
                 layers = []
-                for layer in range(lay.layers):
-                    d = layer_descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], layer, g["last_bytes"])
+                per_layer = request_descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
+                for layer, d in enumerate(per_layer):
                     if bulk:
                         d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))
                     elif case["coalesce"] == "on":

@@ -38,7 +38,7 @@ import numpy as np
 from . import memory, transports
 from . import model as M
 from . import workload as W
-from .descriptors import coalesce
+from .descriptors import coalesce, request_descs
 from .harness import Harness, UserError, case_geometry
 from .pool import BlockAllocator, Layout
 from .schedule import REQUEST_BYTES, STATE_BYTES, PrefillClock, SchemeError, make_pairs
@@ -207,7 +207,7 @@ class LoadHarness(Harness):
 
     def _descs(self, x, src_ids, dst_ids, ntok) -> list[np.ndarray]:
         last = (ntok - (len(src_ids) - 1) * x["case"]["block_size"]) * x["g"]["shape"].row_elems * x["elem"]
-        out = W.request_descs(x["lay"], src_ids, dst_ids, last)
+        out = request_descs(x["lay"], x["lay"], src_ids, dst_ids, last)
         return [coalesce(d) for d in out] if x["case"]["coalesce"] == "on" else out
 
     def _row(self, x, role, k, pair, status, ntok, **kw) -> dict:

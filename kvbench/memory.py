@@ -58,12 +58,17 @@ _MUL = np.uint32(2654435761)  # Knuth's multiplicative hash constant
 _RANK = np.uint32(0x9E3779B9)
 
 
-def pattern_words(rank: int, word_start: int, nwords: int) -> np.ndarray:
-    """The fill pattern of ``rank``'s pool for 32-bit words [start, start+n)."""
-    w = np.arange(word_start, word_start + nwords, dtype=np.uint32)
+def pattern_at(rank: int, words: np.ndarray) -> np.ndarray:
+    """The fill pattern of ``rank``'s pool at 32-bit word indices ``words`` (any shape)."""
+    w = np.asarray(words).astype(np.uint32)  # a copy: indices wrap like the pool's own words
     w *= _MUL
     w ^= np.uint32((rank + 1) * int(_RANK) & 0xFFFFFFFF)
     return w
+
+
+def pattern_words(rank: int, word_start: int, nwords: int) -> np.ndarray:
+    """The fill pattern of ``rank``'s pool for 32-bit words [start, start+n)."""
+    return pattern_at(rank, np.arange(word_start, word_start + nwords, dtype=np.uint32))
 
 
 def fill(array: np.ndarray, rank: int, chunk: int = 1 << 26) -> None:

@@ -82,31 +82,16 @@ def block_array(pool: np.ndarray, lay, dtype=np.uint8) -> np.ndarray:
     return flat.reshape(L, R, nb, w)
 
 
-def request_descs(lay, src_ids: np.ndarray, dst_ids: np.ndarray, last: int) -> list[np.ndarray]:
-    """descriptors.layer_descs for every layer at once (same rows, same order); ``last`` = bytes of the last block."""
-    L, R, n = lay.layers, lay.regions, len(src_ids)
-    layer = np.arange(L)[:, None]
-    out = np.empty((L, n, R, 3), dtype=np.int64)
-    for r in range(R):
-        out[:, :, r, 0] = lay.offsets(layer, r, src_ids)
-        out[:, :, r, 1] = lay.offsets(layer, r, dst_ids)
-    out[:, :, :, 2] = lay.block_bytes
-    out[:, -1, :, 2] = last
-    return list(out.reshape(L, n * R, 3))
-
-
 def layer_is_right(pool: np.ndarray, lay, layer: int, src_ids, dst_ids, last: int, src_rank: int) -> bool:
     """Whether one layer of a landed request holds exactly the source rank's fill pattern (all regions).
 
-    The pattern is memory.fill's: word i of rank r's pool is (i * _MUL) ^ salt(r).
+    The pattern is memory.fill's (memory.pattern_at), checked a whole layer at a time.
     """
     from . import memory
 
     got = block_array(pool, lay, np.uint32)[layer][:, dst_ids]  # (regions, blocks, words)
     base = np.stack([lay.offsets(layer, r, src_ids) // 4 for r in range(lay.regions)])
-    exp = base.astype(np.uint32)[..., None] + np.arange(lay.block_bytes // 4, dtype=np.uint32)
-    exp *= memory._MUL
-    exp ^= np.uint32((src_rank + 1) * int(memory._RANK) & 0xFFFFFFFF)
+    exp = memory.pattern_at(src_rank, base[..., None] + np.arange(lay.block_bytes // 4))
     lw = last // 4
     return bool(np.array_equal(got[:, :-1], exp[:, :-1]) and np.array_equal(got[:, -1, :lw], exp[:, -1, :lw]))
 

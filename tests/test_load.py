@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from kvbench import memory
-from kvbench.descriptors import layer_descs
+from kvbench.descriptors import request_descs
 from kvbench.pool import BlockAllocator, Layout
-from kvbench.workload import arrivals, layer_is_right, parse_prompt, prompts, request_descs, rng_for
+from kvbench.workload import arrivals, layer_is_right, parse_prompt, prompts, rng_for
 
 # llama-3-8b at tp 8: one KV head, 16 KiB per token; 64-token prompts = 4 blocks of 16 = 1 MiB per request
 BASE = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "--tokens", "64", "-b", "16", "--prompt", "64",
@@ -42,9 +42,11 @@ def test_request_descs_and_block_check_match_the_reference(kind, regions):
     lay = Layout(kind, 4, regions, 256, 64)
     alloc = BlockAllocator(64, seed=3)
     src, dst = alloc.allocate(5), alloc.allocate(5)
-    fast = request_descs(lay, src, dst, 96)
-    for i, d in enumerate(fast):
-        assert np.array_equal(d, layer_descs(lay, lay, src, dst, i, 96))
+    fast = request_descs(lay, lay, src, dst, 96)
+    for i, d in enumerate(fast):  # against a plain loop over blocks and regions
+        ref = [[int(lay.offsets(i, r, np.array([s]))[0]), int(lay.offsets(i, r, np.array([t]))[0]),
+                96 if k == len(src) - 1 else 256] for k, (s, t) in enumerate(zip(src, dst)) for r in range(regions)]
+        assert d.tolist() == ref
     srcpool, pool = memory.alloc_host(lay.nbytes), memory.alloc_host(lay.nbytes)
     memory.fill(srcpool, 7)
     pool[:] = memory.POISON

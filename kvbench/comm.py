@@ -137,8 +137,3 @@ def transport_comm():
     """For the ``mpi`` transport only: its own communicator."""
     return get().transport_comm()
 
-
-def launched_by_mpi() -> bool:
-    """True when an MPI launcher started this process (without initialising MPI)."""
-    keys = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "SLURM_PROCID", "MPI_LOCALNRANKS")
-    return any(k in os.environ for k in keys)

@@ -10,7 +10,6 @@ stale block, a torn write or a byte from the wrong rank all count as wrong.
 from __future__ import annotations
 
 import mmap
-import os
 
 import numpy as np
 
@@ -43,15 +42,6 @@ def available_bytes() -> int:
     except OSError:
         pass
     return 1 << 62
-
-
-def shm_available_bytes() -> int:
-    """Free bytes in /dev/shm (where shared-memory pools live)."""
-    try:
-        st = os.statvfs("/dev/shm")
-        return st.f_bavail * st.f_frsize
-    except OSError:
-        return 1 << 62
 
 
 _MUL = np.uint32(2654435761)  # Knuth's multiplicative hash constant

@@ -7,7 +7,7 @@ request bytes                 = bytes per token x (prompt tokens - prefix-hit to
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import yaml
 
@@ -199,11 +199,6 @@ def prefill_ms(m: ModelShape, tokens: int, tflops: float) -> float:
     if tflops <= 0:
         raise ValueError("--prefill-tflops must be positive")
     return prefill_flops(m, tokens) / (tflops * 1e12) * 1e3
-
-
-def as_dict(m: ModelShape) -> dict:
-    """The shape as a plain dict (for metadata)."""
-    return asdict(m)
 
 
 # Named link rates for `kvbench size`, in GB/s (10^9 B/s) of one-way payload at line rate.

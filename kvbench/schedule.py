@@ -65,9 +65,6 @@ class Entry:
     layers: list[np.ndarray]
     blocks_dst: np.ndarray | None = None  # the block table decode granted (sent in the handshake)
 
-    def all_descs(self) -> np.ndarray:
-        return np.concatenate(self.layers) if self.layers else np.empty((0, 3), np.int64)
-
     @property
     def payload(self) -> int:
         return int(sum(int(d[:, LEN].sum()) for d in self.layers))

@@ -113,6 +113,9 @@ def build_parser() -> Parser:
     r.add_argument("-f", "--stepfactor", type=int, default=2, help="block size multiplication factor (default 2)")
     r.add_argument("-n", "--iters", type=int, help="timed iterations per case (default 20)")
     r.add_argument("-w", "--warmup", type=int, help="untimed warm-up iterations per case (default 3)")
+    r.add_argument("--rounds", type=int, metavar="R",
+                   help="interleave: a transport's cases take turns R times, iters/R iterations each, so a slow "
+                        "phase of a shared machine hits every row alike (default 1: each case runs to the end)")
     r.add_argument("-c", "--check", type=int, choices=(0, 1), help="verify every byte after timing (default 1)")
     r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
@@ -143,7 +146,7 @@ def build_parser() -> Parser:
                    "the path's ceiling; paged = the block table")
     r.add_argument("-O", "--option", action="append", metavar="KEY=VALUE",
                    help="transport option, repeatable: tcp ifname=eth0 addr=10.0.0.1 sockbuf=0 connect_timeout=60; mpi "
-                   "window=allocate|create mode=rma|sendrecv epoch=lock_all|lock prep=on|off; nixl prep=on|off progress_thread=on|off; mooncake protocol=tcp|rdma")
+                   "window=allocate|create mode=rma|sendrecv epoch=lock_all|lock prep=on|off split=N; nixl prep=on|off progress_thread=on|off; mooncake protocol=tcp|rdma")
     r.add_argument("-o", "--results", default="results", help="results directory (default: results/)")
     r.add_argument("--name", help="name used in the result file (default: the suite's name)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",

@@ -7,6 +7,7 @@ before and after so that no test leaves segments behind.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -53,6 +54,11 @@ class Run:
     def table(self) -> pd.DataFrame:
         assert self.results, f"no results file\n{self.out}\n{self.err}"
         return pd.read_parquet(self.results)
+
+    def meta(self) -> dict:
+        assert self.results, f"no results file\n{self.out}\n{self.err}"
+        with open(self.results.replace(".parquet", ".meta.json")) as fh:
+            return json.load(fh)
 
 
 def _launch(cmd, timeout, env):

@@ -69,3 +69,17 @@ def test_four_ranks_every_scheme(kvrun, scheme, pairs):
         # inflight 2: two requests per pair, each checked
         two = ok[(ok.inflight == 2) & (ok.iter == -1) & (ok.role == "decode")]
         assert two.groupby(["case", "pair"]).req.nunique().eq(2).all()
+
+
+@pytest.mark.parametrize("split", ["0", "64"])
+def test_mpi_hindexed_and_split_calls_move_the_same_bytes(kvrun, split):
+    """split=0: every layer is one hindexed call (bulk too); split=64: every layer of 16-token blocks
+    (13 per region, 26 per layer) is contiguous calls.  Both must land every byte."""
+    if unavailable("mpi"):
+        pytest.skip(f"unavailable: {unavailable('mpi')}")
+    r = kvrun(["-t", "mpi", "-O", f"split={split}", "--op", "push,pull", "-b", "16", "-e", "16", "--alloc", "random",
+               *TINY], timeout=240)
+    ok = assert_clean(r, "mpi")
+    assert set(ok[ok.variant == "paged"].descriptors) == {32 * 2 * 13}
+    meta = r.meta()
+    assert {i["split"] for i in meta["transports"]["mpi"]} == {int(split)}

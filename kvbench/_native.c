@@ -1,7 +1,8 @@
 /* Batched data movement for the timed path: one Python call per layer, not per block.
  *
  * copy_batch(dst, src, descs)       memcpy dst[D:D+L] = src[S:S+L] for every row (S, D, L)
- * sendv(fd, buf, descs, col)        writev buf[row[col] : +L] for every row, until all sent
+ * sendv(fd, buf, descs, col[, head]) writev the bytes `head` (a small header, optional), then
+ *                                   buf[row[col] : +L] for every row, until all sent
  * recvv(fd, buf, descs, col)        readv into buf[row[col] : +L] for every row, until all received
  *
  * descs is a C-contiguous int64 buffer of shape (n, 3).  Every range is bounds-checked
@@ -69,15 +70,22 @@ static PyObject *copy_batch(PyObject *self, PyObject *args) {
     return ret;
 }
 
-/* Move every range through writev/readv, resuming after partial transfers. */
-static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, int writing) {
+/* Move `head` (writing only; may be empty), then every range, through writev/readv,
+ * resuming after partial transfers: one system call per layer when the socket keeps up. */
+static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, int writing,
+                  const char *head, size_t hlen) {
     struct iovec iov[IOV_MAX];
     Py_ssize_t next = 0;    /* next descriptor not yet placed in iov */
     size_t skip = 0;        /* bytes of descriptor `next` already moved */
-    while (next < n) {
+    while (next < n || hlen > 0) {
         int cnt = 0;
         Py_ssize_t j = next;
         size_t first_skip = skip;
+        if (hlen > 0) {
+            iov[0].iov_base = (void *)head;
+            iov[0].iov_len = hlen;
+            cnt = 1;
+        }
         for (; j < n && cnt < IOV_MAX; j++, cnt++) {
             size_t s = (j == next) ? first_skip : 0;
             iov[cnt].iov_base = base + d[3 * j + col] + s;
@@ -90,6 +98,10 @@ static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, i
         }
         if (r == 0 && !writing) { errno = ECONNRESET; return -2; }
         size_t left = (size_t)r;
+        if (hlen > 0) {
+            size_t h = left < hlen ? left : hlen;
+            head += h; hlen -= h; left -= h;
+        }
         while (left > 0 && next < n) {
             size_t rem = (size_t)d[3 * next + 2] - skip;
             if (left >= rem) { left -= rem; next++; skip = 0; }
@@ -103,7 +115,10 @@ static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, i
 static PyObject *vec(PyObject *args, int writing) {
     int fd, col;
     PyObject *buf_o, *d_o;
-    if (!PyArg_ParseTuple(args, "iOOi", &fd, &buf_o, &d_o, &col)) return NULL;
+    const char *head = NULL;
+    Py_ssize_t hlen = 0;
+    if (writing ? !PyArg_ParseTuple(args, "iOOi|y#", &fd, &buf_o, &d_o, &col, &head, &hlen)
+                : !PyArg_ParseTuple(args, "iOOi", &fd, &buf_o, &d_o, &col)) return NULL;
     if (col != 0 && col != 1) { PyErr_SetString(PyExc_ValueError, "col must be 0 (SRC) or 1 (DST)"); return NULL; }
     Py_buffer buf, dv;
     Py_ssize_t n;
@@ -114,7 +129,7 @@ static PyObject *vec(PyObject *args, int writing) {
     if (check(d, n, col, buf.len, writing ? "source" : "destination") == 0) {
         int rc;
         Py_BEGIN_ALLOW_THREADS
-        rc = do_vec(fd, (char *)buf.buf, d, n, col, writing);
+        rc = do_vec(fd, (char *)buf.buf, d, n, col, writing, head, (size_t)hlen);
         Py_END_ALLOW_THREADS
         if (rc == -2) PyErr_SetString(PyExc_ConnectionError, "peer closed the connection mid-transfer");
         else if (rc < 0) PyErr_SetFromErrno(PyExc_OSError);
@@ -130,7 +145,7 @@ static PyObject *recvv(PyObject *self, PyObject *args) { return vec(args, 0); }
 
 static PyMethodDef methods[] = {
     {"copy_batch", copy_batch, METH_VARARGS, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."},
-    {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col): writev every row's range of buf (blocking fd)."},
+    {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd)."},
     {"recvv", recvv, METH_VARARGS, "recvv(fd, buf, descs, col): readv into every row's range of buf (blocking fd)."},
     {NULL, NULL, 0, NULL},
 };

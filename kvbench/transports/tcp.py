@@ -91,10 +91,13 @@ class _Conn:
         try:
             from .. import _native
 
-            self.vec = lambda d, col, w: (_native.sendv if w else _native.recvv)(self.fd, self.array, d, col)
+            # the header goes out in the payload's writev: one system call and one segment per layer
+            self.send = lambda h, d, col: _native.sendv(self.fd, self.array, d, col, h)
+            self.recv = lambda d, col: _native.recvv(self.fd, self.array, d, col)
         except ImportError:
             mv = memoryview(array)
-            self.vec = lambda d, col, w: py_vec(sock, mv, d, col, w)
+            self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True))
+            self.recv = lambda d, col: py_vec(sock, mv, d, col, False)
         self.queues = (queue.SimpleQueue(), queue.SimpleQueue())
         self.threads = [threading.Thread(target=self._run, args=(q,), daemon=True) for q in self.queues]
         for t in self.threads:
@@ -124,13 +127,17 @@ class _Conn:
     def _move(self, sending: bool, kind: int, tag: int, descs: np.ndarray, col: int | None) -> None:
         mine = (MAGIC, kind, tag, int(descs[:, LEN].sum()), len(descs))
         if sending:
-            self.sock.sendall(_HDR.pack(*mine))
-        elif (got := _HDR.unpack(_recv_exact(self.sock, _HDR.size))) != mine:
+            if col is None or not len(descs):
+                self.sock.sendall(_HDR.pack(*mine))
+            else:
+                self.send(_HDR.pack(*mine), descs, col)
+            return
+        if (got := _HDR.unpack(_recv_exact(self.sock, _HDR.size))) != mine:
             raise TransportError(
                 f"tcp: stream from rank {self.peer} out of step: expected {_describe(mine)}, got {_describe(got)}"
             )
         if col is not None and len(descs):
-            self.vec(descs, col, sending)
+            self.recv(descs, col)
 
     def fail(self, err: TransportError) -> None:
         """Record the first error and shut the socket, so both ends stop rather than hang."""

@@ -13,7 +13,7 @@ the reference first on odd ones; the ratio reported is the median over
 repeats of the per-repeat ratios (the machine is noisy; a ratio of two runs
 a few seconds apart is steadier than either number).
 
-    python benchmarks/fidelity.py [--mpirun .venv/bin/mpiexec] [--repeat 3] [-n 30] [-w 5]
+    python benchmarks/fidelity.py [--mpirun .venv/bin/mpiexec] [--repeat 5] [-n 100] [-w 5]
            [--kvbench-args "-O prep=on"]
 
 This process never imports mpi4py; it launches ``mpiexec -n 2`` for each run.
@@ -116,9 +116,9 @@ def main() -> int:
     ap.add_argument("-t", "--transports", default="tcp,mpi", help="transports to compare (tcp, mpi)")
     ap.add_argument("--sizes", default="16384,65536,262144,1048576,4194304",
                     help="bytes per layer, multiples of 1024 (comma-separated)")
-    ap.add_argument("-n", "--iters", type=int, default=30, help="timed iterations per size, both sides (default 30)")
+    ap.add_argument("-n", "--iters", type=int, default=100, help="timed iterations per size, both sides (default 100)")
     ap.add_argument("-w", "--warmup", type=int, default=5, help="warm-up iterations per size, both sides (default 5)")
-    ap.add_argument("--repeat", type=int, default=3, help="kvbench/reference pairs per transport (default 3)")
+    ap.add_argument("--repeat", type=int, default=5, help="kvbench/reference pairs per transport (default 5)")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
     ap.add_argument("--case-timeout", type=float, default=60, help="kvbench --timeout per case, seconds")
     ap.add_argument("--launch-timeout", type=float, default=120, help="seconds one mpiexec launch may take")

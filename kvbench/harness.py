@@ -39,6 +39,7 @@ class Options:
     pool_factor: float = 2.0
     timeout: float = 600.0
     variants: tuple = ("bulk", "paged")
+    rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
     transport_options: dict = field(default_factory=dict)
 
@@ -162,11 +163,17 @@ class Harness:
             if self.rank == 0:
                 self.transport_info[name] = infos
             session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
+            runnable = []
             for case in cases:
                 if case["op"] not in cls.caps.ops:
                     self.emit_skipped(case, f"unavailable: {name} supports only {', '.join(cls.caps.ops)}")
-                    continue
-                self.run_case(case, session)
+                else:
+                    runnable.append(case)
+            if self.opts.rounds > 1:
+                self.run_rounds(runnable, session)
+            else:
+                for case in runnable:
+                    self.run_case(case, session)
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
             self.comm.barrier()
         finally:
@@ -185,14 +192,38 @@ class Harness:
         return pool
 
     # ----- one case ----------------------------------------------------------------------
-    def run_case(self, case: dict, s: dict) -> None:
+    def variants(self, case: dict, s: dict) -> list[dict]:
+        """What a case measures: its bulk ceiling (once per payload) and the paged transfer."""
+        out = []
         bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight"))
         if bulk_key not in s["bulk"] and "bulk" in self.opts.variants:
             s["bulk"].add(bulk_key)  # the ceiling: a plain transfer, no clock, no handshake
-            self.measure(dict(case, variant="bulk", overlap="serial", prefill_ms=0.0, prefill_ms_set="0",
-                              handshake="off"), s)
+            out.append(dict(case, variant="bulk", overlap="serial", prefill_ms=0.0, prefill_ms_set="0",
+                            handshake="off"))
         if "paged" in self.opts.variants:
-            self.measure(dict(case, variant="paged"), s)
+            out.append(dict(case, variant="paged"))
+        return out
+
+    def run_case(self, case: dict, s: dict) -> None:
+        for v in self.variants(case, s):
+            self.measure(v, s)
+
+    def run_rounds(self, cases: list[dict], s: dict) -> None:
+        """Interleave: every measurement gets its share of iterations in turn, ``rounds`` times over.
+
+        A slow phase of a noisy machine (another job, a frequency step) then
+        hits every row of the comparison alike instead of one of them.  The
+        first round warms up with ``warmup`` iterations, later ones with one
+        (the caches held another case's ranges meanwhile).
+        """
+        o = self.opts
+        ms = [self.prepare(v, s) for case in cases for v in self.variants(case, s)]
+        for r in range(o.rounds):
+            share = o.iters // o.rounds + (r < o.iters % o.rounds)
+            for m in ms:
+                self.iterate(m, s, o.warmup if r == 0 else min(1, o.warmup), share, r)
+        for m in ms:
+            self.finish(m, s)
 
     def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
         """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both."""
@@ -241,43 +272,61 @@ class Harness:
         return entries
 
     def measure(self, case: dict, s: dict) -> None:
+        m = self.prepare(case, s)
+        self.iterate(m, s, self.opts.warmup, self.opts.iters)
+        self.finish(m, s)
+
+    def prepare(self, case: dict, s: dict) -> dict:
+        """Number the case, plan its requests (untimed) and build its iteration."""
         self.case_no += 1
         g = case_geometry(case)
         entries = self.plan(case, g, s)
-        rec, nwrong = self.timed(case, s, entries)
-        self.emit(case, g, entries, rec, nwrong)
-
-    def timed(self, case, s, entries):
-        o = self.opts
         itr = Iteration(s["t"], self.comm, self.rank, entries, case, s["local"])
-        req = self.case_no << 8
+        return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0}
 
-        def once(it):
-            if self.fault:
-                raise TransportError("injected fault (KVBENCH_FAULT)")
-            return itr.run(((req + it) & 0xFFFF) << 16)
+    def _once(self, m: dict, it: int):
+        if self.fault:
+            raise TransportError("injected fault (KVBENCH_FAULT)")
+        return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16)
 
-        watchdog = threading.Timer(o.timeout, self._timeout, args=(case,))
-        watchdog.daemon = True
-        watchdog.start()
+    def _watchdog(self, case: dict) -> threading.Timer:
+        w = threading.Timer(self.opts.timeout, self._timeout, args=(case,))
+        w.daemon = True
+        w.start()
+        return w
+
+    def iterate(self, m: dict, s: dict, warmup: int, iters: int, rnd: int = 0) -> None:
+        """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
+        itr, watchdog = m["itr"], self._watchdog(m["case"])
         try:
-            rec = []  # per timed iteration: done per entry, harness overhead, handshake, exposed per entry
-            for it in range(o.warmup + o.iters):
+            for k in range(warmup + iters):
                 self.comm.barrier()
                 t0 = time.perf_counter()
-                done, inside, hs, offset = once(it)
+                done, inside, hs, offset = self._once(m, m["next"])
                 total = time.perf_counter() - t0
+                m["next"] += 1  # tags stay distinct across rounds
                 starts = itr.exchange_clock(offset) if itr.handshake == "serial" else {}
-                if it >= o.warmup:
+                if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
                     exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
-                    rec.append((done, total - inside, hs, exposed))
-            nwrong = self.check(case, s, entries, once) if o.check else None
+                    m["rec"].append((done, total - inside, hs, exposed, rnd))
         finally:
             watchdog.cancel()
+
+    def finish(self, m: dict, s: dict) -> None:
+        """Check every byte (if asked), then deliver the case's rows."""
+        case, entries, itr = m["case"], m["entries"], m["itr"]
+        nwrong = None
+        if self.opts.check:
+            watchdog = self._watchdog(case)
+            try:
+                nwrong = self.check(case, s, entries, lambda it: self._once(m, it))
+            finally:
+                watchdog.cancel()
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
-        return [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos]) for r in rec], nwrong
+        rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
+        self.emit(case, m["g"], entries, rec, nwrong, m["no"])
 
     def check(self, case, s, entries, once) -> list[int]:
         """Poison the destination ranges, transfer once more, count wrong elements per entry."""
@@ -303,10 +352,10 @@ class Harness:
         self.comm.abort(1)
 
     # ----- rows --------------------------------------------------------------------------
-    def base_row(self, case: dict, g: dict | None = None) -> dict:
+    def base_row(self, case: dict, g: dict | None = None, no: int | None = None) -> dict:
         bulk = case.get("variant") == "bulk"
         return {
-            "case": self.case_no, "variant": case.get("variant", "paged"), "transport": case["transport"],
+            "case": self.case_no if no is None else no, "variant": case.get("variant", "paged"), "transport": case["transport"],
             "op": case["op"], "memory": "host", "model": case["model"], "tokens": case["tokens"],
             "prefix_hit": case["prefix_hit"], "block_size": 0 if bulk else case["block_size"],
             "block_bytes": 0 if bulk or g is None else g["block_bytes"], "layout": case["layout"],
@@ -317,22 +366,22 @@ class Harness:
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
         }
 
-    def emit(self, case, g, entries, rec, nwrong) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int | None = None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
         for k, e in enumerate(entries):
             role = "both" if e.src == e.dst else ("prefill" if e.src == self.rank else "decode")
-            base = dict(self.base_row(case, g), rank=self.rank, role=role, pair=e.pair, req=e.req,
+            base = dict(self.base_row(case, g, no), rank=self.rank, role=role, pair=e.pair, req=e.req,
                         payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
                         queue_s=nan, arrival_s=nan)
-            for it, (done, over, hs, exposed) in enumerate(rec):
-                rows.append(dict(base, iter=it, seconds=done[k], harness_seconds=over, nwrong=None,
+            for it, (done, over, hs, exposed, rnd) in enumerate(rec):
+                rows.append(dict(base, iter=it, round=rnd, seconds=done[k], harness_seconds=over, nwrong=None,
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k]))
             if nwrong is not None:
-                rows.append(dict(base, iter=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
+                rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0))
         self.deliver(rows)
 

@@ -29,7 +29,7 @@ CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers"]
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
 # queue_s = wait for decode blocks (back-pressure); arrival_s = arrival time since the workload began
-ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "seconds", "harness_seconds", "payload_bytes",
+ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
                               "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
                               "exposed_s", "queue_s", "arrival_s"]
 

@@ -61,7 +61,7 @@ def resolve(a) -> tuple[S.Suite, list[dict]]:
     wl = {key: getattr(a, attr) for attr, key in WORKLOAD_FLAGS.items() if getattr(a, attr) is not None}
     if wl or (a.arrival and any(x != "none" for x in a.arrival) and data.get("workload") is None):
         data["workload"] = dict(data.get("workload") or {}, **wl)
-    for attr in ("iters", "warmup", "seed", "pool_factor", "timeout", "scheme"):
+    for attr in ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "scheme"):
         if getattr(a, attr) is not None:
             data[attr] = getattr(a, attr)
     if a.check is not None:
@@ -114,7 +114,9 @@ def preamble(c, suite, argv, hosts) -> list[str]:
         f"# kvbench {__version__}  suite={suite.name}  ranks={c.size}  scheme={suite.scheme}  hosts={per_host}",
         f"# argv: kvbench {' '.join(argv)}",
         f"# MPI: {c.library()}",
-        f"# iterations={suite.iters} warmup={suite.warmup} check={'on' if suite.check else 'off'} seed={suite.seed}",
+        f"# iterations={suite.iters} warmup={suite.warmup} check={'on' if suite.check else 'off'} seed={suite.seed}"
+        + (f" rounds={suite.rounds} (a transport's cases take turns, {suite.iters // suite.rounds}+ iterations at a time)"
+           if suite.rounds > 1 else ""),
     ]
 
 
@@ -153,7 +155,7 @@ def run(a, argv: list[str]) -> int:
 
         fail_rank(exc)
     hosts = c.allgather(c.hostname)
-    opts = Options(iters=suite.iters, warmup=suite.warmup, check=suite.check, seed=suite.seed,
+    opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.rounds, check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, inject_corruption=a.inject_corruption,
                    variants=tuple(suite.variants), transport_options=topts)
     printer = writer = None

@@ -11,7 +11,7 @@ import os
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import model as M
 from . import transports
@@ -135,6 +135,7 @@ class Suite(BaseModel):
     description: str = ""
     iters: int = Field(default=20, ge=1)
     warmup: int = Field(default=3, ge=0)
+    rounds: int = Field(default=1, ge=1)  # >1: cases take turns (iters split over rounds), noise hits all alike
     check: bool = True
     scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
     seed: int = 0
@@ -144,6 +145,14 @@ class Suite(BaseModel):
     prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
     workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
+
+    @model_validator(mode="after")
+    def _rounds(self):
+        if self.rounds > self.iters:
+            raise ValueError(f"rounds ({self.rounds}) cannot exceed iters ({self.iters}): each round needs an iteration")
+        if self.rounds > 1 and self.workload is not None:
+            raise ValueError("rounds applies to bandwidth sweeps, not to a workload (its requests already interleave)")
+        return self
 
 
 def _one_line(exc: ValidationError, where: str) -> str:

@@ -21,9 +21,12 @@ def assert_one_line(r, *needles):
     (["--alloc", "striped"], ["alloc 'striped' is not one of"]),
     (["--op", "shove"], ["axes.op", "'push'"]),
     (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    (["--rounds", "3"], ["rounds (3) cannot exceed iters (2)"]),
+    (["-O", "split=-1"], ["mpi option split=-1 must be >= 0"]),
 ])
 def test_bad_flag(kvrun, args, needles):
-    assert_one_line(kvrun(["-t", "shm", *SMALL, *args] if "-t" not in args else [*SMALL, *args]), *needles)
+    default = "mpi" if "-O" in args else "shm"
+    assert_one_line(kvrun(["-t", default, *SMALL, *args] if "-t" not in args else [*SMALL, *args]), *needles)
 
 
 def test_unknown_suite_field(kvrun, tmp_path):

@@ -81,3 +81,18 @@ def test_exception_on_one_rank_ends_the_job_quickly(kvrun):
               aborts=True)
     assert r.code != 0
     assert r.err.count("injected fault") == 1
+
+
+def test_rounds_interleave_cases_and_keep_every_iteration(kvrun):
+    r = kvrun(["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "-m", "llama-3-8b", "--tokens", "256",
+               "-n", "5", "-w", "1", "--rounds", "2"])
+    assert r.code == 0, r.out + r.err
+    assert "rounds=2" in r.out
+    ok = r.table()
+    timed = ok[ok.iter >= 0]
+    # 5 iterations split 3 + 2 over the two rounds, for every case (bulk, 16, 64) and rank
+    per = timed.groupby(["case", "rank", "round"]).size().unstack()
+    assert len(per) == 3 * 2 and (per[0] == 3).all() and (per[1] == 2).all()
+    assert sorted(set(timed.case)) == [1, 2, 3]
+    checks = ok[ok.iter == -1]
+    assert len(checks) == 3 * 2 and int(checks.nwrong.sum()) == 0

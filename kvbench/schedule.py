@@ -187,14 +187,17 @@ class Iteration:
         hs = self._handshake(t0) if self.handshake != "off" else 0.0
         self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
         handles: dict[int, list] = {id(e): [] for e in self.order}
+        # serial: every layer at once; streaming: one layer at a time.  Targets register every layer now
+        # (data arrives when posted), in the order the initiator will post them: a stream transport
+        # (tcp) pairs a peer's posts and serves first-in first-out
+        groups = [range(self.layers)] if not self.streaming else [[k] for k in range(self.layers)]
         a = time.perf_counter()
-        for e, peer in self.serve:  # targets register every layer now; data arrives when posted
-            handles[id(e)] = [t.serve(op, peer, d, tag0 | (e.req << 12) | k) for k, d in enumerate(e.layers)]
+        for ks in groups:
+            for e, peer in self.serve:
+                handles[id(e)] += [t.serve(op, peer, e.layers[k], tag0 | (e.req << 12) | k) for k in ks]
         inside += time.perf_counter() - a
-        groups = range(self.layers) if self.streaming else [None]
-        for g in groups:
-            ks = range(self.layers) if g is None else [g]
-            last = self.layers - 1 if g is None else g
+        for ks in groups:
+            last = ks[-1] if len(ks) else -1
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
                 if op == "pull" and not self.local:  # tell each decode rank the layer(s) are final

@@ -28,3 +28,14 @@ def test_streaming_hides_transfer_serial_does_not(kvrun, transport):
     pre = df[(df.iter >= 0) & (df.role == "prefill") & (df.variant == "paged")]
     assert (pre.handshake_s > 0).all()
     assert (pre.wire_bytes - pre.payload_bytes == 64 + 4 * 1 + 64).all()  # 256 tokens = one 256-token block
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_streaming_with_two_requests_in_flight(kvrun, transport):
+    """Streaming posts layer by layer across requests; a stream transport must get its serves in that order."""
+    r = kvrun(["-t", transport, "--op", "push,pull", "--overlap", "streaming", "--prefill-ms", "5", "--inflight", "2",
+               "-m", "llama-3-8b", "--tokens", "64", "-b", "16", "-e", "16", "-n", "2", "-w", "1"], timeout=180)
+    assert r.code == 0, r.out + r.err
+    df = r.table()
+    checks = df[(df.iter == -1) & (df.role == "decode") & (df.variant == "paged")]
+    assert len(checks) == 2 * 2 and int(checks.nwrong.sum()) == 0  # 2 ops x 2 requests, every byte right

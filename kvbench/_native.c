@@ -3,7 +3,9 @@
  * copy_batch(dst, src, descs)       memcpy dst[D:D+L] = src[S:S+L] for every row (S, D, L)
  * sendv(fd, buf, descs, col[, head]) writev the bytes `head` (a small header, optional), then
  *                                   buf[row[col] : +L] for every row, until all sent
- * recvv(fd, buf, descs, col)        readv into buf[row[col] : +L] for every row, until all received
+ * recvv(fd, buf, descs, col[, expect])  first read len(expect) bytes (a header) and compare them
+ *                                   with `expect`: on a mismatch return the bytes read and move no
+ *                                   payload; else readv into buf[row[col] : +L] for every row
  *
  * descs is a C-contiguous int64 buffer of shape (n, 3).  Every range is bounds-checked
  * before any byte moves, so a bad descriptor raises instead of corrupting memory.
@@ -15,6 +17,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -112,13 +115,30 @@ static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, i
     return 0;
 }
 
+/* Read exactly len bytes (a header). */
+static int read_exact(int fd, char *p, size_t len) {
+    while (len > 0) {
+        ssize_t r = recv(fd, p, len, MSG_WAITALL);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) { errno = ECONNRESET; return -2; }
+        p += r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+#define MAX_HEAD 256
+
 static PyObject *vec(PyObject *args, int writing) {
     int fd, col;
     PyObject *buf_o, *d_o;
     const char *head = NULL;
     Py_ssize_t hlen = 0;
-    if (writing ? !PyArg_ParseTuple(args, "iOOi|y#", &fd, &buf_o, &d_o, &col, &head, &hlen)
-                : !PyArg_ParseTuple(args, "iOOi", &fd, &buf_o, &d_o, &col)) return NULL;
+    if (!PyArg_ParseTuple(args, "iOOi|y#", &fd, &buf_o, &d_o, &col, &head, &hlen)) return NULL;
+    if (hlen > MAX_HEAD) { PyErr_SetString(PyExc_ValueError, "header longer than 256 bytes"); return NULL; }
     if (col != 0 && col != 1) { PyErr_SetString(PyExc_ValueError, "col must be 0 (SRC) or 1 (DST)"); return NULL; }
     Py_buffer buf, dv;
     Py_ssize_t n;
@@ -127,12 +147,19 @@ static PyObject *vec(PyObject *args, int writing) {
     const int64_t *d = (const int64_t *)dv.buf;
     PyObject *ret = NULL;
     if (check(d, n, col, buf.len, writing ? "source" : "destination") == 0) {
-        int rc;
+        int rc = 0, bad = 0;
+        char got[MAX_HEAD];
         Py_BEGIN_ALLOW_THREADS
-        rc = do_vec(fd, (char *)buf.buf, d, n, col, writing, head, (size_t)hlen);
+        if (writing) {
+            rc = do_vec(fd, (char *)buf.buf, d, n, col, 1, head, (size_t)hlen);
+        } else {
+            if (hlen > 0 && (rc = read_exact(fd, got, (size_t)hlen)) == 0) bad = memcmp(got, head, (size_t)hlen) != 0;
+            if (rc == 0 && !bad) rc = do_vec(fd, (char *)buf.buf, d, n, col, 0, NULL, 0);
+        }
         Py_END_ALLOW_THREADS
         if (rc == -2) PyErr_SetString(PyExc_ConnectionError, "peer closed the connection mid-transfer");
         else if (rc < 0) PyErr_SetFromErrno(PyExc_OSError);
+        else if (bad) ret = PyBytes_FromStringAndSize(got, hlen);
         else { ret = Py_None; Py_INCREF(ret); }
     }
     PyBuffer_Release(&dv);
@@ -146,7 +173,7 @@ static PyObject *recvv(PyObject *self, PyObject *args) { return vec(args, 0); }
 static PyMethodDef methods[] = {
     {"copy_batch", copy_batch, METH_VARARGS, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."},
     {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd)."},
-    {"recvv", recvv, METH_VARARGS, "recvv(fd, buf, descs, col): readv into every row's range of buf (blocking fd)."},
+    {"recvv", recvv, METH_VARARGS, "recvv(fd, buf, descs, col[, expect]): read and compare a header, then readv into every row's range of buf (blocking fd); returns the header read if it differs, else None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,10 +14,13 @@
   socket, so the peer fails too instead of hanging.
 * Concurrency: each connection has a send and a receive thread, each draining
   a FIFO of jobs; post/serve enqueue, wait waits for one job.  Both ends enqueue
-  a peer's layers in the same order, so the FIFOs pair up.  A blocked send waits
-  only for its own peer's receive thread, never for a main thread or another
-  connection, so no order of posts and waits over several peers can deadlock
-  (sending inside wait() could: A->B, B->C, C->A with full socket buffers).
+  a peer's layers in the same order, so the FIFOs pair up.  A send whose queue
+  is idle runs in post() itself (one thread wake-up less per layer); a pull
+  source answers on its receive thread right after reading the request.  A
+  blocked send waits only for its peer's receive thread, whose jobs every rank
+  queues (serve) before it posts anything, so no order of posts and waits over
+  several peers can deadlock (sending inside wait() could: A->B, B->C, C->A
+  with full socket buffers).
 * Buffers: SO_SNDBUF/SO_RCVBUF at the TCP autotuning maximum (the *FORCE options
   when permitted, else up to the sysctl caps, but never a fixed size below what
   autotuning would reach); info() records what the kernel granted.
@@ -45,12 +48,14 @@ MAGIC, HELLO, ACK = b"KVBt", b"KVBh", b"KVBa"
 PUSH, REQUEST, REPLY = 1, 2, 3
 _KINDS = {PUSH: "push data", REQUEST: "pull request", REPLY: "pull data"}
 TX, RX = 0, 1
-# (op, initiator) -> the jobs of one layer, in order: (thread, kind, column moved or None)
+# (op, initiator) -> the jobs of one layer, in order: (thread, steps); a step is (sending, kind, column
+# moved or None).  The pull source answers on its receive thread, right after reading the request:
+# no hand-off to the send thread per layer.
 _PLAN = {
-    ("push", True): [(TX, PUSH, SRC)],
-    ("push", False): [(RX, PUSH, DST)],
-    ("pull", True): [(TX, REQUEST, None), (RX, REPLY, DST)],
-    ("pull", False): [(RX, REQUEST, None), (TX, REPLY, SRC)],
+    ("push", True): [(TX, ((True, PUSH, SRC),))],
+    ("push", False): [(RX, ((False, PUSH, DST),))],
+    ("pull", True): [(TX, ((True, REQUEST, None),)), (RX, ((False, REPLY, DST),))],
+    ("pull", False): [(RX, ((False, REQUEST, None), (True, REPLY, SRC)))],
 }
 
 
@@ -69,6 +74,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+_NO_DESCS = np.empty((0, 3), dtype=np.int64)
+
+
+def _py_recv(sock: socket.socket, mv: memoryview, hdr: bytes, descs: np.ndarray, col: int) -> bytes | None:
+    """Fallback for kvbench._native.recvv with a header: the header read if it differs, else None."""
+    if (got := _recv_exact(sock, len(hdr))) != hdr:
+        return got
+    if len(descs):
+        py_vec(sock, mv, descs, col, False)
+    return None
+
+
 def _describe(h: tuple) -> str:
     magic, kind, tag, nbytes, n = h
     if magic != MAGIC:
@@ -76,68 +93,90 @@ def _describe(h: tuple) -> str:
     return f"{_KINDS.get(kind, f'kind {kind}')} req {tag >> 16} layer {tag & 0xFFFF} ({nbytes} B, {n} descriptors)"
 
 
-class _Job:
-    __slots__ = ("args", "after", "done", "error")
+_DONE = threading.Event()  # shared by jobs that ran in the caller: done before anyone waits
+_DONE.set()
 
-    def __init__(self, args, after):
-        self.args, self.after, self.done, self.error = args, after, threading.Event(), None
+
+class _Job:
+    __slots__ = ("steps", "args", "after", "done", "error")
+
+    def __init__(self, steps, args, after, done=None):
+        self.steps, self.args, self.after = steps, args, after
+        self.done, self.error = done, None
 
 
 class _Conn:
-    """One peer's socket, with a send and a receive thread each draining a FIFO of jobs."""
+    """One peer's socket, with a send and a receive thread each draining a FIFO of jobs.
+
+    A send job whose send queue is idle runs in the caller instead (no wake-up of the send
+    thread, no GIL hand-off): it only waits for the peer's receive thread, like the send
+    thread would.  Every write holds ``wlock``, so no two threads interleave bytes.
+    """
 
     def __init__(self, peer: int, sock: socket.socket, array: np.ndarray):
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
+        self.wlock, self.last_tx = threading.Lock(), None
         try:
             from .. import _native
 
-            # the header goes out in the payload's writev: one system call and one segment per layer
+            # the header goes out in the payload's writev (one system call and one segment per layer);
+            # the receiver reads and compares it in C, then reads the payload, in one call
             self.send = lambda h, d, col: _native.sendv(self.fd, self.array, d, col, h)
-            self.recv = lambda d, col: _native.recvv(self.fd, self.array, d, col)
+            self.recv = lambda h, d, col: _native.recvv(self.fd, self.array, d, col, h)
         except ImportError:
             mv = memoryview(array)
             self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True))
-            self.recv = lambda d, col: py_vec(sock, mv, d, col, False)
+            self.recv = lambda h, d, col: _py_recv(sock, mv, h, d, col)
         self.queues = (queue.SimpleQueue(), queue.SimpleQueue())
         self.threads = [threading.Thread(target=self._run, args=(q,), daemon=True) for q in self.queues]
         for t in self.threads:
             t.start()
 
-    def submit(self, thread: int, args: tuple, after: _Job | None) -> _Job:
-        job = _Job(args, after)
+    def submit(self, thread: int, steps: tuple, args: tuple, after: _Job | None) -> _Job:
+        if thread == TX and after is None and (self.last_tx is None or self.last_tx.done.is_set()):
+            job = _Job(steps, args, None, _DONE)  # the send queue is idle: send from the caller, in order
+            self._do(job)
+            return job
+        job = _Job(steps, args, after, threading.Event())
+        if thread == TX:
+            self.last_tx = job
         self.queues[thread].put(job)
         return job
 
     def _run(self, q: queue.SimpleQueue) -> None:
         while (job := q.get()) is not None:
-            try:
-                if job.after is not None:
-                    job.after.done.wait()
-                if self.error is not None:
-                    raise self.error
-                self._move(*job.args)
-            except Exception as exc:
-                if not isinstance(exc, TransportError):
-                    exc = TransportError(f"tcp: connection to rank {self.peer} failed: {exc}")
-                self.fail(exc)
-                job.error = self.error  # the first error on this connection is the cause
-            finally:
+            self._do(job)
+
+    def _do(self, job: _Job) -> None:
+        try:
+            if job.after is not None:
+                job.after.done.wait()
+            if self.error is not None:
+                raise self.error
+            tag, descs = job.args
+            for step in job.steps:
+                self._move(*step, tag, descs)
+        except Exception as exc:
+            if not isinstance(exc, TransportError):
+                exc = TransportError(f"tcp: connection to rank {self.peer} failed: {exc}")
+            self.fail(exc)
+            job.error = self.error  # the first error on this connection is the cause
+        finally:
+            if job.done is not _DONE:
                 job.done.set()
 
-    def _move(self, sending: bool, kind: int, tag: int, descs: np.ndarray, col: int | None) -> None:
-        mine = (MAGIC, kind, tag, int(descs[:, LEN].sum()), len(descs))
+    def _move(self, sending: bool, kind: int, col: int | None, tag: int, descs: np.ndarray) -> None:
+        n = len(descs)
+        mine = (MAGIC, kind, tag, int(descs[0, LEN]) if n == 1 else int(descs[:, LEN].sum()), n)
+        hdr = _HDR.pack(*mine)
+        if col is None or not n:
+            descs, col = _NO_DESCS, SRC  # header only (a pull request)
         if sending:
-            if col is None or not len(descs):
-                self.sock.sendall(_HDR.pack(*mine))
-            else:
-                self.send(_HDR.pack(*mine), descs, col)
-            return
-        if (got := _HDR.unpack(_recv_exact(self.sock, _HDR.size))) != mine:
-            raise TransportError(
-                f"tcp: stream from rank {self.peer} out of step: expected {_describe(mine)}, got {_describe(got)}"
-            )
-        if col is not None and len(descs):
-            self.recv(descs, col)
+            with self.wlock:
+                self.send(hdr, descs, col)
+        elif (got := self.recv(hdr, descs, col)) is not None:
+            raise TransportError(f"tcp: stream from rank {self.peer} out of step: expected {_describe(mine)}, "
+                                 f"got {_describe(_HDR.unpack(got))}")
 
     def fail(self, err: TransportError) -> None:
         """Record the first error and shut the socket, so both ends stop rather than hang."""
@@ -275,8 +314,8 @@ class TcpTransport(Transport):
         source_here = (op == "push") == initiator
         check_descs(descs, *((local, remote) if source_here else (remote, local)))
         conn, job = self.conns[peer], None
-        for thread, kind, col in _PLAN[(op, initiator)]:
-            job = conn.submit(thread, (thread == TX, kind, tag, descs, col), after=job)
+        for thread, steps in _PLAN[(op, initiator)]:
+            job = conn.submit(thread, steps, (tag, descs), after=job)
         return job
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:

@@ -1,6 +1,7 @@
 """`kvbench run`: suite + flags -> validated cases on rank 0 -> broadcast -> harness -> table and files."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -91,6 +92,33 @@ def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
     return out
 
 
+def bind_cpus(mode: str, rank: int, hosts: list[str]) -> list[int]:
+    """``--bind core``: pin this rank (and every thread it starts later) to one CPU of those it may
+    use, chosen by its index among its host's ranks; returns the CPUs it may run on."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if mode == "core":
+        local = [r for r, h in enumerate(hosts) if h == hosts[rank]].index(rank)
+        os.sched_setaffinity(0, {allowed[local % len(allowed)]})
+    return sorted(os.sched_getaffinity(0))
+
+
+def cpu_lines(mode: str, hosts: list[str], cpus: list[list[int]]) -> list[str]:
+    """Preamble: how ranks are bound, and a note when ranks of one host may share CPUs."""
+    def fmt(c):
+        return f"{c[0]}-{c[-1]}" if len(c) > 1 and c == list(range(c[0], c[-1] + 1)) else ",".join(map(str, c))
+
+    shared = [(a, b) for a in range(len(hosts)) for b in range(a + 1, len(hosts))
+              if hosts[a] == hosts[b] and set(cpus[a]) & set(cpus[b])]
+    out = [f"# cpus: {'bound by kvbench (--bind core)' if mode == 'core' else 'as launched'}: "
+           + "  ".join(f"rank{r}={fmt(c)}" for r, c in enumerate(cpus[:8])) + (" ..." if len(cpus) > 8 else "")]
+    if shared:
+        a, b = shared[0]
+        out.append(f"# NOTE: ranks {a} and {b} on {hosts[a]} may run on the same CPUs: after an idle wait the "
+                   "scheduler can wake a receiver onto its sender's CPU and slow an isolated layer (README: CPU binding); "
+                   "bind them with --bind core, mpirun -bind-to core or srun --cpu-bind=cores")
+    return out
+
+
 def transport_options(a) -> dict:
     """-O key=value pairs for transports (numbers parsed), e.g. -O window=create -O ifname=eth0."""
     out = {}
@@ -155,6 +183,7 @@ def run(a, argv: list[str]) -> int:
 
         fail_rank(exc)
     hosts = c.allgather(c.hostname)
+    cpus = c.allgather(bind_cpus(a.bind, c.rank, hosts))
     opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.rounds, check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, inject_corruption=a.inject_corruption,
                    variants=tuple(suite.variants), transport_options=topts)
@@ -163,12 +192,14 @@ def run(a, argv: list[str]) -> int:
         from .report import OVERLAP_COLUMNS, LivePrinter, header_lines, overlap_header_lines, uses_overlap
         from .results import ResultWriter, git_commit, library_versions, system_description
 
-        for line in preamble(c, suite, argv, hosts) + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts):
+        for line in (preamble(c, suite, argv, hosts) + cpu_lines(a.bind, hosts, cpus)
+                     + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)):
             print(line)
         meta = {"kvbench_version": __version__, "suite": suite.model_dump(), "cases": cases, "argv": argv,
                 "transport_options": topts,
                 "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
                 "system": system_description(), "hosts": hosts, "world_size": c.size,
+                "cpu_bind": a.bind, "cpus": cpus,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         writer = ResultWriter(a.results, a.name or suite.name, meta)
         overlap = uses_overlap(cases)

@@ -96,3 +96,21 @@ def test_rounds_interleave_cases_and_keep_every_iteration(kvrun):
     assert sorted(set(timed.case)) == [1, 2, 3]
     checks = ok[ok.iter == -1]
     assert len(checks) == 3 * 2 and int(checks.nwrong.sum()) == 0
+
+
+def test_bind_core_pins_each_rank_to_its_own_cpu(kvrun):
+    import os
+
+    ncpu = len(os.sched_getaffinity(0))
+    r = kvrun(["-t", "shm", "--op", "push", "-b", "64", "-e", "64", *SMALL, "--bind", "core"])
+    assert r.code == 0, r.out + r.err
+    meta = r.meta()
+    assert meta["cpu_bind"] == "core" and all(len(c) == 1 for c in meta["cpus"])
+    if ncpu >= 2:
+        assert meta["cpus"][0] != meta["cpus"][1]
+        assert "# NOTE: ranks 0 and 1" not in r.out
+    assert "bound by kvbench (--bind core)" in r.out
+    # as launched (mpiexec here does not bind): both ranks may use every CPU, and the preamble says so
+    u = kvrun(["-t", "shm", "--op", "push", "-b", "64", "-e", "64", *SMALL])
+    if ncpu >= 2 and len(u.meta()["cpus"][0]) > 1:
+        assert "# NOTE: ranks 0 and 1" in u.out and "--bind core" in u.out

@@ -9,8 +9,8 @@ buffer), and the iteration's time is the max over the two ranks; GB/s is
 SIZE x LAYERS / the median time (GB = 1e9 B).
 
 * ``tcp``: one plain TCP socket, tuned like kvbench's tcp transport (TCP_NODELAY;
-  SO_SNDBUF/SO_RCVBUF forced to the TCP autotuning maximum, at least 4 MiB,
-  set before listen/connect so the window scale fits).  Rank 0 ``sendall``s
+  buffers left to the kernel's autotuning, as kvbench's default; --sockbuf N
+  forces them, set before listen/connect so the window scale fits).  Rank 0 ``sendall``s
   each layer out of a page-aligned, pre-faulted buffer; rank 1 ``recv_into``s
   it (MSG_WAITALL) into a page-aligned, pre-faulted buffer.
 * ``mpi``: MPI RMA as kvbench's mpi transport does it: Win.Allocate on both
@@ -62,8 +62,10 @@ def sysctl(name: str, field: int = 0) -> int:
 
 
 def tune(s: socket.socket, want: int) -> None:
-    """The same socket settings as kvbench's tcp transport (tcp.py _tune)."""
+    """The same socket settings as kvbench's tcp transport: TCP_NODELAY; buffers autotuned unless want > 0."""
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if want <= 0:
+        return
     for opt, force, cap, auto in ((socket.SO_SNDBUF, 32, "wmem", "tcp_wmem"),
                                   (socket.SO_RCVBUF, 33, "rmem", "tcp_rmem")):
         try:  # SO_SNDBUFFORCE / SO_RCVBUFFORCE (root)
@@ -147,7 +149,7 @@ def ref_tcp(comm, sizes, layers, iters, warmup, sockbuf) -> dict[int, float]:
     sock.close()
     if rank == 0:
         print(f"# tcp: addr {local_addr()}, SO_SNDBUF/SO_RCVBUF granted {granted[0]}/{granted[1]} B "
-              f"(requested {sockbuf})")
+              f"({'autotuned' if sockbuf <= 0 else f'requested {sockbuf}'})")
     return out
 
 
@@ -200,7 +202,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30, help="timed iterations per size")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
     ap.add_argument("--sockbuf", type=int, default=0,
-                    help="tcp socket buffer bytes (default: what kvbench's tcp asks for)")
+                    help="tcp socket buffer bytes (default 0: kernel autotuning, as kvbench's tcp)")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
@@ -208,7 +210,7 @@ def main() -> int:
         return 1
     sizes = [int(s) for s in a.sizes.split(",")]
     refs = [r for r in a.refs.split(",") if r]
-    sockbuf = a.sockbuf or max(sysctl("ipv4/tcp_rmem", 2), sysctl("ipv4/tcp_wmem", 2), 4 << 20)
+    sockbuf = a.sockbuf
     if comm.rank == 0:
         print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} messages per iteration, iters={a.iters} "
               f"warmup={a.warmup}; GB/s = size x layers / median(max over ranks) / 1e9")

@@ -76,7 +76,7 @@ def main() -> int:
             prefill = ",".join(f"{max(0.1, r * t_ms):.2f}" for r in ratios)
             st = summarize(read(run(a.mpirun, ["-t", transport, "--op", "push,pull", "--overlap", "serial,streaming",
                                                "--prefill-ms", prefill, "--tokens", a.tokens, "-n", a.iters,
-                                               "--rounds", a.rounds, *BASE],
+                                               "--rounds", str(min(int(a.rounds), int(a.iters))), *BASE],
                                     tmp))[0])
             for _, r in st[st["variant"] == "paged"].iterrows():
                 want, tol, ok = verdict(r)

@@ -92,3 +92,22 @@ def test_allocator_is_reproducible_and_exhausts():
     assert c.allocate(4, "contiguous").tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="fragmented:<run>"):
         c.allocate(1, "striped")
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 9, 40])
+def test_check_descs_refuses_ranges_outside_either_pool(n):
+    from kvbench.transports.base import TransportError, check_descs
+
+    good = np.array([[i * 100, i * 100, 100] for i in range(n)], dtype=np.int64)
+    check_descs(good, n * 100, n * 100)  # exactly fits both pools
+    for limit, what in (((n * 100 - 1, n * 100), "source"), ((n * 100, n * 100 - 1), "destination")):
+        with pytest.raises(TransportError, match=f"past the end of the {what} pool"):
+            check_descs(good, *limit)
+    bad = good.copy()
+    bad[-1, 2] = 0
+    with pytest.raises(TransportError, match="non-positive length"):
+        check_descs(bad, n * 100, n * 100)
+    bad = good.copy()
+    bad[0, 1] = -1
+    with pytest.raises(TransportError, match="negative offset"):
+        check_descs(bad, n * 100, n * 100)

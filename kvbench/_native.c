@@ -16,6 +16,7 @@
 #include <Python.h>
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -75,8 +76,22 @@ static PyObject *copy_batch(PyObject *self, PyObject *args) {
 
 /* Move `head` (writing only; may be empty), then every range, through writev/readv,
  * resuming after partial transfers: one system call per layer when the socket keeps up. */
+static ssize_t readv_spin(int fd, struct iovec *iov, int cnt) {
+    /* busy-poll: never sleep in the kernel, so the CPU stays awake for the next bytes (like a
+     * UCX progress loop); yield so other threads on this CPU still run */
+    struct msghdr m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)cnt;
+    for (;;) {
+        ssize_t r = recvmsg(fd, &m, MSG_DONTWAIT);
+        if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return r;
+        sched_yield();
+    }
+}
+
 static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, int writing,
-                  const char *head, size_t hlen) {
+                  const char *head, size_t hlen, int spin) {
     struct iovec iov[IOV_MAX];
     Py_ssize_t next = 0;    /* next descriptor not yet placed in iov */
     size_t skip = 0;        /* bytes of descriptor `next` already moved */
@@ -94,7 +109,7 @@ static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, i
             iov[cnt].iov_base = base + d[3 * j + col] + s;
             iov[cnt].iov_len = (size_t)d[3 * j + 2] - s;
         }
-        ssize_t r = writing ? writev(fd, iov, cnt) : readv(fd, iov, cnt);
+        ssize_t r = writing ? writev(fd, iov, cnt) : spin ? readv_spin(fd, iov, cnt) : readv(fd, iov, cnt);
         if (r < 0) {
             if (errno == EINTR) continue;
             return -1;
@@ -116,11 +131,12 @@ static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, i
 }
 
 /* Read exactly len bytes (a header). */
-static int read_exact(int fd, char *p, size_t len) {
+static int read_exact(int fd, char *p, size_t len, int spin) {
     while (len > 0) {
-        ssize_t r = recv(fd, p, len, MSG_WAITALL);
+        ssize_t r = recv(fd, p, len, spin ? MSG_DONTWAIT : MSG_WAITALL);
         if (r < 0) {
             if (errno == EINTR) continue;
+            if (spin && (errno == EAGAIN || errno == EWOULDBLOCK)) { sched_yield(); continue; }
             return -1;
         }
         if (r == 0) { errno = ECONNRESET; return -2; }
@@ -137,7 +153,8 @@ static PyObject *vec(PyObject *args, int writing) {
     PyObject *buf_o, *d_o;
     const char *head = NULL;
     Py_ssize_t hlen = 0;
-    if (!PyArg_ParseTuple(args, "iOOi|y#", &fd, &buf_o, &d_o, &col, &head, &hlen)) return NULL;
+    int spin = 0;
+    if (!PyArg_ParseTuple(args, "iOOi|y#p", &fd, &buf_o, &d_o, &col, &head, &hlen, &spin)) return NULL;
     if (hlen > MAX_HEAD) { PyErr_SetString(PyExc_ValueError, "header longer than 256 bytes"); return NULL; }
     if (col != 0 && col != 1) { PyErr_SetString(PyExc_ValueError, "col must be 0 (SRC) or 1 (DST)"); return NULL; }
     Py_buffer buf, dv;
@@ -151,10 +168,10 @@ static PyObject *vec(PyObject *args, int writing) {
         char got[MAX_HEAD];
         Py_BEGIN_ALLOW_THREADS
         if (writing) {
-            rc = do_vec(fd, (char *)buf.buf, d, n, col, 1, head, (size_t)hlen);
+            rc = do_vec(fd, (char *)buf.buf, d, n, col, 1, head, (size_t)hlen, 0);
         } else {
-            if (hlen > 0 && (rc = read_exact(fd, got, (size_t)hlen)) == 0) bad = memcmp(got, head, (size_t)hlen) != 0;
-            if (rc == 0 && !bad) rc = do_vec(fd, (char *)buf.buf, d, n, col, 0, NULL, 0);
+            if (hlen > 0 && (rc = read_exact(fd, got, (size_t)hlen, spin)) == 0) bad = memcmp(got, head, (size_t)hlen) != 0;
+            if (rc == 0 && !bad) rc = do_vec(fd, (char *)buf.buf, d, n, col, 0, NULL, 0, spin);
         }
         Py_END_ALLOW_THREADS
         if (rc == -2) PyErr_SetString(PyExc_ConnectionError, "peer closed the connection mid-transfer");

@@ -72,3 +72,14 @@ def test_unknown_interface_is_one_line():
     with pytest.raises(TransportError, match="available: "):
         t.register(Pool(memory.alloc_host(4096)))
     t.close()
+
+
+def test_busy_poll_receive_moves_every_byte(kvrun):
+    """-O poll=spin: receives busy-poll (non-blocking reads) instead of sleeping; same bytes, push and pull."""
+    r = kvrun(["-t", "tcp", "-O", "poll=spin", "--op", "push,pull", "--overlap", "serial,streaming", "--prefill-ms", "5",
+               "-m", "llama-3-8b", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2", "-w", "1"], timeout=180)
+    assert r.code == 0, r.out + r.err
+    df = r.table()
+    checks = df[(df.iter == -1) & (df.role == "decode")]
+    assert len(checks) == 2 * 3 and int(checks.nwrong.sum()) == 0  # (bulk + serial + streaming) x push/pull
+    assert {i["poll"] for i in r.meta()["transports"]["tcp"]} == {"spin"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shlex
 import sys
 import tempfile
 
@@ -59,10 +60,11 @@ def main() -> int:
     ap.add_argument("-t", "--transports", default="shm,tcp")
     ap.add_argument("--tokens", default="1024")
     ap.add_argument("--ratios", default="0.25,0.5,2,4", help="P/T ratios to sweep")
+    ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, e.g. \"-O poll=spin\"")
     ap.add_argument("-n", "--iters", default="24")
     ap.add_argument("--rounds", default="6", help="cases take turns (kvbench --rounds): T and exposed see the same noise")
     a = ap.parse_args()
-    failed = 0
+    failed, extra = 0, shlex.split(a.kvbench_args)
     with tempfile.TemporaryDirectory() as tmp:
         print("# bench-overlap: exposed ms (decode's clock) vs the model; GB = 10^9 B; "
               f"llama-3-8b, {a.tokens} tokens, 256-token blocks, contiguous + coalesced")
@@ -70,13 +72,13 @@ def main() -> int:
               f"{'model':>8} {'want':>8} {'tol':>6}  verdict")
         for transport in a.transports.split(","):
             bulk = summarize(read(run(a.mpirun, ["-t", transport, "--op", "push,pull", "--variants", "bulk",
-                                                 "--tokens", a.tokens, "-n", a.iters, *BASE], tmp))[0])
+                                                 "--tokens", a.tokens, "-n", a.iters, *BASE, *extra], tmp))[0])
             t_ms = float((bulk["payload_bytes"] / (bulk["gbps"] * 1e9)).max() * 1e3)
             ratios = [float(x) for x in a.ratios.split(",")]
             prefill = ",".join(f"{max(0.1, r * t_ms):.2f}" for r in ratios)
             st = summarize(read(run(a.mpirun, ["-t", transport, "--op", "push,pull", "--overlap", "serial,streaming",
                                                "--prefill-ms", prefill, "--tokens", a.tokens, "-n", a.iters,
-                                               "--rounds", str(min(int(a.rounds), int(a.iters))), *BASE],
+                                               "--rounds", str(min(int(a.rounds), int(a.iters))), *BASE, *extra],
                                     tmp))[0])
             for _, r in st[st["variant"] == "paged"].iterrows():
                 want, tol, ok = verdict(r)

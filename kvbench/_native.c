@@ -74,11 +74,9 @@ static PyObject *copy_batch(PyObject *self, PyObject *args) {
     return ret;
 }
 
-/* Move `head` (writing only; may be empty), then every range, through writev/readv,
- * resuming after partial transfers: one system call per layer when the socket keeps up. */
+/* readv that busy-polls: never sleep in the kernel, so the CPU stays awake for the next bytes
+ * (like a UCX progress loop); yield so other threads on this CPU still run. */
 static ssize_t readv_spin(int fd, struct iovec *iov, int cnt) {
-    /* busy-poll: never sleep in the kernel, so the CPU stays awake for the next bytes (like a
-     * UCX progress loop); yield so other threads on this CPU still run */
     struct msghdr m;
     memset(&m, 0, sizeof m);
     m.msg_iov = iov;
@@ -90,6 +88,8 @@ static ssize_t readv_spin(int fd, struct iovec *iov, int cnt) {
     }
 }
 
+/* Move `head` (writing only; may be empty), then every range, through writev/readv,
+ * resuming after partial transfers: one system call per layer when the socket keeps up. */
 static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, int writing,
                   const char *head, size_t hlen, int spin) {
     struct iovec iov[IOV_MAX];

@@ -12,10 +12,10 @@
   the destination sends a header-only request and the source answers like a
   push.  An unexpected header raises TransportError naming both and shuts the
   socket, so the peer fails too instead of hanging.
-* Concurrency: each connection has a send and a receive thread, each draining
-  a FIFO of jobs; post/serve enqueue, wait waits for one job.  Both ends enqueue
-  a peer's layers in the same order, so the FIFOs pair up.  A send whose queue
-  is idle runs in post() itself (one thread wake-up less per layer); a pull
+* Concurrency: sends run in post() itself (no thread wake-up per layer); each
+  connection has a receive thread draining a FIFO of receive jobs, which
+  serve (and a pull's post) enqueue; wait waits for one job.  Both ends handle
+  a peer's layers in the same order, so the stream and the FIFO pair up.  A pull
   source answers on its receive thread right after reading the request.  A
   blocked send waits only for its peer's receive thread, whose jobs every rank
   queues (serve) before it posts anything, so no order of posts and waits over
@@ -56,15 +56,13 @@ _ACK = struct.Struct("<4sI")  # magic, the acceptor's rank
 MAGIC, HELLO, ACK = b"KVBt", b"KVBh", b"KVBa"
 PUSH, REQUEST, REPLY = 1, 2, 3
 _KINDS = {PUSH: "push data", REQUEST: "pull request", REPLY: "pull data"}
-TX, RX = 0, 1
-# (op, initiator) -> the jobs of one layer, in order: (thread, steps); a step is (sending, kind, column
-# moved or None).  The pull source answers on its receive thread, right after reading the request:
-# no hand-off to the send thread per layer.
+# (op, initiator) -> one layer's steps (caller's, receive thread's); a step is (sending, kind, column
+# moved or None).  The pull source answers on its receive thread, right after reading the request.
 _PLAN = {
-    ("push", True): [(TX, ((True, PUSH, SRC),))],
-    ("push", False): [(RX, ((False, PUSH, DST),))],
-    ("pull", True): [(TX, ((True, REQUEST, None),)), (RX, ((False, REPLY, DST),))],
-    ("pull", False): [(RX, ((False, REQUEST, None), (True, REPLY, SRC)))],
+    ("push", True): (((True, PUSH, SRC),), ()),
+    ("push", False): ((), ((False, PUSH, DST),)),
+    ("pull", True): (((True, REQUEST, None),), ((False, REPLY, DST),)),
+    ("pull", False): ((), ((False, REQUEST, None), (True, REPLY, SRC))),
 }
 
 
@@ -107,24 +105,22 @@ _DONE.set()
 
 
 class _Job:
-    __slots__ = ("steps", "args", "after", "done", "error")
+    __slots__ = ("steps", "args", "done", "error")
 
-    def __init__(self, steps, args, after, done=None):
-        self.steps, self.args, self.after = steps, args, after
-        self.done, self.error = done, None
+    def __init__(self, steps, args, done):
+        self.steps, self.args, self.done, self.error = steps, args, done, None
 
 
 class _Conn:
-    """One peer's socket, with a send and a receive thread each draining a FIFO of jobs.
+    """One peer's socket: sends run in the caller, receives on a thread draining a FIFO of jobs.
 
-    A send job whose send queue is idle runs in the caller instead (no wake-up of the send
-    thread, no GIL hand-off): it only waits for the peer's receive thread, like the send
-    thread would.  Every write holds ``wlock``, so no two threads interleave bytes.
+    Every write holds ``wlock`` (the caller and a pull source's receive thread both write),
+    so no two threads interleave bytes.
     """
 
     def __init__(self, peer: int, sock: socket.socket, array: np.ndarray, spin: bool = False):
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
-        self.wlock, self.last_tx = threading.Lock(), None
+        self.wlock = threading.Lock()
         try:
             from .. import _native
 
@@ -136,30 +132,27 @@ class _Conn:
             mv = memoryview(array)
             self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True))
             self.recv = lambda h, d, col: _py_recv(sock, mv, h, d, col)
-        self.queues = (queue.SimpleQueue(), queue.SimpleQueue())
-        self.threads = [threading.Thread(target=self._run, args=(q,), daemon=True) for q in self.queues]
-        for t in self.threads:
-            t.start()
+        self.queue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
 
-    def submit(self, thread: int, steps: tuple, args: tuple, after: _Job | None) -> _Job:
-        if thread == TX and after is None and (self.last_tx is None or self.last_tx.done.is_set()):
-            job = _Job(steps, args, None, _DONE)  # the send queue is idle: send from the caller, in order
+    def submit(self, here: tuple, queued: tuple, args: tuple) -> _Job:
+        """Run the ``here`` steps now, then queue the ``queued`` ones; the handle of the last."""
+        job = None
+        if here:
+            job = _Job(here, args, _DONE)
             self._do(job)
-            return job
-        job = _Job(steps, args, after, threading.Event())
-        if thread == TX:
-            self.last_tx = job
-        self.queues[thread].put(job)
+        if queued:  # after a failed send too: the receive job then reports the connection's error
+            job = _Job(queued, args, threading.Event())
+            self.queue.put(job)
         return job
 
-    def _run(self, q: queue.SimpleQueue) -> None:
-        while (job := q.get()) is not None:
+    def _run(self) -> None:
+        while (job := self.queue.get()) is not None:
             self._do(job)
 
     def _do(self, job: _Job) -> None:
         try:
-            if job.after is not None:
-                job.after.done.wait()
             if self.error is not None:
                 raise self.error
             tag, descs = job.args
@@ -198,10 +191,8 @@ class _Conn:
 
     def close(self) -> None:
         self.fail(TransportError(f"tcp: connection to rank {self.peer} closed"))
-        for q in self.queues:
-            q.put(None)
-        for t in self.threads:
-            t.join(timeout=5)
+        self.queue.put(None)
+        self.thread.join(timeout=5)
         self.sock.close()
 
 
@@ -219,7 +210,7 @@ class TcpTransport(Transport):
         self.listener = self.pool = self.addr = self.ifname = None
         self.conns: dict[int, _Conn] = {}
         self.peer_nbytes: dict[int, int] = {}
-        # the I/O threads need the GIL for a few microseconds per layer; at the default 5 ms switch
+        # the receive threads need the GIL for a few microseconds per layer; at the default 5 ms switch
         # interval they wait behind the posting thread instead (restored in close)
         self._switch = sys.getswitchinterval()
         sys.setswitchinterval(float(ctx.options.get("switch_interval_us", 50)) * 1e-6)
@@ -324,10 +315,7 @@ class TcpTransport(Transport):
         local, remote = self.pool.nbytes, self.peer_nbytes[peer]
         source_here = (op == "push") == initiator
         check_descs(descs, *((local, remote) if source_here else (remote, local)))
-        conn, job = self.conns[peer], None
-        for thread, steps in _PLAN[(op, initiator)]:
-            job = conn.submit(thread, steps, (tag, descs), after=job)
-        return job
+        return self.conns[peer].submit(*_PLAN[(op, initiator)], (tag, descs))
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: send this layer from the SRC ranges; pull: request it, receive into the DST ranges."""

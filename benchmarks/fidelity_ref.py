@@ -93,6 +93,24 @@ def headline(comm, mine: list[float]) -> float:
     return float(np.median(np.max(np.array(both), axis=0))) if comm.rank == 0 else 0.0
 
 
+def prepare(buf: np.ndarray, rank: int, size: int, layers: int) -> None:
+    """Rank 0 (the source) holds the pattern, rank 1 zeros, in the first size x layers bytes."""
+    buf[: size * layers] = pattern(size * layers, size) if rank == 0 else 0
+
+
+def timed(comm, warmup: int, iters: int, once, *args) -> float:
+    """Run ``once(*args)`` warmup + iters times, each from the end of a barrier; the headline seconds."""
+    times = []
+    for it in range(warmup + iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        once(*args)
+        dt = time.perf_counter() - t0
+        if it >= warmup:
+            times.append(dt)
+    return headline(comm, times)
+
+
 def verify(comm, dst: np.ndarray | None, size: int, what: str) -> None:
     """Rank 1 compares everything it received with the source pattern (untimed)."""
     bad = 0
@@ -121,30 +139,23 @@ def ref_tcp(comm, sizes, layers, iters, warmup, sockbuf) -> dict[int, float]:
         sock.connect(comm.recv(source=1))
     granted = (sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF), sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
     mv = memoryview(buf)
-    for size in sizes:
+
+    def once(size):
         if rank == 0:
-            buf[: size * layers] = pattern(size * layers, size)
-        else:
-            buf[: size * layers] = 0
-        times = []
-        for it in range(warmup + iters):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            if rank == 0:
-                for j in range(layers):
-                    sock.sendall(mv[j * size:(j + 1) * size])
-            else:
-                for j in range(layers):
-                    got, end = j * size, (j + 1) * size
-                    while got < end:
-                        n = sock.recv_into(mv[got:end], end - got, socket.MSG_WAITALL)
-                        if n == 0:
-                            raise SystemExit("fidelity_ref: tcp peer closed the connection")
-                        got += n
-            dt = time.perf_counter() - t0
-            if it >= warmup:
-                times.append(dt)
-        out[size] = headline(comm, times)
+            for j in range(layers):
+                sock.sendall(mv[j * size:(j + 1) * size])
+            return
+        for j in range(layers):
+            got, end = j * size, (j + 1) * size
+            while got < end:
+                n = sock.recv_into(mv[got:end], end - got, socket.MSG_WAITALL)
+                if n == 0:
+                    raise SystemExit("fidelity_ref: tcp peer closed the connection")
+                got += n
+
+    for size in sizes:
+        prepare(buf, rank, size, layers)
+        out[size] = timed(comm, warmup, iters, once, size)
         verify(comm, buf[: size * layers], size, "tcp")
     sock.close()
     if rank == 0:
@@ -161,29 +172,22 @@ def ref_mpi(comm, sizes, layers, iters, warmup) -> dict[int, float]:
     buf.fill(0)  # pre-fault
     empty = np.empty(0, dtype=np.uint8)
     win.Lock_all(MPI.MODE_NOCHECK)
-    for size in sizes:
+
+    def once(size, src):
         if rank == 0:
-            buf[: size * layers] = pattern(size * layers, size)
+            for j in range(layers):
+                win.Put([src[j * size:(j + 1) * size], size, MPI.BYTE], 1, (j * size, size, MPI.BYTE))
+            win.Flush(1)
+            comm.Send([empty, 0, MPI.BYTE], dest=1, tag=7)
         else:
-            buf[: size * layers] = 0
+            comm.Recv([empty, 0, MPI.BYTE], source=0, tag=7)
+            win.Sync()
+
+    for size in sizes:
+        prepare(buf, rank, size, layers)
         win.Sync()  # our own stores to the window, before the peer's Puts land on top
         comm.Barrier()
-        times = []
-        for it in range(warmup + iters):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            if rank == 0:
-                for j in range(layers):
-                    win.Put([buf[j * size:(j + 1) * size], size, MPI.BYTE], 1, (j * size, size, MPI.BYTE))
-                win.Flush(1)
-                comm.Send([empty, 0, MPI.BYTE], dest=1, tag=7)
-            else:
-                comm.Recv([empty, 0, MPI.BYTE], source=0, tag=7)
-                win.Sync()
-            dt = time.perf_counter() - t0
-            if it >= warmup:
-                times.append(dt)
-        out[size] = headline(comm, times)
+        out[size] = timed(comm, warmup, iters, once, size, buf)
         verify(comm, buf[: size * layers], size, "mpi")
     win.Unlock_all()
     del buf

@@ -43,7 +43,7 @@ from .harness import Harness, UserError, case_geometry
 from .pool import BlockAllocator, Layout
 from .schedule import REQUEST_BYTES, STATE_BYTES, PrefillClock, SchemeError, make_pairs
 from .suite import parse_arrival
-from .transports.base import DST, LEN, TransportError
+from .transports.base import DST, LEN, TransportError, wait_landed
 
 TAG_P2D, TAG_D2P, TAG_SYNC, TAG_FACTS = 7201, 7202, 7203, 7204  # apart from the harness's 7001 and 71xx
 SLOTS = 4  # source-side request slots: a prefill rank's pool holds this many of its largest request
@@ -63,9 +63,8 @@ class _Waiter(threading.Thread):
         while (job := self.jobs.get()) is not None:
             rid, handles = job
             try:
-                for h in handles:
-                    self.t.wait(h)
-                self.done.put((rid, self.clk(), None))
+                landed = wait_landed(self.t, handles)
+                self.done.put((rid, self.clk() - (time.perf_counter() - landed), None))
             except Exception as exc:  # re-raised in the event loop, which fails the rank
                 self.done.put((rid, NAN, exc))
 
@@ -367,9 +366,8 @@ class LoadHarness(Harness):
                             r["h"] += [t.post("pull", s, r["descs"][i], ((msg[1] & 0xFFFF) << 16) | i)
                                        for i in range(len(r["h"]), msg[2])]
                             if msg[2] == L:
-                                for h in r["h"]:
-                                    t.wait(h)
-                                landed(msg[1], clk())
+                                at = wait_landed(t, r["h"])
+                                landed(msg[1], clk() - (time.perf_counter() - at))
                 while fifo:  # strict FIFO: the head blocks those behind it (no overtaking)
                     s, rid, ntok, src_ids, t_in = fifo[0]
                     ids = alloc.allocate(len(src_ids), case["alloc"])

@@ -2,13 +2,14 @@
 import json
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from kvbench import memory
 from kvbench.pool import Pool
-from kvbench.transports.base import Context, TransportError
+from kvbench.transports.base import Context, TransportError, wait_landed
 from kvbench.transports.tcp import TcpTransport, hello
 
 
@@ -65,6 +66,39 @@ def test_mixed_up_stream_is_detected():
         pass
     a.close()
     b.close()
+
+
+def test_receive_wait_reports_when_the_bytes_landed():
+    """The done time is the receive thread's landing, not when the waiting thread got round to it."""
+    a, b, pa, pb, ma, mb = pair()
+    th = threading.Thread(target=a.connect, args=({1: mb},))
+    th.start()
+    b.connect({0: ma})
+    th.join(15)
+    memory.fill(pa.array, 0)
+    d = np.array([[0, 0, 300000], [400000, 500000, 4096]], dtype=np.int64)
+    h_b = b.serve("push", 0, d, tag=3)
+    posted = time.perf_counter()
+    a.wait(a.post("push", 1, d, tag=3))
+    time.sleep(1.0)  # the bytes land while nobody waits
+    called = time.perf_counter()
+    landed = wait_landed(b, [h_b])
+    assert posted <= landed < called
+    assert memory.count_wrong(pb.array, d, 0, 1) == 0
+    a.close()
+    b.close()
+
+
+def test_wait_landed_without_times_is_when_the_last_wait_returned():
+    class Sync:
+        def wait(self, h):
+            return h
+
+    t = Sync()
+    before = time.perf_counter()
+    assert wait_landed(t, [5.0, 7.0, 6.0]) == 7.0  # every handle reported: the latest
+    assert before <= wait_landed(t, [None, 2.0]) <= time.perf_counter()  # one synchronous: now
+    assert before <= wait_landed(t, []) <= time.perf_counter()
 
 
 def test_unknown_interface_is_one_line():

@@ -105,10 +105,10 @@ _DONE.set()
 
 
 class _Job:
-    __slots__ = ("steps", "args", "done", "error")
+    __slots__ = ("steps", "args", "done", "error", "at")
 
     def __init__(self, steps, args, done):
-        self.steps, self.args, self.done, self.error = steps, args, done, None
+        self.steps, self.args, self.done, self.error, self.at = steps, args, done, None, None
 
 
 class _Conn:
@@ -164,6 +164,7 @@ class _Conn:
             self.fail(exc)
             job.error = self.error  # the first error on this connection is the cause
         finally:
+            job.at = time.perf_counter()  # the last byte landed (or left): before anyone is woken
             if job.done is not _DONE:
                 job.done.set()
 
@@ -325,11 +326,12 @@ class TcpTransport(Transport):
         """push: receive this layer into the DST ranges; pull: await the request, then send."""
         return self._submit(op, peer, descs, tag, False)
 
-    def wait(self, handle: _Job) -> None:
-        """Block until the job is done; on the destination, until the bytes are in the pool."""
+    def wait(self, handle: _Job) -> float:
+        """Block until the job is done (on the destination: the bytes are in the pool); when it was."""
         handle.done.wait()
         if handle.error is not None:
             raise TransportError(str(handle.error))
+        return handle.at
 
     def info(self) -> dict:
         """Address, interface, I/O path and the socket buffer sizes the kernel granted."""

@@ -16,7 +16,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "shm": ("kvbench.transports.shm:ShmTransport", ""),
     "tcp": ("kvbench.transports.tcp:TcpTransport", ""),
     "mpi": ("kvbench.transports.mpi:MpiTransport", ""),
-    "mpi-sendrecv": ("kvbench.transports.mpi:MpiSendRecvTransport", ""),
+    "mpi-sendrecv": ("kvbench.transports.mpi_sendrecv:MpiSendRecvTransport", ""),
     "nixl": ("kvbench.transports.nixl:NixlTransport", "pip install 'kvbench[nixl]'"),
     "ucx": ("kvbench.transports.ucx:UcxTransport", "pip install 'kvbench[ucx]'"),
     "mooncake": ("kvbench.transports.mooncake:MooncakeTransport", "pip install 'kvbench[mooncake]'"),

@@ -1,5 +1,5 @@
-"""mpi: one-sided MPI RMA on a window that exposes the pool; ``mpi-sendrecv``
-(or ``mpi`` with ``-O mode=sendrecv``): two-sided Isend/Irecv, for comparison.
+"""mpi: one-sided MPI RMA on a window that exposes the pool (``-O mode=sendrecv``
+selects the two-sided ``mpi-sendrecv`` of mpi_sendrecv.py, for comparison).
 On clusters MPI runs over UCX/verbs/OFI, so this is also an RDMA path there.
 
 A layer moves in ONE MPI call: the descriptor columns become hindexed byte
@@ -25,83 +25,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DST, LEN, OPS, SRC, Buffer, Caps, Transport, TransportError, check_descs
+from .base import DST, LEN, OPS, SRC, Buffer, Caps, TransportError, check_descs
+from .mpi_common import MpiBase, fail, mpi
 
-_CACHE_MAX = 4096  # datatype sets kept; a case needs layers x peers of them
 _NOTE_TAG = 32000  # completion notifications (MPI guarantees tags up to 32767)
 _NOTE_MAX = 1024  # tags per notification message
 
 
-def _mpi():
-    from mpi4py import MPI  # lazy: optional dependency
-
-    return MPI
-
-
-def _fail(exc) -> TransportError:
-    return TransportError(f"mpi: {exc.Get_error_string().splitlines()[0]}")
-
-
-def _hindexed(MPI, lens: np.ndarray, displs: np.ndarray):
-    """A committed byte datatype of ``lens`` bytes at each of ``displs``."""
-    # mpi4py copies sequences item by item: Python ints (tolist) convert ~3x
-    # faster than numpy scalars, and equal lengths spare one array entirely
-    if len(lens) and (lens == lens[0]).all():
-        return MPI.BYTE.Create_hindexed_block(int(lens[0]), displs.tolist()).Commit()
-    return MPI.BYTE.Create_hindexed(lens.tolist(), displs.tolist()).Commit()
-
-
-class _Types:
-    """Committed datatypes per descriptor array (prep=on keeps them while it is unchanged).
-
-    The harness reuses one descs array per layer for every iteration, so the
-    key is the array's address and shape; a hit is confirmed by comparing the
-    contents with a private copy (vectorized), and a changed array is rebuilt.
-    """
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.entries: dict = {}
-
-    def get(self, descs: np.ndarray, cols: tuple, bounds: tuple) -> tuple:
-        """One datatype per column in ``cols``; bounds = (src, dst) pool bytes."""
-        key = (descs.ctypes.data, len(descs), cols, bounds)
-        hit = self.entries.get(key)
-        if hit is not None and np.array_equal(hit[0], descs):
-            return hit[1]
-        check_descs(descs, *bounds)
-        if len(descs) == 1:  # bulk: one contiguous range, no numpy column copies on the timed path
-            row = descs.tolist()[0]
-            types = tuple(_mpi().BYTE.Create_hindexed_block(row[LEN], [row[c]]).Commit() for c in cols)
-        else:
-            lens = np.ascontiguousarray(descs[:, LEN])
-            types = tuple(_hindexed(_mpi(), lens, np.ascontiguousarray(descs[:, c])) for c in cols)
-        if self.enabled:
-            if hit is not None:
-                self._free(hit[1])
-            elif len(self.entries) >= _CACHE_MAX:
-                self._free(self.entries.pop(next(iter(self.entries)))[1])
-            self.entries[key] = (descs.copy(), types)
-        return types
-
-    def done(self, types: tuple) -> None:
-        """After posting: free ``types`` unless cached (pending operations keep them)."""
-        if not self.enabled:
-            self._free(types)
-
-    @staticmethod
-    def _free(types: tuple) -> None:
-        for t in types:
-            t.Free()
-
-    def clear(self) -> None:
-        """Free every cached datatype."""
-        for _, types in self.entries.values():
-            self._free(types)
-        self.entries.clear()
-
-
-class MpiTransport(Transport):
+class MpiTransport(MpiBase):
     """One-sided MPI: push = Put, pull = Get, completion = Win.Flush(peer).
 
     notifies=True: a Flush completes every operation posted to the peer so
@@ -116,39 +47,32 @@ class MpiTransport(Transport):
 
     name = "mpi"
     caps = Caps(one_sided=True, multi_node=True, notifies=True, network=True)
-    MODE = "rma"
 
     def __new__(cls, ctx):
         # -O mode=sendrecv on transport "mpi" selects the two-sided class (also "mpi-sendrecv")
         if cls is MpiTransport and ctx.options.get("mode", "rma") == "sendrecv":
-            cls = MpiSendRecvTransport
+            from .mpi_sendrecv import MpiSendRecvTransport
+
+            return MpiSendRecvTransport(ctx)  # not an MpiTransport: built (and initialised) here
         return super().__new__(cls)
 
     def __init__(self, ctx):
         super().__init__(ctx)
         opts = ctx.options
-        if opts.get("mode", self.MODE) not in ("rma", "sendrecv"):
-            raise TransportError(f"mode '{opts['mode']}' is not one of: rma, sendrecv")
         self.window = opts.get("window", "allocate")
         self.epoch = opts.get("epoch", "lock_all")
         if self.window not in ("allocate", "create"):
             raise TransportError(f"window '{self.window}' is not one of: allocate, create")
         if self.epoch not in ("lock_all", "lock"):
             raise TransportError(f"epoch '{self.epoch}' is not one of: lock_all, lock")
-        prep = str(opts.get("prep", "off")).lower()
-        if prep not in ("on", "off", "true", "false", "1", "0"):
-            raise TransportError(f"mpi option prep='{prep}' must be on or off")
-        self._types = _Types(prep in ("on", "true", "1"))
         try:
             self.split = int(opts.get("split", 4))
         except ValueError:
             raise TransportError(f"mpi option split='{opts['split']}' must be an integer >= 0") from None
         if self.split < 0:
             raise TransportError(f"mpi option split={self.split} must be >= 0")
-        self._comm = self._win = self._arr = None
+        self._win = None
         self._owned = False  # the window's memory came from Win.Allocate
-        self._open = False
-        self._peer_bytes: dict[int, int] = {}
         self._posted: dict[int, int] = {}  # peer -> operations posted so far
         self._flushed: dict[int, int] = {}  # peer -> operations known complete
         self._locked: set[int] = set()
@@ -157,28 +81,11 @@ class MpiTransport(Transport):
         self._landed: dict[int, set[int]] = {}  # peer -> tags notified but not yet waited for
         self._note_buf = np.empty(_NOTE_MAX, dtype=np.int64)
 
-    @classmethod
-    def probe(cls) -> str | None:
-        """None when mpi4py imports and MPI is initialised."""
-        try:
-            MPI = _mpi()
-        except ImportError as exc:
-            return f"install mpi4py and an MPI (pip install mpi4py mpich): {exc}"
-        return None if MPI.Is_initialized() else "MPI did not initialise"
-
-    def _setup(self):
-        if self._comm is None:
-            from kvbench import comm  # the harness's door to MPI
-
-            self._comm = comm.transport_comm()
-            self._tag_mod = int(self._comm.Get_attr(_mpi().TAG_UB)) + 1
-        return self._comm
-
     def alloc(self, nbytes: int) -> Buffer | None:
         """window == "allocate": Win.Allocate the pool (collective)."""
         if self.window != "allocate":
             return None
-        MPI, c = _mpi(), self._setup()
+        MPI, c = mpi(), self._setup()
         self._win = MPI.Win.Allocate(nbytes, 1, MPI.INFO_NULL, c)
         self._owned = True
         arr = np.frombuffer(self._win.tomemory(), dtype=np.uint8, count=nbytes)
@@ -188,7 +95,7 @@ class MpiTransport(Transport):
 
     def register(self, pool) -> bytes:
         """Expose the pool as the window (collective); metadata = its size."""
-        MPI, c = _mpi(), self._setup()
+        MPI, c = mpi(), self._setup()
         if self._arr is not None:
             raise TransportError("mpi: one pool per transport instance")
         if not self._owned:
@@ -198,19 +105,11 @@ class MpiTransport(Transport):
         self._arr = pool.array
         return int(pool.nbytes).to_bytes(8, "little")
 
-    def connect(self, peers: dict[int, bytes]) -> None:
-        """Remember the peers' pool sizes, for bounds checks."""
-        self._peer_bytes.update({p: int.from_bytes(m, "little") for p, m in peers.items()})
-
     def ready(self) -> None:
         """Open the passive-target epoch (lock_all: once for the whole run)."""
         if self.epoch == "lock_all" and not self._open:
-            self._win.Lock_all(_mpi().MODE_NOCHECK)
+            self._win.Lock_all(mpi().MODE_NOCHECK)
         self._open = True
-
-    def _bounds(self, peer: int, local_is_src: bool) -> tuple:
-        mine, theirs = self._arr.nbytes, self._peer_bytes.get(peer, 1 << 62)
-        return (mine, theirs) if local_is_src else (theirs, mine)
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """Put (push) or Get (pull) all of the layer's blocks in one call."""
@@ -221,7 +120,7 @@ class MpiTransport(Transport):
         seq = self._posted.get(peer, 0)
         if len(descs):
             cols = (SRC, DST) if op == "push" else (DST, SRC)  # (origin, target)
-            MPI, types = _mpi(), None
+            MPI, types = mpi(), None
             if len(descs) <= self.split:  # a few ranges: contiguous calls, no datatype (see `split`)
                 check_descs(descs, *self._bounds(peer, op == "push"))
                 arr, o, t = self._arr, cols[0], cols[1]
@@ -237,7 +136,7 @@ class MpiTransport(Transport):
                 for origin, target in calls:
                     call(origin, peer, target)
             except MPI.Exception as exc:
-                raise _fail(exc) from None
+                raise fail(exc) from None
             if types is not None:
                 self._types.done(types)
             seq = self._posted[peer] = seq + 1
@@ -251,7 +150,7 @@ class MpiTransport(Transport):
 
     def _notify(self, peer: int) -> None:
         """After a Flush: tell the peer which of its pushes have landed (one message per 1024)."""
-        MPI, tags = _mpi(), self._pending.pop(peer, [])
+        MPI, tags = mpi(), self._pending.pop(peer, [])
         for i in range(0, len(tags), _NOTE_MAX):
             arr = np.array(tags[i:i + _NOTE_MAX], dtype=np.int64)
             self._sends.append((self._comm.Isend([arr, MPI.INT64_T], peer, _NOTE_TAG), arr))
@@ -261,7 +160,7 @@ class MpiTransport(Transport):
 
     def _await_note(self, peer: int, tag: int) -> None:
         """Destination: receive notifications from ``peer`` until ``tag`` is listed; Win.Sync after each."""
-        MPI, landed = _mpi(), self._landed.setdefault(peer, set())
+        MPI, landed = mpi(), self._landed.setdefault(peer, set())
         while tag not in landed:
             st = MPI.Status()
             self._comm.Recv([self._note_buf, MPI.INT64_T], peer, _NOTE_TAG, st)
@@ -278,7 +177,7 @@ class MpiTransport(Transport):
         Push destination: wait until the initiator lists this tag (Win.Sync done)."""
         if handle is None:
             return
-        MPI = _mpi()
+        MPI = mpi()
         try:
             if handle[0] == "note":
                 self._await_note(handle[1], handle[2])
@@ -295,26 +194,16 @@ class MpiTransport(Transport):
                 return  # completed and notified by an earlier Flush
             self._notify(peer)
         except MPI.Exception as exc:
-            raise _fail(exc) from None
+            raise fail(exc) from None
 
     def info(self) -> dict:
-        """MPI library, mpi4py version, mode, window kind, epoch, prep."""
-        info = {"mode": self.MODE, "prep": "on" if self._types.enabled else "off", "split": self.split}
-        if self.MODE == "rma":
-            info.update(window=self.window, epoch=self.epoch)
-        try:
-            import mpi4py
-
-            info["mpi_library"] = _mpi().Get_library_version().splitlines()[0].strip()
-            info["mpi4py"] = mpi4py.__version__
-        except ImportError:
-            pass
-        return info
+        """MPI library, mpi4py version, mode, prep, split, window kind, epoch."""
+        return dict(super().info(), split=self.split, window=self.window, epoch=self.epoch)
 
     def close(self) -> None:
         """End the epoch, free datatypes and (window "create") the window; idempotent."""
         if self._sends:
-            _mpi().Request.Waitall([r for r, _ in self._sends])
+            mpi().Request.Waitall([r for r, _ in self._sends])
             self._sends.clear()
         if self._win is not None and self._open:
             if self.epoch == "lock_all":
@@ -331,57 +220,3 @@ class MpiTransport(Transport):
         win, self._win = self._win, None
         if win is not None:
             win.Free()  # collective: every rank frees, in the same order
-
-
-class MpiSendRecvTransport(MpiTransport):
-    """Two-sided MPI: the source Isends straight from its pool and the
-    destination Irecvs into its pool, each with its own hindexed datatype
-    (MPI packs internally); wait = Wait.  No window."""
-
-    name = "mpi-sendrecv"
-    caps = Caps(one_sided=False, multi_node=True, notifies=True, network=True)
-    MODE = "sendrecv"
-
-    def alloc(self, nbytes: int) -> Buffer | None:
-        """The harness allocates: two-sided needs no window."""
-        return None
-
-    def register(self, pool) -> bytes:
-        """Keep the pool; metadata = its size."""
-        self._setup()
-        self._arr = pool.array
-        return int(pool.nbytes).to_bytes(8, "little")
-
-    def ready(self) -> None:
-        """Nothing to open."""
-        self._open = True
-
-    def _xfer(self, sending: bool, peer: int, descs: np.ndarray, tag: int):
-        (dtype,) = self._types.get(descs, (SRC if sending else DST,), self._bounds(peer, sending))
-        msg, tag = [self._arr, 1, dtype], tag % self._tag_mod
-        req = self._comm.Isend(msg, peer, tag) if sending else self._comm.Irecv(msg, peer, tag)
-        self._types.done((dtype,))
-        return ("req", req)
-
-    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """Push: Isend from the pool; pull: Irecv into the pool."""
-        if op not in OPS:
-            raise TransportError(f"op '{op}' is not one of: {', '.join(OPS)}")
-        return self._xfer(op == "push", peer, descs, tag)
-
-    def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """Push: Irecv into the pool; pull: Isend from the pool."""
-        return self._xfer(op == "pull", peer, descs, tag)
-
-    def wait(self, handle) -> None:
-        """Wait for the send or receive."""
-        if handle is not None:
-            try:
-                handle[1].Wait()
-            except _mpi().Exception as exc:
-                raise _fail(exc) from None
-
-    def close(self) -> None:
-        """Free cached datatypes; idempotent."""
-        self._open = False
-        self._types.clear()

@@ -1,0 +1,136 @@
+"""What both MPI transports share: the lazy mpi4py import, error lines, the
+datatype cache, and the options and state of a transport on the harness's
+communicator (``mpi``: one-sided RMA; ``mpi-sendrecv``: two-sided).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import LEN, Transport, TransportError, check_descs
+
+_CACHE_MAX = 4096  # datatype sets kept; a case needs layers x peers of them
+
+
+def mpi():
+    from mpi4py import MPI  # lazy: optional dependency
+
+    return MPI
+
+
+def fail(exc) -> TransportError:
+    return TransportError(f"mpi: {exc.Get_error_string().splitlines()[0]}")
+
+
+def hindexed(MPI, lens: np.ndarray, displs: np.ndarray):
+    """A committed byte datatype of ``lens`` bytes at each of ``displs``."""
+    # mpi4py copies sequences item by item: Python ints (tolist) convert ~3x
+    # faster than numpy scalars, and equal lengths spare one array entirely
+    if len(lens) and (lens == lens[0]).all():
+        return MPI.BYTE.Create_hindexed_block(int(lens[0]), displs.tolist()).Commit()
+    return MPI.BYTE.Create_hindexed(lens.tolist(), displs.tolist()).Commit()
+
+
+class Types:
+    """Committed datatypes per descriptor array (prep=on keeps them while it is unchanged).
+
+    The harness reuses one descs array per layer for every iteration, so the
+    key is the array's address and shape; a hit is confirmed by comparing the
+    contents with a private copy (vectorized), and a changed array is rebuilt.
+    """
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.entries: dict = {}
+
+    def get(self, descs: np.ndarray, cols: tuple, bounds: tuple) -> tuple:
+        """One datatype per column in ``cols``; bounds = (src, dst) pool bytes."""
+        key = (descs.ctypes.data, len(descs), cols, bounds)
+        hit = self.entries.get(key)
+        if hit is not None and np.array_equal(hit[0], descs):
+            return hit[1]
+        check_descs(descs, *bounds)
+        if len(descs) == 1:  # bulk: one contiguous range, no numpy column copies on the timed path
+            row = descs.tolist()[0]
+            types = tuple(mpi().BYTE.Create_hindexed_block(row[LEN], [row[c]]).Commit() for c in cols)
+        else:
+            lens = np.ascontiguousarray(descs[:, LEN])
+            types = tuple(hindexed(mpi(), lens, np.ascontiguousarray(descs[:, c])) for c in cols)
+        if self.enabled:
+            if hit is not None:
+                self._free(hit[1])
+            elif len(self.entries) >= _CACHE_MAX:
+                self._free(self.entries.pop(next(iter(self.entries)))[1])
+            self.entries[key] = (descs.copy(), types)
+        return types
+
+    def done(self, types: tuple) -> None:
+        """After posting: free ``types`` unless cached (pending operations keep them)."""
+        if not self.enabled:
+            self._free(types)
+
+    @staticmethod
+    def _free(types: tuple) -> None:
+        for t in types:
+            t.Free()
+
+    def clear(self) -> None:
+        """Free every cached datatype."""
+        for _, types in self.entries.values():
+            self._free(types)
+        self.entries.clear()
+
+
+class MpiBase(Transport):
+    """Options and state common to both: ``mode``, ``prep``, the communicator, peer pool sizes."""
+
+    MODE = "rma"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        opts = ctx.options
+        if opts.get("mode", self.MODE) not in ("rma", "sendrecv"):
+            raise TransportError(f"mode '{opts['mode']}' is not one of: rma, sendrecv")
+        prep = str(opts.get("prep", "off")).lower()
+        if prep not in ("on", "off", "true", "false", "1", "0"):
+            raise TransportError(f"mpi option prep='{prep}' must be on or off")
+        self._types = Types(prep in ("on", "true", "1"))
+        self._comm = self._arr = None
+        self._open = False
+        self._peer_bytes: dict[int, int] = {}
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """None when mpi4py imports and MPI is initialised."""
+        try:
+            MPI = mpi()
+        except ImportError as exc:
+            return f"install mpi4py and an MPI (pip install mpi4py mpich): {exc}"
+        return None if MPI.Is_initialized() else "MPI did not initialise"
+
+    def _setup(self):
+        if self._comm is None:
+            from kvbench import comm  # the harness's door to MPI
+
+            self._comm = comm.transport_comm()
+            self._tag_mod = int(self._comm.Get_attr(mpi().TAG_UB)) + 1
+        return self._comm
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        """Remember the peers' pool sizes, for bounds checks."""
+        self._peer_bytes.update({p: int.from_bytes(m, "little") for p, m in peers.items()})
+
+    def _bounds(self, peer: int, local_is_src: bool) -> tuple:
+        mine, theirs = self._arr.nbytes, self._peer_bytes.get(peer, 1 << 62)
+        return (mine, theirs) if local_is_src else (theirs, mine)
+
+    def info(self) -> dict:
+        """MPI library, mpi4py version, mode, prep."""
+        info = {"mode": self.MODE, "prep": "on" if self._types.enabled else "off"}
+        try:
+            import mpi4py
+
+            info["mpi_library"] = mpi().Get_library_version().splitlines()[0].strip()
+            info["mpi4py"] = mpi4py.__version__
+        except ImportError:
+            pass
+        return info

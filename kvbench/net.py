@@ -1,4 +1,6 @@
-"""Network plumbing shared by the socket-based transports: address selection, socket tuning.
+"""Network plumbing shared by the socket-based transports: address selection, socket tuning,
+and the authenticated rendezvous (the higher rank of a pair dials the lower with its rank
+and the run's token; the acceptor refuses and logs anything else and waits on).
 
 Address rules (NCCL's): ``options["addr"]``, else ``options["ifname"]`` or
 KVBENCH_SOCKET_IFNAME (comma-separated name prefixes, ``=`` exact, ``^``
@@ -7,15 +9,21 @@ that is loopback).  A cluster user pins kvbench to the data-plane NIC this way.
 """
 from __future__ import annotations
 
+import hmac
 import os
 import socket
 import struct
+import sys
+import time
 
 import numpy as np
 
 from .transports.base import LEN, TransportError
 
 IOV_MAX = 1024
+_HELLO = struct.Struct("<4sII")  # magic, rank, token length; the token follows
+_ACK = struct.Struct("<4sI")  # magic, the acceptor's rank
+HELLO, ACK = b"KVBh", b"KVBa"
 
 
 def if_addr(name: str) -> str | None:
@@ -94,3 +102,81 @@ def py_vec(sock, mv: memoryview, descs: np.ndarray, col: int, writing: bool) -> 
             moved -= lens[i]
             i += 1
         skip = moved
+
+
+def hello(rank: int, token: bytes) -> bytes:
+    """The bytes a dialling peer sends first (public so tests can forge a rogue one)."""
+    return _HELLO.pack(HELLO, rank, len(token)) + token
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf, got = bytearray(n), 0
+    while got < n:
+        r = sock.recv_into(memoryview(buf)[got:], n - got, socket.MSG_WAITALL)
+        if r == 0:
+            raise ConnectionError("peer closed the connection")
+        got += r
+    return bytes(buf)
+
+
+def dial(addr: str, port: int, peer: int, me: int, token: bytes, deadline: float, sockbuf: int = 0,
+         what: str = "tcp") -> socket.socket:
+    """Connect to ``peer`` (retrying until ``deadline``), present rank and token, expect its ack;
+    ``what`` names the transport in errors."""
+    where = f"{addr}:{port}"
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tune(s, sockbuf)
+        s.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            s.connect((addr, port))
+            break
+        except OSError as exc:
+            s.close()
+            if time.monotonic() + 0.1 >= deadline:
+                raise TransportError(f"{what}: rank {me} cannot reach rank {peer} at {where}: {exc}") from None
+            time.sleep(0.1)
+    try:  # no retry once the hello is out: the acceptor would see a duplicate
+        s.sendall(hello(me, token))
+        answer = _ACK.unpack(recv_exact(s, _ACK.size))
+    except OSError as exc:
+        answer = exc
+    if answer != (ACK, peer):
+        s.close()
+        raise TransportError(f"{what}: rank {peer} at {where} did not accept rank {me}: {answer}")
+    return s
+
+
+def accept_peers(listener: socket.socket, want: set[int], me: int, token: bytes, deadline: float,
+                 timeout: float, what: str = "tcp") -> dict[int, socket.socket]:
+    """Accept one connection from each rank in ``want``; refuse (and log) any other caller."""
+    got: dict[int, socket.socket] = {}
+    while len(got) < len(want):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            host, port = listener.getsockname()[:2]
+            raise TransportError(f"{what}: rank {me} waited {timeout:g} s at {host}:{port} for ranks "
+                                 f"{sorted(want - set(got))}")
+        listener.settimeout(left)
+        try:
+            s, who = listener.accept()
+        except TimeoutError:
+            continue
+        s.settimeout(min(left, 5.0))  # a silent intruder must not hold up the real peer for long
+        try:
+            magic, rank, n = _HELLO.unpack(recv_exact(s, _HELLO.size))
+            if magic != HELLO or n > 4096:
+                why = "bad handshake"
+            elif not hmac.compare_digest(recv_exact(s, n), token):
+                why = "bad token"
+            elif rank not in want or rank in got:
+                why = f"unexpected rank {rank}"
+            else:
+                s.sendall(_ACK.pack(ACK, me))
+                got[rank] = s
+                continue
+        except OSError:  # also a timeout, or a hang-up mid-hello
+            why = "no handshake"
+        print(f"kvbench {what}: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
+        s.close()
+    return got

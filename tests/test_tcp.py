@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from kvbench import memory
+from kvbench.net import hello
 from kvbench.pool import Pool
 from kvbench.transports.base import Context, TransportError, wait_landed
-from kvbench.transports.tcp import TcpTransport, hello
+from kvbench.transports.tcp import TcpTransport
 
 
 def pair(token=b"s3cret-token"):

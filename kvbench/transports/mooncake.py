@@ -36,28 +36,20 @@ per peer fail with "queue-full".
 """
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import socket
 import struct
-import sys
 import time
 from collections import Counter
 
 import numpy as np
 
+from ..net import accept_peers, dial, recv_exact
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
 
-_HELLO = struct.Struct("<4sI")  # magic, dialler's rank; the run token follows
 _TAG = struct.Struct("<Q")
 _MASK = (1 << 64) - 1
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    if len(got := sock.recv(n, socket.MSG_WAITALL)) < n:
-        raise ConnectionError("peer closed the connection")
-    return got
 
 
 class MooncakeTransport(Transport):
@@ -169,36 +161,13 @@ class MooncakeTransport(Transport):
             self._peers[peer] = (m["session"], int(m["addr"]), int(m["nbytes"]))
         if self._listener is None:
             return
-        me, tok = self.ctx.rank, self.ctx.token
+        me, tok, deadline = self.ctx.rank, self.ctx.token, time.monotonic() + 60
         for peer in sorted(p for p in metas if p < me):
-            try:
-                s = socket.create_connection((metas[peer]["host"], metas[peer]["notify_port"]), timeout=30)
-                s.sendall(_HELLO.pack(b"KVMC", me) + tok)
-            except OSError as exc:
-                raise TransportError(f"mooncake: notification socket to rank {peer} failed: {exc}") from None
-            self._add(peer, s)
-        want, deadline = {p for p in metas if p > me}, time.monotonic() + 60
-        while want:
-            if time.monotonic() > deadline:
-                raise TransportError(f"mooncake: ranks {sorted(want)} never opened their notification sockets")
-            self._listener.settimeout(max(0.1, deadline - time.monotonic()))
-            try:
-                s, who = self._listener.accept()
-            except TimeoutError:
-                continue
-            try:
-                s.settimeout(5)  # a silent intruder must not hold up the real peers for long
-                magic, rank = _HELLO.unpack(_recv_exact(s, _HELLO.size))
-                ok = magic == b"KVMC" and rank in want and hmac.compare_digest(_recv_exact(s, len(tok)), tok)
-            except (OSError, ConnectionError):
-                ok = False
-            if ok:
-                self._add(rank, s)
-                want.discard(rank)
-            else:
-                print(f"kvbench mooncake: refused notification connection from {who[0]}:{who[1]}",
-                      file=sys.stderr, flush=True)
-                s.close()
+            m = metas[peer]
+            self._add(peer, dial(m["host"], m["notify_port"], peer, me, tok, deadline, what="mooncake"))
+        for rank, s in accept_peers(self._listener, {p for p in metas if p > me}, me, tok, deadline, 60,
+                                    what="mooncake").items():
+            self._add(rank, s)
 
     def _add(self, peer: int, s: socket.socket) -> None:
         s.settimeout(None)
@@ -248,7 +217,7 @@ class MooncakeTransport(Transport):
             seen = self._seen[peer]
             try:
                 while not seen[tag]:
-                    seen[_TAG.unpack(_recv_exact(self._socks[peer], _TAG.size))[0]] += 1
+                    seen[_TAG.unpack(recv_exact(self._socks[peer], _TAG.size))[0]] += 1
             except (OSError, ConnectionError) as exc:
                 raise TransportError(f"mooncake: notification from rank {peer} lost: {exc}") from None
             seen[tag] -= 1

@@ -36,7 +36,6 @@
 """
 from __future__ import annotations
 
-import hmac
 import json
 import queue
 import socket
@@ -47,13 +46,11 @@ import time
 
 import numpy as np
 
-from ..net import py_vec, select_addr, tune
+from ..net import accept_peers, dial, py_vec, recv_exact, select_addr, tune
 from .base import DST, LEN, SRC, Caps, Transport, TransportError, check_descs
 
 _HDR = struct.Struct("<4sB3xQQQ")  # magic, kind, tag, payload bytes, descriptors
-_HELLO = struct.Struct("<4sII")  # magic, rank, token length; the token follows
-_ACK = struct.Struct("<4sI")  # magic, the acceptor's rank
-MAGIC, HELLO, ACK = b"KVBt", b"KVBh", b"KVBa"
+MAGIC = b"KVBt"
 PUSH, REQUEST, REPLY = 1, 2, 3
 _KINDS = {PUSH: "push data", REQUEST: "pull request", REPLY: "pull data"}
 # (op, initiator) -> one layer's steps (caller's, receive thread's); a step is (sending, kind, column
@@ -66,27 +63,12 @@ _PLAN = {
 }
 
 
-def hello(rank: int, token: bytes) -> bytes:
-    """The bytes a dialling peer sends first (public so tests can forge a rogue one)."""
-    return _HELLO.pack(HELLO, rank, len(token)) + token
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf, got = bytearray(n), 0
-    while got < n:
-        r = sock.recv_into(memoryview(buf)[got:], n - got, socket.MSG_WAITALL)
-        if r == 0:
-            raise ConnectionError("peer closed the connection")
-        got += r
-    return bytes(buf)
-
-
 _NO_DESCS = np.empty((0, 3), dtype=np.int64)
 
 
 def _py_recv(sock: socket.socket, mv: memoryview, hdr: bytes, descs: np.ndarray, col: int) -> bytes | None:
     """Fallback for kvbench._native.recvv with a header: the header read if it differs, else None."""
-    if (got := _recv_exact(sock, len(hdr))) != hdr:
+    if (got := recv_exact(sock, len(hdr))) != hdr:
         return got
     if len(descs):
         py_vec(sock, mv, descs, col, False)
@@ -243,70 +225,14 @@ class TcpTransport(Transport):
                     "are on different hosts but one listens on loopback; set KVBENCH_SOCKET_IFNAME"
                 )
             self.peer_nbytes[p] = int(m["nbytes"])
-        deadline = time.monotonic() + self.timeout
-        socks = {p: self._dial(p, metas[p], deadline) for p in sorted(metas) if p < me}
-        socks.update(self._accept({p for p in metas if p > me}, deadline))
+        deadline, c = time.monotonic() + self.timeout, self.ctx
+        socks = {p: dial(metas[p]["addr"], metas[p]["port"], p, c.rank, c.token, deadline, self.sockbuf)
+                 for p in sorted(metas) if p < me}
+        socks.update(accept_peers(self.listener, {p for p in metas if p > me}, c.rank, c.token, deadline,
+                                  self.timeout))
         for p, s in socks.items():
             s.settimeout(None)  # a blocking fd, as the native writev/readv expect
             self.conns[p] = _Conn(p, s, self.pool.array, self.poll == "spin")
-
-    def _dial(self, peer: int, meta: dict, deadline: float) -> socket.socket:
-        where = f"{meta['addr']}:{meta['port']}"
-        while True:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            tune(s, self.sockbuf)
-            s.settimeout(max(0.05, deadline - time.monotonic()))
-            try:
-                s.connect((meta["addr"], meta["port"]))
-                break
-            except OSError as exc:
-                s.close()
-                if time.monotonic() + 0.1 >= deadline:
-                    msg = f"tcp: rank {self.ctx.rank} cannot reach rank {peer} at {where}: {exc}"
-                    raise TransportError(msg) from None
-                time.sleep(0.1)
-        try:  # no retry once the hello is out: the acceptor would see a duplicate
-            s.sendall(hello(self.ctx.rank, self.ctx.token))
-            answer = _ACK.unpack(_recv_exact(s, _ACK.size))
-        except OSError as exc:
-            answer = exc
-        if answer != (ACK, peer):
-            s.close()
-            raise TransportError(f"tcp: rank {peer} at {where} did not accept rank {self.ctx.rank}: {answer}")
-        return s
-
-    def _accept(self, want: set[int], deadline: float) -> dict[int, socket.socket]:
-        got: dict[int, socket.socket] = {}
-        while len(got) < len(want):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                at = f"{self.addr}:{self.listener.getsockname()[1]}"
-                raise TransportError(
-                    f"tcp: rank {self.ctx.rank} waited {self.timeout:g} s at {at} for ranks {sorted(want - set(got))}"
-                )
-            self.listener.settimeout(left)
-            try:
-                s, who = self.listener.accept()
-            except TimeoutError:
-                continue
-            s.settimeout(min(left, 5.0))  # a silent intruder must not hold up the real peer for long
-            try:
-                magic, rank, n = _HELLO.unpack(_recv_exact(s, _HELLO.size))
-                if magic != HELLO or n > 4096:
-                    why = "bad handshake"
-                elif not hmac.compare_digest(_recv_exact(s, n), self.ctx.token):
-                    why = "bad token"
-                elif rank not in want or rank in got:
-                    why = f"unexpected rank {rank}"
-                else:
-                    s.sendall(_ACK.pack(ACK, self.ctx.rank))
-                    got[rank] = s
-                    continue
-            except OSError:  # also a timeout, or a hang-up mid-hello
-                why = "no handshake"
-            print(f"kvbench tcp: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
-            s.close()
-        return got
 
     def _submit(self, op: str, peer: int, descs: np.ndarray, tag: int, initiator: bool) -> _Job:
         if op not in ("push", "pull"):

@@ -23,6 +23,17 @@ def pair(token=b"s3cret-token"):
     return a, b, pa, pb, a.register(pa), b.register(pb)
 
 
+def connected_pair():
+    """Two transports on loopback, connected (rank 0 accepts on a thread while rank 1 dials)."""
+    a, b, pa, pb, ma, mb = pair()
+    th = threading.Thread(target=a.connect, args=({1: mb},))
+    th.start()
+    b.connect({0: ma})
+    th.join(15)
+    assert not th.is_alive()
+    return a, b, pa, pb
+
+
 def test_peer_with_wrong_token_is_refused_and_real_peer_connects(capfd):
     a, b, pa, pb, ma, mb = pair()
     meta = json.loads(ma)
@@ -51,11 +62,7 @@ def test_peer_with_wrong_token_is_refused_and_real_peer_connects(capfd):
 
 
 def test_mixed_up_stream_is_detected():
-    a, b, pa, pb, ma, mb = pair()
-    th = threading.Thread(target=a.connect, args=({1: mb},))
-    th.start()
-    b.connect({0: ma})
-    th.join(15)
+    a, b, pa, pb = connected_pair()
     d = np.array([[0, 0, 4096]], dtype=np.int64)
     h_b = b.serve("push", 0, d, tag=(7 << 16) | 1)  # expects layer 1
     h_a = a.post("push", 1, d, tag=(7 << 16) | 2)  # sends layer 2
@@ -71,11 +78,7 @@ def test_mixed_up_stream_is_detected():
 
 def test_receive_wait_reports_when_the_bytes_landed():
     """The done time is the receive thread's landing, not when the waiting thread got round to it."""
-    a, b, pa, pb, ma, mb = pair()
-    th = threading.Thread(target=a.connect, args=({1: mb},))
-    th.start()
-    b.connect({0: ma})
-    th.join(15)
+    a, b, pa, pb = connected_pair()
     memory.fill(pa.array, 0)
     d = np.array([[0, 0, 300000], [400000, 500000, 4096]], dtype=np.int64)
     h_b = b.serve("push", 0, d, tag=3)

@@ -366,7 +366,7 @@ class Harness:
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int | None = None) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3

@@ -55,16 +55,15 @@ DROPPED = "dropped: no decode blocks within alloc_timeout_ms"
 class _Waiter(threading.Thread):
     """Waits on two-sided receives off the decode loop (the contract has no non-blocking test)."""
 
-    def __init__(self, t, clk):
+    def __init__(self, t, t0: float):
         super().__init__(daemon=True)
-        self.t, self.clk, self.jobs, self.done = t, clk, queue.Queue(), queue.Queue()
+        self.t, self.t0, self.jobs, self.done = t, t0, queue.Queue(), queue.Queue()
 
     def run(self) -> None:
         while (job := self.jobs.get()) is not None:
             rid, handles = job
             try:
-                landed = wait_landed(self.t, handles)
-                self.done.put((rid, self.clk() - (time.perf_counter() - landed), None))
+                self.done.put((rid, wait_landed(self.t, handles) - self.t0, None))
             except Exception as exc:  # re-raised in the event loop, which fails the rank
                 self.done.put((rid, NAN, exc))
 
@@ -168,7 +167,7 @@ class LoadHarness(Harness):
         rows, info = [], {}
         try:
             self.comm.barrier()
-            t0 = time.perf_counter()
+            x["t0"] = t0 = time.perf_counter()  # the workload's clock: clk() = perf_counter() - t0
             x["clk"] = lambda: time.perf_counter() - t0
             clock = self._sync_clocks(x)
             self.comm.barrier()
@@ -316,7 +315,7 @@ class LoadHarness(Harness):
         fifo, holds, live, rec, sends, tasks = deque(), [], {}, {}, [], deque()
         occ, resolved, corrupt, busy = [(clk(), 0)], 0, self.opts.inject_corruption, [0.0]
         timeout_s, hold_s = self.wl.alloc_timeout_ms / 1e3, self.wl.decode_ms / 1e3
-        waiter = _Waiter(t, clk) if case["op"] == "push" and t.caps.notifies else None
+        waiter = _Waiter(t, x["t0"]) if case["op"] == "push" and t.caps.notifies else None
         if waiter:
             waiter.start()
 
@@ -366,8 +365,7 @@ class LoadHarness(Harness):
                             r["h"] += [t.post("pull", s, r["descs"][i], ((msg[1] & 0xFFFF) << 16) | i)
                                        for i in range(len(r["h"]), msg[2])]
                             if msg[2] == L:
-                                at = wait_landed(t, r["h"])
-                                landed(msg[1], clk() - (time.perf_counter() - at))
+                                landed(msg[1], wait_landed(t, r["h"]) - x["t0"])
                 while fifo:  # strict FIFO: the head blocks those behind it (no overtaking)
                     s, rid, ntok, src_ids, t_in = fifo[0]
                     ids = alloc.allocate(len(src_ids), case["alloc"])

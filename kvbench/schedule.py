@@ -172,8 +172,9 @@ class Iteration:
         self.order = [e for e, _ in self.init] + [e for e, _ in self.serve]
         self.entries = entries
         self.notify = self.op == "push" and not t.caps.notifies and not local
-        self.streaming = case.get("overlap", "serial") == "streaming"
         self.handshake = case.get("handshake", "off")
+        self.state_msg = self.handshake != "off" and not local  # decode waits for the sampler state
+        self.streaming = case.get("overlap", "serial") == "streaming"
         self.prefill_s = float(case.get("prefill_ms", 0.0)) / 1e3
         self.layers = len(entries[0].layers) if entries else 0
         self.clock = PrefillClock(self.prefill_s, max(self.layers, 1))
@@ -214,13 +215,12 @@ class Iteration:
         for e in self.order:
             a = time.perf_counter()
             landed = wait_landed(t, handles[id(e)])
-            extra = self.notify or (self.handshake != "off" and not self.local)
             if self.notify:  # completion the harness adds for one-sided transports: waiting, not overhead
                 if e.src == self.rank:
                     self.comm.notify(e.dst)
                 else:
                     self.comm.wait_notify(e.src)
-            if self.handshake != "off" and not self.local:  # decode cannot start without the sampler state
+            if self.state_msg:  # decode cannot start without the sampler state
                 if e.src == self.rank:
                     self.comm.waitall([self.comm.isend_bytes(bytes(STATE_BYTES), e.dst, TAG_STATE)])
                 else:
@@ -228,7 +228,7 @@ class Iteration:
             b = time.perf_counter()
             inside += b - a
             # done when the bytes landed, or when the message that completes them arrived
-            done.append((b if extra else landed) - t0)
+            done.append((b if self.notify or self.state_msg else landed) - t0)
         return done, inside, hs, self.clock.t0 - t0
 
     def _handshake(self, t0: float) -> float:

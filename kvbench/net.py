@@ -148,15 +148,16 @@ def dial(addr: str, port: int, peer: int, me: int, token: bytes, deadline: float
 
 
 def accept_peers(listener: socket.socket, want: set[int], me: int, token: bytes, deadline: float,
-                 timeout: float, what: str = "tcp") -> dict[int, socket.socket]:
-    """Accept one connection from each rank in ``want``; refuse (and log) any other caller."""
-    got: dict[int, socket.socket] = {}
-    while len(got) < len(want):
+                 timeout: float, what: str = "tcp", channels: int = 1) -> dict[int, list[socket.socket]]:
+    """Accept ``channels`` connections from each rank in ``want``, in the order that rank dialled them
+    (a dialler waits for each ack before its next dial); refuse (and log) any other caller."""
+    got: dict[int, list[socket.socket]] = {}
+    while sum(map(len, got.values())) < channels * len(want):
         left = deadline - time.monotonic()
         if left <= 0:
             host, port = listener.getsockname()[:2]
             raise TransportError(f"{what}: rank {me} waited {timeout:g} s at {host}:{port} for ranks "
-                                 f"{sorted(want - set(got))}")
+                                 f"{sorted(r for r in want if len(got.get(r, ())) < channels)}")
         listener.settimeout(left)
         try:
             s, who = listener.accept()
@@ -169,11 +170,11 @@ def accept_peers(listener: socket.socket, want: set[int], me: int, token: bytes,
                 why = "bad handshake"
             elif not hmac.compare_digest(recv_exact(s, n), token):
                 why = "bad token"
-            elif rank not in want or rank in got:
+            elif rank not in want or len(got.get(rank, ())) == channels:
                 why = f"unexpected rank {rank}"
             else:
                 s.sendall(_ACK.pack(ACK, me))
-                got[rank] = s
+                got.setdefault(rank, []).append(s)
                 continue
         except OSError:  # also a timeout, or a hang-up mid-hello
             why = "no handshake"

@@ -172,6 +172,8 @@ class Iteration:
         self.order = [e for e, _ in self.init] + [e for e, _ in self.serve]
         self.entries = entries
         self.notify = self.op == "push" and not t.caps.notifies and not local
+        # pull: the layer-ready signal travels on the transport's channel and its thread issues the read
+        self.signal = self.op == "pull" and t.caps.signals_ready and not local
         self.handshake = case.get("handshake", "off")
         self.state_msg = self.handshake != "off" and not local  # decode waits for the sampler state
         self.streaming = case.get("overlap", "serial") == "streaming"
@@ -190,26 +192,37 @@ class Iteration:
         handles: dict[int, list] = {id(e): [] for e in self.order}
         # serial: every layer at once; streaming: one layer at a time.  Targets register every layer now
         # (data arrives when posted), in the order the initiator will post them: a stream transport
-        # (tcp) pairs a peer's posts and serves first-in first-out
+        # (tcp) pairs a peer's posts and serves first-in first-out.  With signals, so do pull's reads.
         groups = [range(self.layers)] if not self.streaming else [[k] for k in range(self.layers)]
+        tag = lambda e, k: tag0 | (e.req << 12) | k  # noqa: E731
         a = time.perf_counter()
         for ks in groups:
             for e, peer in self.serve:
-                handles[id(e)] += [t.serve(op, peer, e.layers[k], tag0 | (e.req << 12) | k) for k in ks]
+                handles[id(e)] += [t.serve(op, peer, e.layers[k], tag(e, k)) for k in ks]
+            if self.signal:
+                for e, peer in self.init:
+                    handles[id(e)] += [t.post_when_ready(peer, e.layers[k], tag(e, k)) for k in ks]
         inside += time.perf_counter() - a
         for ks in groups:
             last = ks[-1] if len(ks) else -1
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
-                if op == "pull" and not self.local:  # tell each decode rank the layer(s) are final
+                a = time.perf_counter()
+                if self.signal:  # tell each decode rank the layer(s) are final, in the order it posted them
+                    for e, peer in self.serve:
+                        t.signal_ready(peer, [tag(e, k) for k in ks])
+                elif op == "pull" and not self.local:
                     for dst in sorted({e.dst for e in self.entries if e.src == self.rank}):
                         self.comm.notify(dst, TAG_LAYER_READY)
-            elif op == "pull":
+                inside += time.perf_counter() - a
+            elif op == "pull" and not self.signal:
                 for src in self.sources:
                     self.comm.wait_notify(src, TAG_LAYER_READY)
+            if self.signal:
+                continue
             a = time.perf_counter()
             for e, peer in self.init:
-                handles[id(e)] += [t.post(op, peer, e.layers[k], tag0 | (e.req << 12) | k) for k in ks]
+                handles[id(e)] += [t.post(op, peer, e.layers[k], tag(e, k)) for k in ks]
             inside += time.perf_counter() - a
         done = []
         for e in self.order:

@@ -121,3 +121,52 @@ def test_busy_poll_receive_moves_every_byte(kvrun):
     checks = df[(df.iter == -1) & (df.role == "decode")]
     assert len(checks) == 2 * 3 and int(checks.nwrong.sum()) == 0  # (bulk + serial + streaming) x push/pull
     assert {i["poll"] for i in r.meta()["transports"]["tcp"]} == {"spin"}
+
+
+def test_signalled_pull_reads_only_after_each_signal():
+    """ready=socket: reads posted up front go out when the source signals their layer, not before."""
+    a, b, pa, pb = connected_pair()  # a (rank 0) is the pull source, b (rank 1) reads
+    d = [np.array([[k * 65536, k * 131072, 40000], [k * 65536 + 50000, k * 131072 + 70000, 9]], dtype=np.int64)
+         for k in range(4)]
+    memory.fill(pb.array, 1)
+    before = pb.array.copy()
+    served = [a.serve("pull", 1, d[k], tag=k) for k in range(4)]
+    reads = [b.post_when_ready(0, d[k], tag=k) for k in range(3)]
+    time.sleep(0.3)
+    assert not any(h.done.is_set() for h in reads)  # no read issued without its signal
+    assert np.array_equal(pb.array, before)
+    a.signal_ready(1, [0])
+    b.wait(reads[0])
+    assert memory.count_wrong(pb.array, d[0], 0, 1) == 0
+    assert not reads[1].done.wait(0.2)
+    a.signal_ready(1, [1, 2, 3])  # layer 3's signal comes before its read is posted
+    time.sleep(0.2)
+    reads.append(b.post_when_ready(0, d[3], tag=3))
+    for h in reads + served:
+        (b if h in reads else a).wait(h)
+    assert memory.count_wrong(pb.array, np.concatenate(d), 0, 1) == 0
+    assert b.info()["ready"] == "socket"
+    a.close()
+    b.close()
+
+
+def test_ready_option_is_checked():
+    with pytest.raises(TransportError, match="ready='x' is not one of: socket, mpi"):
+        TcpTransport(Context(0, 2, socket.gethostname(), "t", b"x", {"ready": "x"}))
+    t = TcpTransport(Context(0, 2, socket.gethostname(), "t", b"x", {"ready": "mpi"}))
+    assert not t.caps.signals_ready and TcpTransport.caps.signals_ready
+    with pytest.raises(TransportError, match="needs -O ready=socket"):
+        t.signal_ready(1, [0])
+    t.close()
+
+
+def test_pull_layer_ready_socket_and_mpi_move_every_byte(kvrun):
+    """Streaming pull with the signal on the control connection (default) and as an MPI message."""
+    for ready in ("socket", "mpi"):
+        r = kvrun(["-t", "tcp", "-O", f"ready={ready}", "--op", "pull", "--overlap", "serial,streaming",
+                   "--prefill-ms", "5", "-m", "llama-3-8b", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2",
+                   "-w", "1"], timeout=180)
+        assert r.code == 0, r.out + r.err
+        checks = r.table().query("iter == -1 and role == 'decode'")
+        assert len(checks) == 3 and int(checks.nwrong.sum()) == 0  # bulk + serial + streaming
+        assert {i["ready"] for i in r.meta()["transports"]["tcp"]} == {ready}

@@ -37,6 +37,17 @@ A transport whose receive thread sees the last byte land returns that
 ``time.perf_counter()`` from ``wait``; the harness's done time is then the
 landing, not the moment the waiting thread was scheduled again (tcp: 70-100 us
 on a 2-core VM).
+
+Layer-ready signals (pull)
+--------------------------
+A pull's destination may read a layer only once the source says it is final.
+By default the harness sends that as an MPI message and the decode rank's main
+loop posts the read when it arrives.  A transport with ``Caps.signals_ready``
+carries it on its own channel instead: the destination posts every layer up
+front with ``post_when_ready`` and the transport's thread issues each read the
+moment the source's ``signal_ready`` for it arrives (a real engine's progress
+thread reacting to a NIXL notification or a ready flag).  The signal, the read
+request and the data are all still on the measured path.
 """
 from __future__ import annotations
 
@@ -69,6 +80,7 @@ class Caps:
     notifies: bool = False
     local_only: bool = False  # source and destination in one process (loopback)
     network: bool = False  # a pair sharing a host is worth a warning
+    signals_ready: bool = False  # pull: layer-ready signals on its own channel (see Layer-ready signals)
 
 
 @dataclass
@@ -138,6 +150,16 @@ class Transport:
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """Target side of ``op`` (one-sided transports: nothing to do)."""
         return None
+
+    def post_when_ready(self, peer: int, descs: np.ndarray, tag: int = 0):
+        """Pull initiator: read layer ``tag`` as soon as ``peer`` signals it final; non-blocking; a handle
+        for ``wait`` (only with ``caps.signals_ready``)."""
+        raise NotImplementedError
+
+    def signal_ready(self, peer: int, tags: list[int]) -> None:
+        """Pull source: tell ``peer`` that the layers ``tags`` are final, in the order it posted them
+        (only with ``caps.signals_ready``)."""
+        raise NotImplementedError
 
     def wait(self, handle) -> float | None:
         """Block until ``handle`` is complete; raise TransportError on failure.

@@ -165,8 +165,8 @@ class MooncakeTransport(Transport):
         for peer in sorted(p for p in metas if p < me):
             m = metas[peer]
             self._add(peer, dial(m["host"], m["notify_port"], peer, me, tok, deadline, what="mooncake"))
-        for rank, s in accept_peers(self._listener, {p for p in metas if p > me}, me, tok, deadline, 60,
-                                    what="mooncake").items():
+        for rank, (s,) in accept_peers(self._listener, {p for p in metas if p > me}, me, tok, deadline, 60,
+                                       what="mooncake").items():
             self._add(rank, s)
 
     def _add(self, peer: int, s: socket.socket) -> None:

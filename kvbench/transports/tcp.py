@@ -28,6 +28,15 @@
   64 MiB ahead of its receiver pushes both copies out of the cache).
   ``-O sockbuf=N`` forces N bytes (the *FORCE options when permitted, else up to
   the sysctl caps); info() records what the kernel granted.
+* Layer-ready signals (pull): with ``-O ready=socket`` (default) each pair has
+  a second, control connection.  The source writes a 32-byte READY header on
+  it when a layer is final; the destination posted every read up front
+  (``post_when_ready``), and its control thread sends the request the moment
+  the READY arrives, so no MPI message and no decode-loop Python sit between
+  the signal and the read.  On the data connection a READY would queue behind
+  the previous layer's reply: one round trip of bubble per layer when the
+  transfer is the bottleneck.  ``-O ready=mpi`` leaves the signal to the
+  harness's MPI message (one connection per pair).
 * Polling: ``-O poll=spin`` makes a receive busy-poll the socket (non-blocking
   reads and sched_yield, without the GIL, like a UCX progress loop) instead of
   sleeping in the kernel: an isolated 4 MiB layer after a 10 ms idle wait landed
@@ -43,6 +52,7 @@ import struct
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -51,8 +61,8 @@ from .base import DST, LEN, SRC, Caps, Transport, TransportError, check_descs
 
 _HDR = struct.Struct("<4sB3xQQQ")  # magic, kind, tag, payload bytes, descriptors
 MAGIC = b"KVBt"
-PUSH, REQUEST, REPLY = 1, 2, 3
-_KINDS = {PUSH: "push data", REQUEST: "pull request", REPLY: "pull data"}
+PUSH, REQUEST, REPLY, READY = 1, 2, 3, 4
+_KINDS = {PUSH: "push data", REQUEST: "pull request", REPLY: "pull data", READY: "layer ready"}
 # (op, initiator) -> one layer's steps (caller's, receive thread's); a step is (sending, kind, column
 # moved or None).  The pull source answers on its receive thread, right after reading the request.
 _PLAN = {
@@ -96,13 +106,18 @@ class _Job:
 class _Conn:
     """One peer's socket: sends run in the caller, receives on a thread draining a FIFO of jobs.
 
-    Every write holds ``wlock`` (the caller and a pull source's receive thread both write),
-    so no two threads interleave bytes.
+    Every write holds ``wlock`` (the caller, a pull source's receive thread and the control
+    thread all write), so no two threads interleave bytes.  ``ctl``: the control connection
+    that carries layer-ready signals, and the thread that turns each into its read request.
     """
 
-    def __init__(self, peer: int, sock: socket.socket, array: np.ndarray, spin: bool = False):
+    def __init__(self, peer: int, sock: socket.socket, array: np.ndarray, spin: bool = False,
+                 ctl: socket.socket | None = None):
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
-        self.wlock = threading.Lock()
+        self.wlock, self.ctl = threading.Lock(), ctl
+        self.alock = threading.Lock()  # guards the reads waiting for a signal and signals ahead of them
+        self.awaiting: dict[int, np.ndarray] = {}
+        self.early: set[int] = set()
         try:
             from .. import _native
 
@@ -110,13 +125,21 @@ class _Conn:
             # the receiver reads and compares it in C, then reads the payload, in one call
             self.send = lambda h, d, col: _native.sendv(self.fd, self.array, d, col, h)
             self.recv = lambda h, d, col: _native.recvv(self.fd, self.array, d, col, h, spin)
+            if ctl is not None and spin:  # a signal's 32 bytes, busy-polled like the data
+                buf, one = bytearray(_HDR.size), np.array([[0, 0, _HDR.size]], dtype=np.int64)
+                self.read_signal = lambda: (_native.recvv(ctl.fileno(), buf, one, DST, b"", True), bytes(buf))[1]
         except ImportError:
             mv = memoryview(array)
             self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True))
             self.recv = lambda h, d, col: _py_recv(sock, mv, h, d, col)
+        if not hasattr(self, "read_signal"):
+            self.read_signal = lambda: recv_exact(ctl, _HDR.size)
         self.queue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+        if ctl is not None:
+            self.ctl_thread = threading.Thread(target=self._signals, daemon=True)
+            self.ctl_thread.start()
 
     def submit(self, here: tuple, queued: tuple, args: tuple) -> _Job:
         """Run the ``here`` steps now, then queue the ``queued`` ones; the handle of the last."""
@@ -128,6 +151,42 @@ class _Conn:
             job = _Job(queued, args, threading.Event())
             self.queue.put(job)
         return job
+
+    def when_ready(self, tag: int, descs: np.ndarray) -> _Job:
+        """Pull initiator: queue the reply's receive now, send the request once ``tag`` is signalled."""
+        with self.alock:
+            now = tag in self.early  # its signal came first (read ahead of this post)
+            if now:
+                self.early.discard(tag)
+            else:
+                self.awaiting[tag] = descs
+        return self.submit(((True, REQUEST, None),) if now else (), ((False, REPLY, DST),), (tag, descs))
+
+    def signal(self, tags: list[int]) -> None:
+        """Pull source: one write of a READY header per layer on the control connection."""
+        try:
+            self.ctl.sendall(b"".join(_HDR.pack(MAGIC, READY, t, 0, 0) for t in tags))
+        except OSError as exc:
+            raise TransportError(self.error or f"tcp: signalling rank {self.peer} failed: {exc}") from None
+
+    def _signals(self) -> None:
+        """Control thread: each READY releases the request of the read that waits for it."""
+        try:
+            while True:
+                h = _HDR.unpack(self.read_signal())
+                if h[:2] != (MAGIC, READY):
+                    raise TransportError(f"tcp: control stream from rank {self.peer} out of step: "
+                                         f"expected a layer-ready signal, got {_describe(h)}")
+                with self.alock:
+                    descs = self.awaiting.pop(h[2], None)
+                    if descs is None:
+                        self.early.add(h[2])
+                if descs is not None:
+                    self._move(True, REQUEST, None, h[2], descs)
+        except Exception as exc:  # closed (error already set), or a failure that must stop both ends
+            if self.error is None:
+                self.fail(exc if isinstance(exc, TransportError) else
+                          TransportError(f"tcp: control connection to rank {self.peer} failed: {exc}"))
 
     def _run(self) -> None:
         while (job := self.queue.get()) is not None:
@@ -167,21 +226,27 @@ class _Conn:
         """Record the first error and shut the socket, so both ends stop rather than hang."""
         if self.error is None:
             self.error = err
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        for s in (self.sock, self.ctl):
+            try:
+                if s is not None:
+                    s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.fail(TransportError(f"tcp: connection to rank {self.peer} closed"))
         self.queue.put(None)
         self.thread.join(timeout=5)
+        if self.ctl is not None:
+            self.ctl_thread.join(timeout=5)
+            self.ctl.close()
         self.sock.close()
 
 
 class TcpTransport(Transport):
     name = "tcp"
-    caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False, multi_node=True, notifies=True, network=True)
+    caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False, multi_node=True, notifies=True, network=True,
+                signals_ready=True)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -190,6 +255,11 @@ class TcpTransport(Transport):
         self.poll = str(ctx.options.get("poll", "block"))
         if self.poll not in ("block", "spin"):
             raise TransportError(f"tcp option poll='{self.poll}' is not one of: block, spin")
+        self.ready_via = str(ctx.options.get("ready", "socket"))  # how a pull's layer-ready signal travels
+        if self.ready_via not in ("socket", "mpi"):
+            raise TransportError(f"tcp option ready='{self.ready_via}' is not one of: socket, mpi")
+        if self.ready_via == "mpi":
+            self.caps = replace(self.caps, signals_ready=False)
         self.listener = self.pool = self.addr = self.ifname = None
         self.conns: dict[int, _Conn] = {}
         self.peer_nbytes: dict[int, int] = {}
@@ -215,7 +285,8 @@ class TcpTransport(Transport):
         return json.dumps(dict(host=c.hostname, addr=self.addr, port=port, rank=c.rank, nbytes=pool.nbytes)).encode()
 
     def connect(self, peers: dict[int, bytes]) -> None:
-        """One connection per peer: the higher rank dials, the lower accepts."""
+        """One connection per peer (two with ready=socket: data, then control): the higher rank dials,
+        the lower accepts."""
         metas = {int(p): json.loads(m) for p, m in peers.items()}
         me = self.ctx.rank
         for p, m in metas.items():
@@ -225,16 +296,18 @@ class TcpTransport(Transport):
                     "are on different hosts but one listens on loopback; set KVBENCH_SOCKET_IFNAME"
                 )
             self.peer_nbytes[p] = int(m["nbytes"])
-        deadline, c = time.monotonic() + self.timeout, self.ctx
-        socks = {p: dial(metas[p]["addr"], metas[p]["port"], p, c.rank, c.token, deadline, self.sockbuf)
-                 for p in sorted(metas) if p < me}
+        deadline, c, n = time.monotonic() + self.timeout, self.ctx, 1 + self.caps.signals_ready
+        socks = {p: [dial(metas[p]["addr"], metas[p]["port"], p, c.rank, c.token, deadline, self.sockbuf)
+                     for _ in range(n)] for p in sorted(metas) if p < me}
         socks.update(accept_peers(self.listener, {p for p in metas if p > me}, c.rank, c.token, deadline,
-                                  self.timeout))
-        for p, s in socks.items():
-            s.settimeout(None)  # a blocking fd, as the native writev/readv expect
-            self.conns[p] = _Conn(p, s, self.pool.array, self.poll == "spin")
+                                  self.timeout, channels=n))
+        for p, ss in socks.items():
+            for s in ss:
+                s.settimeout(None)  # a blocking fd, as the native writev/readv expect
+            self.conns[p] = _Conn(p, ss[0], self.pool.array, self.poll == "spin", ss[1] if n > 1 else None)
 
-    def _submit(self, op: str, peer: int, descs: np.ndarray, tag: int, initiator: bool) -> _Job:
+    def _submit(self, op: str, peer: int, descs: np.ndarray, tag: int, initiator: bool, plan: bool = True):
+        """Check the op, the peer and the descriptors; then (``plan``) run or queue the layer's steps."""
         if op not in ("push", "pull"):
             raise TransportError(f"tcp: unknown op '{op}'")
         if peer not in self.conns:
@@ -242,7 +315,7 @@ class TcpTransport(Transport):
         local, remote = self.pool.nbytes, self.peer_nbytes[peer]
         source_here = (op == "push") == initiator
         check_descs(descs, *((local, remote) if source_here else (remote, local)))
-        return self.conns[peer].submit(*_PLAN[(op, initiator)], (tag, descs))
+        return self.conns[peer].submit(*_PLAN[(op, initiator)], (tag, descs)) if plan else None
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: send this layer from the SRC ranges; pull: request it, receive into the DST ranges."""
@@ -251,6 +324,21 @@ class TcpTransport(Transport):
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: receive this layer into the DST ranges; pull: await the request, then send."""
         return self._submit(op, peer, descs, tag, False)
+
+    def post_when_ready(self, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
+        """Pull: receive into the DST ranges; the request goes out when ``peer`` signals ``tag``."""
+        if not self.caps.signals_ready:
+            raise TransportError("tcp: post_when_ready needs -O ready=socket")
+        self._submit("pull", peer, descs, tag, True, plan=False)
+        return self.conns[peer].when_ready(tag, descs)
+
+    def signal_ready(self, peer: int, tags: list[int]) -> None:
+        """Pull source: READY headers for ``tags`` on the control connection to ``peer``."""
+        if not self.caps.signals_ready:
+            raise TransportError("tcp: signal_ready needs -O ready=socket")
+        if peer not in self.conns:
+            raise TransportError(f"tcp: rank {self.ctx.rank} has no connection to rank {peer}")
+        self.conns[peer].signal(tags)
 
     def wait(self, handle: _Job) -> float:
         """Block until the job is done (on the destination: the bytes are in the pool); when it was."""
@@ -268,7 +356,7 @@ class TcpTransport(Transport):
         except ImportError:
             io = "sendmsg/recvmsg_into"
         out = {"addr": self.addr, "ifname": self.ifname, "io": io, "sockbuf_requested": self.sockbuf,
-               "poll": self.poll}
+               "poll": self.poll, "ready": self.ready_via}
         s = next(iter(self.conns.values())).sock if self.conns else self.listener
         if s is not None and s.fileno() >= 0:
             out["sndbuf"] = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)

@@ -37,6 +37,12 @@ from kvbench.report import read, summarize  # noqa: E402
 # --bind core: unbound, the scheduler wakes a receiver onto its sender's CPU after the idle waits of a
 # long prefill, which made an isolated 4 MiB tcp layer take 2.6 ms instead of 1.8 ms here
 BASE = ["-m", "llama-3-8b", "--alloc", "contiguous", "--coalesce", "on", "-b", "256", "-e", "256", "--bind", "core"]
+# tcp busy-polls its receives, as an engine's progress thread would: a receiver asleep in the kernel
+# pays a wake-up per message after an idle gap (0.1-0.3 ms on a 2-core VM), and a streaming pull
+# sends three (layer-ready signal, request, data), which put tcp pull at P = 4 T 0.35-0.74 ms above
+# T/L in block mode (0.5 ms tolerance) and +0.08..+0.29 ms in spin mode (medians of 3 launches).
+# --kvbench-args "-O poll=block" measures the sleeping receiver.
+PER_TRANSPORT = {"tcp": ["-O", "poll=spin"]}
 
 
 def run(mpirun: str, args: list[str], out: str) -> str:
@@ -79,7 +85,8 @@ def main() -> int:
     ap.add_argument("-t", "--transports", default="shm,tcp")
     ap.add_argument("--tokens", default="1024")
     ap.add_argument("--ratios", default="0.25,0.5,2,4", help="P/T ratios to sweep")
-    ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, e.g. \"-O poll=spin\"")
+    ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, added after the defaults "
+                    "(a repeated -O key overrides them), e.g. \"-O poll=block\"")
     ap.add_argument("-n", "--iters", default="24")
     ap.add_argument("--repeats", type=int, default=3, help="launches of the sweep; rows are their medians")
     ap.add_argument("--rounds", default="6", help="cases take turns (kvbench --rounds): T and exposed see the same noise")
@@ -96,14 +103,15 @@ def main() -> int:
         for transport in a.transports.split(","):
             # T that sets P: the faster of two bulk launches, so one launch in a slow phase of a shared
             # machine cannot push every ratio towards 1 (where T - P, a difference, is all noise)
+            mine = [*BASE, *PER_TRANSPORT.get(transport, []), *extra]
+            print(f"# {transport}: {shlex.join(mine)}")
             bulk_args = ["-t", transport, "--op", "push,pull", "--variants", "bulk", "--tokens", a.tokens,
-                         "-n", a.iters, *BASE, *extra]
+                         "-n", a.iters, *mine]
             t_ms = min(bulk_ms(summarize(read(run(a.mpirun, bulk_args, tmp))[0])) for _ in range(2))
             ratios = [float(x) for x in a.ratios.split(",")]
             prefill = ",".join(f"{max(0.1, r * t_ms):.2f}" for r in ratios)
             sweep = ["-t", transport, "--op", "push,pull", "--overlap", "serial,streaming", "--prefill-ms", prefill,
-                     "--tokens", a.tokens, "-n", a.iters, "--rounds", str(rounds),
-                     *BASE, *extra]
+                     "--tokens", a.tokens, "-n", a.iters, "--rounds", str(rounds), *mine]
             st = combine([summarize(read(run(a.mpirun, sweep, tmp))[0]) for _ in range(a.repeats)])
             for _, r in st.iterrows():
                 failed += not r.ok

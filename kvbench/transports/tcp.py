@@ -114,7 +114,7 @@ class _Conn:
     def __init__(self, peer: int, sock: socket.socket, array: np.ndarray, spin: bool = False,
                  ctl: socket.socket | None = None):
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
-        self.wlock, self.ctl = threading.Lock(), ctl
+        self.wlock, self.ctl, self.spin_signal = threading.Lock(), ctl, None
         self.alock = threading.Lock()  # guards the reads waiting for a signal and signals ahead of them
         self.awaiting: dict[int, np.ndarray] = {}
         self.early: set[int] = set()
@@ -127,13 +127,11 @@ class _Conn:
             self.recv = lambda h, d, col: _native.recvv(self.fd, self.array, d, col, h, spin)
             if ctl is not None and spin:  # a signal's 32 bytes, busy-polled like the data
                 buf, one = bytearray(_HDR.size), np.array([[0, 0, _HDR.size]], dtype=np.int64)
-                self.read_signal = lambda: (_native.recvv(ctl.fileno(), buf, one, DST, b"", True), bytes(buf))[1]
+                self.spin_signal = lambda: (_native.recvv(ctl.fileno(), buf, one, DST, b"", True), bytes(buf))[1]
         except ImportError:
             mv = memoryview(array)
             self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True))
             self.recv = lambda h, d, col: _py_recv(sock, mv, h, d, col)
-        if not hasattr(self, "read_signal"):
-            self.read_signal = lambda: recv_exact(ctl, _HDR.size)
         self.queue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -173,7 +171,9 @@ class _Conn:
         """Control thread: each READY releases the request of the read that waits for it."""
         try:
             while True:
-                h = _HDR.unpack(self.read_signal())
+                # busy-poll (poll=spin) only while a read waits for a signal: never during a push
+                spin = self.spin_signal is not None and self.awaiting
+                h = _HDR.unpack(self.spin_signal() if spin else recv_exact(self.ctl, _HDR.size))
                 if h[:2] != (MAGIC, READY):
                     raise TransportError(f"tcp: control stream from rank {self.peer} out of step: "
                                          f"expected a layer-ready signal, got {_describe(h)}")

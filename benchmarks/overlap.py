@@ -88,7 +88,7 @@ def main() -> int:
     ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, added after the defaults "
                     "(a repeated -O key overrides them), e.g. \"-O poll=block\"")
     ap.add_argument("-n", "--iters", default="24")
-    ap.add_argument("--repeats", type=int, default=3, help="launches of the sweep; rows are their medians")
+    ap.add_argument("--repeats", type=int, default=5, help="launches of the sweep; rows are their medians")
     ap.add_argument("--rounds", default="6", help="cases take turns (kvbench --rounds): T and exposed see the same noise")
     a = ap.parse_args()
     failed, extra, rounds = 0, shlex.split(a.kvbench_args), min(int(a.rounds), int(a.iters))

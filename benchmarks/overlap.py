@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """make bench-overlap: measured exposed time against the seeds' model, over several P/T ratios.
 
-For each transport: two bulk-only runs measure T, the request's transfer time
-at the bulk ceiling (the faster of the two sets P); then the sweep of prefill
-times P = ratio x T, serial and streaming, push and pull, and every row is
-checked against the model from the sweep's own bulk rows:
+For each transport: a bulk-only run measures T, the request's transfer time
+at the bulk ceiling, and a calibration launch of the sweep at those P
+measures it again the way the sweep will (its bulk rows take turns with
+idle prefill waits, which slowed them on a 2-core VM: tcp 36 ms bulk-only,
+47-55 ms in the sweep); that T sets P = ratio x T for the sweep of prefill
+times, serial and streaming, push and pull, and every row is checked against
+the model from the sweep's own bulk rows:
 
   streaming, T <= P   exposed within 20% (or 0.5 ms) of T/L
   streaming, T >  P   exposed within 20% of T - P + T/L
@@ -58,7 +61,13 @@ KEYS = ["op", "overlap", "prefill_s"]
 
 def bulk_ms(st: pd.DataFrame) -> float:
     """The slower op's bulk transfer time (ms) in one summarized launch."""
+    st = st[st["variant"] == "bulk"]
     return float((st["payload_bytes"] / (st["gbps"] * 1e9)).max() * 1e3)
+
+
+def prefill(ratios: str, t_ms: float) -> list[str]:
+    """--prefill-ms at each P/T ratio (at least 0.1 ms)."""
+    return ["--prefill-ms", ",".join(f"{max(0.1, float(r) * t_ms):.2f}" for r in ratios.split(","))]
 
 
 def tolerance(overlap: str, t: float, p: float, want: float) -> float:
@@ -101,18 +110,18 @@ def main() -> int:
         print(f"# {'transport':>9} {'op':>4} {'overlap':>9} {'P/T':>5} {'P(ms)':>8} {'T(ms)':>8} {'exp p50':>8} "
               f"{'range':>13} {'want':>8} {'err':>7} {'tol':>6}  verdict")
         for transport in a.transports.split(","):
-            # T that sets P: the faster of two bulk launches, so one launch in a slow phase of a shared
-            # machine cannot push every ratio towards 1 (where T - P, a difference, is all noise)
+            # T that sets P, so that the rows sit at the ratios asked for (near 1, T - P is all noise)
             mine = [*BASE, *PER_TRANSPORT.get(transport, []), *extra]
-            print(f"# {transport}: {shlex.join(mine)}")
             bulk_args = ["-t", transport, "--op", "push,pull", "--variants", "bulk", "--tokens", a.tokens,
                          "-n", a.iters, *mine]
-            t_ms = min(bulk_ms(summarize(read(run(a.mpirun, bulk_args, tmp))[0])) for _ in range(2))
-            ratios = [float(x) for x in a.ratios.split(",")]
-            prefill = ",".join(f"{max(0.1, r * t_ms):.2f}" for r in ratios)
-            sweep = ["-t", transport, "--op", "push,pull", "--overlap", "serial,streaming", "--prefill-ms", prefill,
-                     "--tokens", a.tokens, "-n", a.iters, "--rounds", str(rounds), *mine]
-            st = combine([summarize(read(run(a.mpirun, sweep, tmp))[0]) for _ in range(a.repeats)])
+            t_bulk = bulk_ms(summarize(read(run(a.mpirun, bulk_args, tmp))[0]))
+            sweep = ["-t", transport, "--op", "push,pull", "--overlap", "serial,streaming", "--tokens", a.tokens,
+                     "-n", a.iters, "--rounds", str(rounds), *mine]
+            t_ms = bulk_ms(summarize(read(run(a.mpirun, sweep + prefill(a.ratios, t_bulk), tmp))[0]))
+            print(f"# {transport}: {shlex.join(mine)}; T for P: {t_ms:.2f} ms in a calibration sweep "
+                  f"({t_bulk:.2f} bulk-only)")
+            st = combine([summarize(read(run(a.mpirun, sweep + prefill(a.ratios, t_ms), tmp))[0])
+                          for _ in range(a.repeats)])
             for _, r in st.iterrows():
                 failed += not r.ok
                 print(f"  {transport:>9} {r.op:>4} {r.overlap:>9} {r.prefill_s * 1e3 / r.T_ms:5.2f} "

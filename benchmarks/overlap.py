@@ -40,12 +40,12 @@ from kvbench.report import read, summarize  # noqa: E402
 # --bind core: unbound, the scheduler wakes a receiver onto its sender's CPU after the idle waits of a
 # long prefill, which made an isolated 4 MiB tcp layer take 2.6 ms instead of 1.8 ms here
 BASE = ["-m", "llama-3-8b", "--alloc", "contiguous", "--coalesce", "on", "-b", "256", "-e", "256", "--bind", "core"]
-# tcp busy-polls its receives, as an engine's progress thread would: a receiver asleep in the kernel
-# pays a wake-up per message after an idle gap (0.1-0.3 ms on a 2-core VM), and a streaming pull
-# sends three (layer-ready signal, request, data), which put tcp pull at P = 4 T 0.35-0.74 ms above
-# T/L in block mode (0.5 ms tolerance) and +0.08..+0.29 ms in spin mode (medians of 3 launches).
-# --kvbench-args "-O poll=block" measures the sleeping receiver.
-PER_TRANSPORT = {"tcp": ["-O", "poll=spin"]}
+# tcp busy-polls its control messages (a pull's layer-ready signals and requests; payload receives
+# sleep as in block mode), as an engine's progress thread would: a receiver asleep in the kernel pays
+# a wake-up per message after an idle gap (0.1-0.3 ms on a 2-core VM), and a streaming pull sends
+# three per layer (signal, request, data), which put tcp pull at P = 4 T 0.35-0.74 ms above T/L with
+# poll=block (0.5 ms tolerance).  --kvbench-args "-O poll=block" (or spin) measures the others.
+PER_TRANSPORT = {"tcp": ["-O", "poll=control"]}
 
 
 def run(mpirun: str, args: list[str], out: str) -> str:

@@ -149,7 +149,7 @@ def build_parser() -> Parser:
                    "the path's ceiling; paged = the block table")
     r.add_argument("-O", "--option", action="append", metavar="KEY=VALUE",
                    help="transport option, repeatable: tcp ifname=eth0 addr=10.0.0.1 sockbuf=0 connect_timeout=60 "
-                   "poll=block|spin ready=socket|mpi; mpi "
+                   "poll=block|control|spin ready=socket|mpi; mpi "
                    "window=allocate|create mode=rma|sendrecv epoch=lock_all|lock prep=on|off split=N; nixl prep=on|off progress_thread=on|off; mooncake protocol=tcp|rdma")
     r.add_argument("-o", "--results", default="results", help="results directory (default: results/)")
     r.add_argument("--name", help="name used in the result file (default: the suite's name)")

@@ -23,7 +23,7 @@ def assert_one_line(r, *needles):
     (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
     (["--rounds", "3"], ["rounds (3) cannot exceed iters (2)"]),
     (["-O", "split=-1"], ["mpi option split=-1 must be >= 0"]),
-    (["-t", "tcp", "-O", "poll=often"], ["tcp option poll='often' is not one of: block, spin"]),
+    (["-t", "tcp", "-O", "poll=often"], ["tcp option poll='often' is not one of: block, control, spin"]),
 ])
 def test_bad_flag(kvrun, args, needles):
     default = "mpi" if "-O" in args else "shm"

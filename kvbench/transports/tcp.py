@@ -310,39 +310,40 @@ class TcpTransport(Transport):
                 s.settimeout(None)  # a blocking fd, as the native writev/readv expect
             self.conns[p] = _Conn(p, ss[0], self.pool.array, self.poll, ss[1] if n > 1 else None)
 
-    def _submit(self, op: str, peer: int, descs: np.ndarray, tag: int, initiator: bool, plan: bool = True):
-        """Check the op, the peer and the descriptors; then (``plan``) run or queue the layer's steps."""
-        if op not in ("push", "pull"):
-            raise TransportError(f"tcp: unknown op '{op}'")
+    def _conn(self, peer: int) -> _Conn:
         if peer not in self.conns:
             raise TransportError(f"tcp: rank {self.ctx.rank} has no connection to rank {peer}")
+        return self.conns[peer]
+
+    def _checked(self, op: str, peer: int, descs: np.ndarray, initiator: bool) -> _Conn:
+        """The connection to ``peer``, once the op and the descriptors (against both pools) are valid."""
+        if op not in ("push", "pull"):
+            raise TransportError(f"tcp: unknown op '{op}'")
+        conn = self._conn(peer)
         local, remote = self.pool.nbytes, self.peer_nbytes[peer]
         source_here = (op == "push") == initiator
         check_descs(descs, *((local, remote) if source_here else (remote, local)))
-        return self.conns[peer].submit(*_PLAN[(op, initiator)], (tag, descs)) if plan else None
+        return conn
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: send this layer from the SRC ranges; pull: request it, receive into the DST ranges."""
-        return self._submit(op, peer, descs, tag, True)
+        return self._checked(op, peer, descs, True).submit(*_PLAN[(op, True)], (tag, descs))
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: receive this layer into the DST ranges; pull: await the request, then send."""
-        return self._submit(op, peer, descs, tag, False)
+        return self._checked(op, peer, descs, False).submit(*_PLAN[(op, False)], (tag, descs))
 
     def post_when_ready(self, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """Pull: receive into the DST ranges; the request goes out when ``peer`` signals ``tag``."""
         if not self.caps.signals_ready:
             raise TransportError("tcp: post_when_ready needs -O ready=socket")
-        self._submit("pull", peer, descs, tag, True, plan=False)
-        return self.conns[peer].when_ready(tag, descs)
+        return self._checked("pull", peer, descs, True).when_ready(tag, descs)
 
     def signal_ready(self, peer: int, tags: list[int]) -> None:
         """Pull source: READY headers for ``tags`` on the control connection to ``peer``."""
         if not self.caps.signals_ready:
             raise TransportError("tcp: signal_ready needs -O ready=socket")
-        if peer not in self.conns:
-            raise TransportError(f"tcp: rank {self.ctx.rank} has no connection to rank {peer}")
-        self.conns[peer].signal(tags)
+        self._conn(peer).signal(tags)
 
     def wait(self, handle: _Job) -> float:
         """Block until the job is done (on the destination: the bytes are in the pool); when it was."""

@@ -205,6 +205,10 @@ class Iteration:
         inside += time.perf_counter() - a
         for ks in groups:
             last = ks[-1] if len(ks) else -1
+            if not self.signal:  # what can be done before the layers are final (checks, headers)
+                a = time.perf_counter()
+                ready = [(e, [t.prepare(op, peer, e.layers[k], tag(e, k)) for k in ks]) for e, peer in self.init]
+                inside += time.perf_counter() - a
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
                 if self.signal:  # tell each decode rank the layer(s) are final, in the order it posted them
@@ -221,8 +225,8 @@ class Iteration:
             if self.signal:
                 continue
             a = time.perf_counter()
-            for e, peer in self.init:
-                handles[id(e)] += [t.post(op, peer, e.layers[k], tag(e, k)) for k in ks]
+            for e, prepared in ready:
+                handles[id(e)] += [t.start(p) for p in prepared]
             inside += time.perf_counter() - a
         done = []
         for e in self.order:

@@ -187,3 +187,25 @@ def test_control_stream_out_of_step_fails_the_waiting_read():
         b.wait(h)
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("op", ["push", "pull"])
+def test_prepare_checks_ahead_and_only_start_moves_the_layer(op):
+    """The harness prepares a layer's post during the prefill: checks fail there, and nothing is on the
+    wire until start."""
+    a, b, pa, pb = connected_pair()  # a (rank 0) holds the source pool, b (rank 1) the destination
+    memory.fill(pb.array, 1)
+    before = pb.array.copy()
+    d = np.array([[0, 4096, 30000], [200000, 600000, 5]], dtype=np.int64)
+    init, target, peer = (a, b, 1) if op == "push" else (b, a, 0)
+    with pytest.raises(TransportError, match="past the end of the destination pool"):
+        init.prepare(op, peer, d + np.array([0, 1 << 20, 0]))
+    served = target.serve(op, 1 - peer, d, tag=9)
+    prepared = init.prepare(op, peer, d, tag=9)
+    time.sleep(0.2)
+    assert not served.done.is_set() and np.array_equal(pb.array, before)
+    init.wait(init.start(prepared))
+    target.wait(served)
+    assert memory.count_wrong(pb.array, d, 0, 1) == 0
+    a.close()
+    b.close()

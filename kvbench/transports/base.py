@@ -147,6 +147,19 @@ class Transport:
         """Initiate ``op`` with ``peer``; non-blocking; return a handle."""
         raise NotImplementedError
 
+    def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Everything ``post`` can do before the layer is final (checks, descriptor lists, headers).
+
+        The harness prepares a layer's post while the prefill still runs and calls ``start`` the
+        moment the layer is final, as an engine builds its transfer requests ahead (NIXL's prepped
+        lists): only ``start`` is on the path a user's first token waits for.  Default: nothing ahead.
+        """
+        return op, peer, descs, tag
+
+    def start(self, prepared):
+        """Post what ``prepare`` returned; non-blocking; a handle for ``wait`` (as ``post``)."""
+        return self.post(*prepared)
+
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """Target side of ``op`` (one-sided transports: nothing to do)."""
         return None

@@ -160,12 +160,22 @@ class NixlTransport(Transport):
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """Start a WRITE (push) or READ (pull) with ``peer``, notifying it with ``tag``."""
+        return self.start(self.prepare(op, peer, descs, tag))
+
+    def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> tuple:
+        """Checks and descriptor lists (prepped once per array, kept in an LRU that ``start`` reads:
+        a prepared list held here could be evicted and released before it starts)."""
         if op not in self.caps.ops:
             raise TransportError(f"nixl: unknown op '{op}'")
         if peer not in self.peers:
             raise TransportError(f"nixl: rank {peer} was not connected")
+        self._entry(op, peer, descs)
+        return op, peer, descs, b"kvb%d" % tag
+
+    def start(self, prepared: tuple):
+        op, peer, descs, msg = prepared
         _, loc, rem, lh, rh, idx = self._entry(op, peer, descs)
-        name, msg = self.peers[peer][0], b"kvb%d" % tag
+        name = self.peers[peer][0]
         if len(loc) == 0:  # nothing to move, but the target still waits for its notification
             self.agent.send_notif(name, msg)
             return None

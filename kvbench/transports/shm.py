@@ -89,13 +89,19 @@ class ShmTransport(Transport):
             _unlink(self.path)
 
     def post(self, op, peer, descs, tag=0):
+        return self.start(self.prepare(op, peer, descs, tag))
+
+    def prepare(self, op, peer, descs, tag=0):
+        """The checks, ahead of the layer: ``start`` is the copy alone."""
         remote = self.peers[peer]
         if op == "push":
             check_descs(descs, self.pool.nbytes, remote.nbytes)
-            _native.copy_batch(remote, self.pool.array, descs)
-        else:
-            check_descs(descs, remote.nbytes, self.pool.nbytes)
-            _native.copy_batch(self.pool.array, remote, descs)
+            return remote, self.pool.array, descs
+        check_descs(descs, remote.nbytes, self.pool.nbytes)
+        return self.pool.array, remote, descs
+
+    def start(self, prepared):
+        _native.copy_batch(*prepared)
         return None
 
     def info(self):

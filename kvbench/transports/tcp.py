@@ -87,6 +87,11 @@ def _py_recv(sock: socket.socket, mv: memoryview, hdr: bytes, descs: np.ndarray,
     return None
 
 
+def _header(kind: int, tag: int, descs: np.ndarray) -> bytes:
+    n = len(descs)
+    return _HDR.pack(MAGIC, kind, tag, int(descs[0, LEN]) if n == 1 else int(descs[:, LEN].sum()), n)
+
+
 def _describe(h: tuple) -> str:
     magic, kind, tag, nbytes, n = h
     if magic != MAGIC:
@@ -118,7 +123,7 @@ class _Conn:
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
         self.wlock, self.ctl, self.spin_signal = threading.Lock(), ctl, None
         self.alock = threading.Lock()  # guards the reads waiting for a signal and signals ahead of them
-        self.awaiting: dict[int, np.ndarray] = {}
+        self.awaiting: dict[int, bytes] = {}  # tag -> the request header to send on its signal
         self.early: set[int] = set()
         try:
             from .. import _native
@@ -161,7 +166,7 @@ class _Conn:
             if now:
                 self.early.discard(tag)
             else:
-                self.awaiting[tag] = descs
+                self.awaiting[tag] = _header(REQUEST, tag, descs)
         return self.submit(((True, REQUEST, None),) if now else (), ((False, REPLY, DST),), (tag, descs))
 
     def signal(self, tags: list[int]) -> None:
@@ -182,11 +187,12 @@ class _Conn:
                     raise TransportError(f"tcp: control stream from rank {self.peer} out of step: "
                                          f"expected a layer-ready signal, got {_describe(h)}")
                 with self.alock:
-                    descs = self.awaiting.pop(h[2], None)
-                    if descs is None:
+                    request = self.awaiting.pop(h[2], None)
+                    if request is None:
                         self.early.add(h[2])
-                if descs is not None:
-                    self._move(True, REQUEST, None, h[2], descs)
+                if request is not None:  # its header was packed when the read was posted
+                    with self.wlock:
+                        self.send(request, _NO_DESCS, SRC)
         except Exception as exc:  # closed (error already set), or a failure that must stop both ends
             if self.error is None:
                 self.fail(exc if isinstance(exc, TransportError) else
@@ -214,16 +220,14 @@ class _Conn:
                 job.done.set()
 
     def _move(self, sending: bool, kind: int, col: int | None, tag: int, descs: np.ndarray) -> None:
-        n = len(descs)
-        mine = (MAGIC, kind, tag, int(descs[0, LEN]) if n == 1 else int(descs[:, LEN].sum()), n)
-        hdr = _HDR.pack(*mine)
-        if col is None or not n:
+        hdr = _header(kind, tag, descs)
+        if col is None or not len(descs):
             descs, col = _NO_DESCS, SRC  # header only (a pull request)
         if sending:
             with self.wlock:
                 self.send(hdr, descs, col)
         elif (got := self.recv(hdr, descs, col)) is not None:
-            raise TransportError(f"tcp: stream from rank {self.peer} out of step: expected {_describe(mine)}, "
+            raise TransportError(f"tcp: stream from rank {self.peer} out of step: expected {_describe(_HDR.unpack(hdr))}, "
                                  f"got {_describe(_HDR.unpack(got))}")
 
     def fail(self, err: TransportError) -> None:
@@ -327,7 +331,15 @@ class TcpTransport(Transport):
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: send this layer from the SRC ranges; pull: request it, receive into the DST ranges."""
-        return self._checked(op, peer, descs, True).submit(*_PLAN[(op, True)], (tag, descs))
+        return self.start(self.prepare(op, peer, descs, tag))
+
+    def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> tuple:
+        """The checks, ahead of the layer: ``start`` only writes (push) or queues (pull)."""
+        return self._checked(op, peer, descs, True), _PLAN[(op, True)], (tag, descs)
+
+    def start(self, prepared: tuple) -> _Job:
+        conn, plan, args = prepared
+        return conn.submit(*plan, args)
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: receive this layer into the DST ranges; pull: await the request, then send."""

@@ -2,12 +2,13 @@
 """make bench-overlap: measured exposed time against the seeds' model, over several P/T ratios.
 
 For each transport: a bulk-only run measures T, the request's transfer time
-at the bulk ceiling, and --calibrate short launches of the sweep at those P
-measure it again the way the sweep will (its bulk rows take turns with
-idle prefill waits, which slowed them on a 2-core VM: tcp 36 ms bulk-only,
-47-55 ms in the sweep); their median T sets P = ratio x T for the sweep of prefill
-times, serial and streaming, push and pull, and every row is checked against
-the model from the sweep's own bulk rows:
+at the bulk ceiling, and a short launch of the sweep at those P measures it
+again the way the sweep will (its bulk rows take turns with idle prefill
+waits, which slowed them on a 2-core VM: tcp 36 ms bulk-only, 47-55 ms in
+the sweep); that T sets P = ratio x T for the first launch of the sweep of
+prefill times, serial and streaming, push and pull, and the median T of the
+launches so far sets it for each later one.  Every row is checked against
+the model from its launch's own bulk rows:
 
   streaming, T <= P   exposed within 20% (or 0.5 ms) of T/L
   streaming, T >  P   exposed within 20% of T - P + T/L
@@ -15,8 +16,9 @@ the model from the sweep's own bulk rows:
 
 Blocks are large and coalesced so the paged transfer runs at the bulk
 ceiling the model assumes.  The sweep is launched --repeats times; a row's
-verdict is the median over the launches of exposed minus the model computed
-from the same launch's T (min..max of exposed shown), so one launch that
+verdict (rows grouped by the ratio asked for; P and P/T shown are medians) is
+the median over the launches of exposed minus the model computed from the
+same launch's T (min..max of exposed shown), so one launch that
 lands in a slow phase of a shared machine does not decide it.  Exit code 1 when a row fails.
 """
 from __future__ import annotations
@@ -56,7 +58,7 @@ def run(mpirun: str, args: list[str], out: str) -> str:
     return sorted(glob.glob(os.path.join(out, "*", "*.parquet")), key=os.path.getmtime)[-1]
 
 
-KEYS = ["op", "overlap", "prefill_s"]
+KEYS = ["op", "overlap", "ratio"]
 
 
 def bulk_ms(st: pd.DataFrame) -> float:
@@ -66,8 +68,18 @@ def bulk_ms(st: pd.DataFrame) -> float:
 
 
 def prefill(ratios: str, t_ms: float) -> list[str]:
-    """--prefill-ms at each P/T ratio (at least 0.1 ms)."""
+    """--prefill-ms at each P/T ratio (at least 0.1 ms, two decimals: as the rows will carry them)."""
     return ["--prefill-ms", ",".join(f"{max(0.1, float(r) * t_ms):.2f}" for r in ratios.split(","))]
+
+
+def by_ratio(st: pd.DataFrame, ratios: str, p_arg: list[str]) -> pd.DataFrame:
+    """The launch's paged rows, each with the ratio its P was set for and its own P/T."""
+    st = st[st["variant"] == "paged"].copy()
+    ps = [float(p) for p in p_arg[1].split(",")]
+    st["ratio"] = [ratios.split(",")[min(range(len(ps)), key=lambda i: abs(ps[i] - p * 1e3))]
+                   for p in st["prefill_s"]]
+    st["pt"] = st["prefill_s"] * 1e3 / st["T_ms"]
+    return st
 
 
 def tolerance(overlap: str, t: float, p: float, want: float) -> float:
@@ -76,13 +88,14 @@ def tolerance(overlap: str, t: float, p: float, want: float) -> float:
 
 
 def combine(runs: list) -> pd.DataFrame:
-    """Per (op, overlap, P) over launches: medians of T, exposed p50 and the model, the exposed range,
-    and the median of each launch's error against the model from that launch's own T (summarize's
-    diff_ms; paired: a launch in a slow phase moves T and exposed together)."""
-    df = pd.concat([st[st["variant"] == "paged"] for st in runs])
-    out = df.groupby(KEYS, sort=False).agg(
-        T_ms=("T_ms", "median"), exposed_ms=("exposed_ms", "median"), lo=("exposed_ms", "min"),
-        hi=("exposed_ms", "max"), want=("model_ms", "median"), err_ms=("diff_ms", "median")).reset_index()
+    """Per (op, overlap, ratio) over launches (``by_ratio`` rows): medians of P, P/T, T, exposed p50
+    and the model, the exposed range, and the median of each launch's error against the model from
+    that launch's own T (summarize's diff_ms; paired: a launch in a slow phase moves T and exposed
+    together)."""
+    out = pd.concat(runs).groupby(KEYS, sort=False).agg(
+        prefill_s=("prefill_s", "median"), pt=("pt", "median"), T_ms=("T_ms", "median"),
+        exposed_ms=("exposed_ms", "median"), lo=("exposed_ms", "min"), hi=("exposed_ms", "max"),
+        want=("model_ms", "median"), err_ms=("diff_ms", "median")).reset_index()
     out["tol"] = [tolerance(r.overlap, r.T_ms, r.prefill_s * 1e3, r.want) for r in out.itertuples()]
     out["ok"] = out["err_ms"].abs() <= out["tol"]
     return out
@@ -98,7 +111,6 @@ def main() -> int:
                     "(a repeated -O key overrides them), e.g. \"-O poll=block\"")
     ap.add_argument("-n", "--iters", default="24")
     ap.add_argument("--repeats", type=int, default=5, help="launches of the sweep; rows are their medians")
-    ap.add_argument("--calibrate", type=int, default=3, help="short calibration sweeps whose median bulk T sets P")
     ap.add_argument("--rounds", default="6", help="cases take turns (kvbench --rounds): T and exposed see the same noise")
     a = ap.parse_args()
     failed, extra, rounds = 0, shlex.split(a.kvbench_args), min(int(a.rounds), int(a.iters))
@@ -117,21 +129,27 @@ def main() -> int:
                          "-n", a.iters, *mine]
             t_bulk = bulk_ms(summarize(read(run(a.mpirun, bulk_args, tmp))[0]))
             sweep = ["-t", transport, "--op", "push,pull", "--overlap", "serial,streaming", "--tokens", a.tokens,
-                     "--rounds", str(rounds), *mine]
-            # the median of several short calibration sweeps: one launch in a slow phase (T 79 ms against
-            # 52-57 ms in the launches that followed) put the tcp rows at P/T 0.35-6.08 instead of 0.25-4
-            cal = [bulk_ms(summarize(read(run(a.mpirun, [*sweep, "-n", str(max(rounds, int(a.iters) // 2)),
-                                                         *prefill(a.ratios, t_bulk)], tmp))[0]))
-                   for _ in range(a.calibrate)]
-            t_ms = float(pd.Series(cal).median())
-            print(f"# {transport}: {shlex.join(mine)}; T for P: {t_ms:.2f} ms, the median of {a.calibrate} "
-                  f"calibration sweeps ({', '.join(f'{c:.2f}' for c in cal)}; {t_bulk:.2f} bulk-only)")
-            sweep += ["-n", a.iters]
-            st = combine([summarize(read(run(a.mpirun, sweep + prefill(a.ratios, t_ms), tmp))[0])
-                          for _ in range(a.repeats)])
+                     *mine]
+            # a short calibration sweep (as many iterations per turn as the measuring launches) sets the
+            # first launch's P; each later launch's P comes from the median T of the launches before it:
+            # one calibration launch in a slow phase (T 79 ms against 52-57 ms in the launches that
+            # followed) had put the tcp rows at P/T 0.35-6.08 instead of 0.25-4
+            cal_rounds = max(1, rounds // 2)
+            cal = [*sweep, "-n", str(cal_rounds * (int(a.iters) // rounds)), "--rounds", str(cal_rounds)]
+            t_ms = bulk_ms(summarize(read(run(a.mpirun, cal + prefill(a.ratios, t_bulk), tmp))[0]))
+            print(f"# {transport}: {shlex.join(mine)}; first P from T = {t_ms:.2f} ms in a calibration sweep "
+                  f"({t_bulk:.2f} bulk-only), then from the median T of the launches so far")
+            sweep += ["-n", a.iters, "--rounds", str(rounds)]
+            runs, ts = [], []
+            for _ in range(a.repeats):  # each launch sets P from the median T of the launches before it
+                p_arg = prefill(a.ratios, float(pd.Series(ts).median()) if ts else t_ms)
+                st = summarize(read(run(a.mpirun, sweep + p_arg, tmp))[0])
+                ts.append(bulk_ms(st))
+                runs.append(by_ratio(st, a.ratios, p_arg))
+            st = combine(runs)
             for _, r in st.iterrows():
                 failed += not r.ok
-                print(f"  {transport:>9} {r.op:>4} {r.overlap:>9} {r.prefill_s * 1e3 / r.T_ms:5.2f} "
+                print(f"  {transport:>9} {r.op:>4} {r.overlap:>9} {r.pt:5.2f} "
                       f"{r.prefill_s * 1e3:8.2f} {r.T_ms:8.2f} {r.exposed_ms:8.2f} {f'{r.lo:.2f}..{r.hi:.2f}':>13} "
                       f"{r.want:8.2f} {r.err_ms:+7.2f} {r.tol:6.2f}  {'PASS' if r.ok else 'FAIL'}")
     print(f"# {failed} row(s) outside the tolerance: {'OK' if failed == 0 else 'FAILED'}")

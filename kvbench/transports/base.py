@@ -38,6 +38,14 @@ A transport whose receive thread sees the last byte land returns that
 landing, not the moment the waiting thread was scheduled again (tcp: 70-100 us
 on a 2-core VM).
 
+Prepared posts
+--------------
+The harness calls ``prepare`` for a layer while the prefill still runs and
+``start`` on its result the moment the layer is final; ``post`` is both at
+once.  Whatever does not need the layer's bytes (checks, descriptor lists,
+headers) belongs in ``prepare``: only ``start`` is on the path the first
+token waits for.  The default ``prepare`` does nothing ahead.
+
 Layer-ready signals (pull)
 --------------------------
 A pull's destination may read a layer only once the source says it is final.

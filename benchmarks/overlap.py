@@ -75,9 +75,8 @@ def prefill(ratios: str, t_ms: float) -> list[str]:
 def by_ratio(st: pd.DataFrame, ratios: str, p_arg: list[str]) -> pd.DataFrame:
     """The launch's paged rows, each with the ratio its P was set for and its own P/T."""
     st = st[st["variant"] == "paged"].copy()
-    ps = [float(p) for p in p_arg[1].split(",")]
-    st["ratio"] = [ratios.split(",")[min(range(len(ps)), key=lambda i: abs(ps[i] - p * 1e3))]
-                   for p in st["prefill_s"]]
+    rs, ps = ratios.split(","), [float(p) for p in p_arg[1].split(",")]
+    st["ratio"] = [rs[min(range(len(ps)), key=lambda i: abs(ps[i] - p * 1e3))] for p in st["prefill_s"]]
     st["pt"] = st["prefill_s"] * 1e3 / st["T_ms"]
     return st
 

@@ -181,6 +181,7 @@ class Iteration:
         self.layers = len(entries[0].layers) if entries else 0
         self.clock = PrefillClock(self.prefill_s, max(self.layers, 1))
         self.sources = sorted({e.src for e in entries if e.dst == rank and e.src != rank})
+        self.dests = sorted({e.dst for e in entries if e.src == rank and e.dst != rank})
         self.is_prefill = any(e.src == rank for e in entries)
 
     def run(self, tag0: int):
@@ -205,19 +206,22 @@ class Iteration:
         inside += time.perf_counter() - a
         for ks in groups:
             last = ks[-1] if len(ks) else -1
-            if not self.signal:  # what can be done before the layers are final (checks, headers)
-                a = time.perf_counter()
+            # what can be done before the layers are final: the posts' checks and headers, the signals' tags
+            a = time.perf_counter()
+            if self.signal:
+                signals = [(peer, [tag(e, k) for k in ks]) for e, peer in self.serve]
+            else:
                 ready = [(e, [t.prepare(op, peer, e.layers[k], tag(e, k)) for k in ks]) for e, peer in self.init]
-                inside += time.perf_counter() - a
+            inside += time.perf_counter() - a
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
                 if self.signal:  # tell each decode rank the layer(s) are final, in the order it posted them
                     a = time.perf_counter()
-                    for e, peer in self.serve:
-                        t.signal_ready(peer, [tag(e, k) for k in ks])
+                    for peer, tags in signals:
+                        t.signal_ready(peer, tags)
                     inside += time.perf_counter() - a
                 elif op == "pull" and not self.local:  # the harness's MPI message: not the transport's time
-                    for dst in sorted({e.dst for e in self.entries if e.src == self.rank}):
+                    for dst in self.dests:
                         self.comm.notify(dst, TAG_LAYER_READY)
             elif op == "pull" and not self.signal:
                 for src in self.sources:
@@ -267,8 +271,7 @@ class Iteration:
 
     def exchange_clock(self, offset: float) -> dict[int, float]:
         """After timing: each decode rank learns its sources' prefill start offsets (untimed)."""
-        reqs = [self.comm.isend_bytes(np.float64(offset).tobytes(), d, TAG_CLOCK)
-                for d in sorted({e.dst for e in self.entries if e.src == self.rank and e.dst != self.rank})]
+        reqs = [self.comm.isend_bytes(np.float64(offset).tobytes(), d, TAG_CLOCK) for d in self.dests]
         got = {}
         for s in self.sources:
             buf = bytearray(8)

@@ -6,6 +6,12 @@
  * recvv(fd, buf, descs, col[, expect])  first read len(expect) bytes (a header) and compare them
  *                                   with `expect`: on a mismatch return the bytes read and move no
  *                                   payload; else readv into buf[row[col] : +L] for every row
+ *     Both return, when every byte moved, the CLOCK_MONOTONIC time (= time.perf_counter()) at
+ *     which the last one did: stamped here, not after the thread is back in Python.
+ * relay(ctl, fd, pending, wlock, spin)  a pull destination's control thread: read 32-byte
+ *     layer-ready headers from ctl; for each, the request header pending[tag] (if the read is
+ *     posted) goes out on fd under wlock, else pending[tag] = None marks the signal early.
+ *     Returns only with a header that is not a layer-ready signal (raises on a socket error).
  *
  * descs is a C-contiguous int64 buffer of shape (n, 3).  Every range is bounds-checked
  * before any byte moves, so a bad descriptor raises instead of corrupting memory.
@@ -18,6 +24,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -148,6 +155,12 @@ static int read_exact(int fd, char *p, size_t len, int spin) {
 
 #define MAX_HEAD 256
 
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static PyObject *vec(PyObject *args, int writing) {
     int fd, col;
     PyObject *buf_o, *d_o;
@@ -165,6 +178,7 @@ static PyObject *vec(PyObject *args, int writing) {
     PyObject *ret = NULL;
     if (check(d, n, col, buf.len, writing ? "source" : "destination") == 0) {
         int rc = 0, bad = 0;
+        double at = 0.0;
         char got[MAX_HEAD];
         Py_BEGIN_ALLOW_THREADS
         if (writing) {
@@ -173,11 +187,12 @@ static PyObject *vec(PyObject *args, int writing) {
             if (hlen > 0 && (rc = read_exact(fd, got, (size_t)hlen, spin)) == 0) bad = memcmp(got, head, (size_t)hlen) != 0;
             if (rc == 0 && !bad) rc = do_vec(fd, (char *)buf.buf, d, n, col, 0, NULL, 0, spin);
         }
+        at = now();
         Py_END_ALLOW_THREADS
         if (rc == -2) PyErr_SetString(PyExc_ConnectionError, "peer closed the connection mid-transfer");
         else if (rc < 0) PyErr_SetFromErrno(PyExc_OSError);
         else if (bad) ret = PyBytes_FromStringAndSize(got, hlen);
-        else { ret = Py_None; Py_INCREF(ret); }
+        else ret = PyFloat_FromDouble(at);
     }
     PyBuffer_Release(&dv);
     PyBuffer_Release(&buf);
@@ -187,10 +202,72 @@ static PyObject *vec(PyObject *args, int writing) {
 static PyObject *sendv(PyObject *self, PyObject *args) { return vec(args, 1); }
 static PyObject *recvv(PyObject *self, PyObject *args) { return vec(args, 0); }
 
+#define SIGNAL_LEN 32
+#define READY 4
+
+static int write_all(int fd, const char *p, size_t len) {
+    while (len > 0) {
+        ssize_t r = send(fd, p, len, MSG_NOSIGNAL);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Python's "out of step" and socket errors stay in Python; no Python runs between a signal
+ * and its request (a cold interpreter on an idle core costs tens of microseconds per layer). */
+static PyObject *relay(PyObject *self, PyObject *args) {
+    int ctl, fd, spin;
+    PyObject *pending, *wlock;
+    if (!PyArg_ParseTuple(args, "iiO!Op", &ctl, &fd, &PyDict_Type, &pending, &wlock, &spin)) return NULL;
+    char h[SIGNAL_LEN];
+    for (;;) {
+        int rc, sp = spin && PyDict_GET_SIZE(pending) > 0;  /* busy-poll only while a read waits */
+        Py_BEGIN_ALLOW_THREADS
+        rc = read_exact(ctl, h, SIGNAL_LEN, sp);
+        Py_END_ALLOW_THREADS
+        if (rc == -2) { PyErr_SetString(PyExc_ConnectionError, "peer closed the control connection"); return NULL; }
+        if (rc < 0) return PyErr_SetFromErrno(PyExc_OSError);
+        if (memcmp(h, "KVBt", 4) != 0 || h[4] != READY) return PyBytes_FromStringAndSize(h, SIGNAL_LEN);
+        unsigned long long tag = 0;
+        for (int i = 7; i >= 0; i--) tag = (tag << 8) | (unsigned char)h[8 + i];  /* little-endian */
+        PyObject *key = PyLong_FromUnsignedLongLong(tag);
+        if (key == NULL) return NULL;
+        PyObject *req = PyDict_SetDefault(pending, key, Py_None);  /* borrowed; atomic under the GIL */
+        if (req == NULL || req == Py_None || !PyBytes_Check(req)) {  /* error, or early: the post sends it */
+            Py_DECREF(key);
+            if (req == NULL) return NULL;
+            continue;
+        }
+        Py_INCREF(req);
+        rc = PyDict_DelItem(pending, key);
+        Py_DECREF(key);
+        PyObject *r = rc < 0 ? NULL : PyObject_CallMethod(wlock, "acquire", NULL);
+        if (r == NULL) { Py_DECREF(req); return NULL; }
+        Py_DECREF(r);
+        const char *p = PyBytes_AS_STRING(req);
+        size_t len = (size_t)PyBytes_GET_SIZE(req);
+        Py_BEGIN_ALLOW_THREADS
+        rc = write_all(fd, p, len);
+        Py_END_ALLOW_THREADS
+        int err = errno;
+        Py_DECREF(req);
+        r = PyObject_CallMethod(wlock, "release", NULL);
+        if (rc < 0) { Py_XDECREF(r); errno = err; return PyErr_SetFromErrno(PyExc_OSError); }
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+}
+
 static PyMethodDef methods[] = {
     {"copy_batch", copy_batch, METH_VARARGS, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."},
-    {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd)."},
-    {"recvv", recvv, METH_VARARGS, "recvv(fd, buf, descs, col[, expect]): read and compare a header, then readv into every row's range of buf (blocking fd); returns the header read if it differs, else None."},
+    {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd); the perf_counter time the last byte left."},
+    {"recvv", recvv, METH_VARARGS, "recvv(fd, buf, descs, col[, expect[, spin]]): read and compare a header, then readv into every row's range of buf (blocking fd); returns the header read if it differs, else the perf_counter time the last byte landed."},
+    {"relay", relay, METH_VARARGS, "relay(ctl, fd, pending, wlock, spin): turn each layer-ready signal read from ctl into the request pending[tag], written on fd under wlock; returns the first header that is not a signal."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -209,7 +209,7 @@ class Iteration:
             # what can be done before the layers are final: the posts' checks and headers, the signals' tags
             a = time.perf_counter()
             if self.signal:
-                signals = [(peer, [tag(e, k) for k in ks]) for e, peer in self.serve]
+                signals = [t.prepare_signal(peer, [tag(e, k) for k in ks]) for e, peer in self.serve]
             else:
                 ready = [(e, [t.prepare(op, peer, e.layers[k], tag(e, k)) for k in ks]) for e, peer in self.init]
             inside += time.perf_counter() - a
@@ -217,8 +217,8 @@ class Iteration:
                 self.clock.wait_layer(last)
                 if self.signal:  # tell each decode rank the layer(s) are final, in the order it posted them
                     a = time.perf_counter()
-                    for peer, tags in signals:
-                        t.signal_ready(peer, tags)
+                    for s in signals:
+                        t.start_signal(s)
                     inside += time.perf_counter() - a
                 elif op == "pull" and not self.local:  # the harness's MPI message: not the transport's time
                     for dst in self.dests:

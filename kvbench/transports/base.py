@@ -53,7 +53,8 @@ By default the harness sends that as an MPI message and the decode rank's main
 loop posts the read when it arrives.  A transport with ``Caps.signals_ready``
 carries it on its own channel instead: the destination posts every layer up
 front with ``post_when_ready`` and the transport's thread issues each read the
-moment the source's ``signal_ready`` for it arrives (a real engine's progress
+moment the source's ``signal_ready`` for it arrives (the harness packs the signals
+with ``prepare_signal`` before the layers are final and sends them with ``start_signal``) (a real engine's progress
 thread reacting to a NIXL notification or a ready flag).  The signal, the read
 request and the data are all still on the measured path.
 """
@@ -179,7 +180,16 @@ class Transport:
 
     def signal_ready(self, peer: int, tags: list[int]) -> None:
         """Pull source: tell ``peer`` that the layers ``tags`` are final, in the order it posted them
-        (only with ``caps.signals_ready``)."""
+        (only with ``caps.signals_ready``): ``start_signal(prepare_signal(peer, tags))``."""
+        self.start_signal(self.prepare_signal(peer, tags))
+
+    def prepare_signal(self, peer: int, tags: list[int]):
+        """What ``signal_ready`` can do before the layers are final (the messages, packed), as ``prepare``
+        is to ``post``; only with ``caps.signals_ready``."""
+        raise NotImplementedError
+
+    def start_signal(self, prepared) -> None:
+        """Send what ``prepare_signal`` returned: the layers are final now."""
         raise NotImplementedError
 
     def wait(self, handle) -> float | None:

@@ -32,8 +32,10 @@
   a second, control connection.  The source writes a 32-byte READY header on
   it when a layer is final; the destination posted every read up front
   (``post_when_ready``), and its control thread sends the request the moment
-  the READY arrives, so no MPI message and no decode-loop Python sit between
-  the signal and the read.  On the data connection a READY would queue behind
+  the READY arrives (``kvbench._native.relay``: no Python at all between the
+  two; an interpreter that has not run for a few ms on an idle core took
+  40-60 us for the same few lines), so no MPI message and no decode-loop Python
+  sit between the signal and the read.  On the data connection a READY would queue behind
   the previous layer's reply: one round trip of bubble per layer when the
   transfer is the bottleneck.  ``-O ready=mpi`` leaves the signal to the
   harness's MPI message (one connection per pair).
@@ -78,13 +80,14 @@ _PLAN = {
 _NO_DESCS = np.empty((0, 3), dtype=np.int64)
 
 
-def _py_recv(sock: socket.socket, mv: memoryview, hdr: bytes, descs: np.ndarray, col: int) -> bytes | None:
-    """Fallback for kvbench._native.recvv with a header: the header read if it differs, else None."""
+def _py_recv(sock: socket.socket, mv: memoryview, hdr: bytes, descs: np.ndarray, col: int) -> bytes | float:
+    """Fallback for kvbench._native.recvv with a header: the header read if it differs, else when the
+    last byte landed."""
     if (got := recv_exact(sock, len(hdr))) != hdr:
         return got
     if len(descs):
         py_vec(sock, mv, descs, col, False)
-    return None
+    return time.perf_counter()
 
 
 def _header(kind: int, tag: int, descs: np.ndarray) -> bytes:
@@ -116,15 +119,16 @@ class _Conn:
     Every write holds ``wlock`` (the caller, a pull source's receive thread and the control
     thread all write), so no two threads interleave bytes.  ``ctl``: the control connection
     that carries layer-ready signals, and the thread that turns each into its read request.
+    ``pending``: tag -> the request header a posted read sends on its signal, or None for a
+    signal that came first; ``dict.setdefault`` is atomic under the GIL, so whichever of the
+    post and the signal comes second sends the request, once.
     """
 
     def __init__(self, peer: int, sock: socket.socket, array: np.ndarray, poll: str = "block",
                  ctl: socket.socket | None = None):
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
-        self.wlock, self.ctl, self.spin_signal = threading.Lock(), ctl, None
-        self.alock = threading.Lock()  # guards the reads waiting for a signal and signals ahead of them
-        self.awaiting: dict[int, bytes] = {}  # tag -> the request header to send on its signal
-        self.early: set[int] = set()
+        self.wlock, self.ctl, self.relay = threading.Lock(), ctl, None
+        self.pending: dict[int, bytes | None] = {}
         try:
             from .. import _native
 
@@ -134,12 +138,11 @@ class _Conn:
             spin = {"block": (False, False), "control": (False, True), "spin": (True, True)}[poll]
             # (payload receives, header-only receives: a pull's request) busy-poll?
             self.recv = lambda h, d, col: _native.recvv(self.fd, self.array, d, col, h, spin[not len(d)])
-            if ctl is not None and spin[1]:  # a signal's 32 bytes, busy-polled like a request
-                buf, one = bytearray(_HDR.size), np.array([[0, 0, _HDR.size]], dtype=np.int64)
-                self.spin_signal = lambda: (_native.recvv(ctl.fileno(), buf, one, DST, b"", True), bytes(buf))[1]
+            if ctl is not None:  # a signal's 32 bytes busy-polled like a request; no Python per signal
+                self.relay = lambda: _native.relay(ctl.fileno(), self.fd, self.pending, self.wlock, spin[1])
         except ImportError:
             mv = memoryview(array)
-            self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True))
+            self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True), time.perf_counter())[2]
             self.recv = lambda h, d, col: _py_recv(sock, mv, h, d, col)
         self.queue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -161,42 +164,41 @@ class _Conn:
 
     def when_ready(self, tag: int, descs: np.ndarray) -> _Job:
         """Pull initiator: queue the reply's receive now, send the request once ``tag`` is signalled."""
-        with self.alock:
-            now = tag in self.early  # its signal came first (read ahead of this post)
-            if now:
-                self.early.discard(tag)
-            else:
-                self.awaiting[tag] = _header(REQUEST, tag, descs)
+        now = self.pending.setdefault(tag, _header(REQUEST, tag, descs)) is None  # its signal came first
+        if now:
+            del self.pending[tag]
         return self.submit(((True, REQUEST, None),) if now else (), ((False, REPLY, DST),), (tag, descs))
 
-    def signal(self, tags: list[int]) -> None:
-        """Pull source: one write of a READY header per layer on the control connection."""
+    def signal(self, signals: bytes) -> None:
+        """Pull source: READY headers, packed ahead (``TcpTransport.prepare_signal``), in one write."""
         try:
-            self.ctl.sendall(b"".join(_HDR.pack(MAGIC, READY, t, 0, 0) for t in tags))
+            self.ctl.sendall(signals)
         except OSError as exc:
             raise TransportError(self.error or f"tcp: signalling rank {self.peer} failed: {exc}") from None
 
     def _signals(self) -> None:
-        """Control thread: each READY releases the request of the read that waits for it."""
+        """Control thread: each READY releases the request of the read that waits for it (in C when
+        kvbench._native is built: no Python between the signal and the request)."""
         try:
-            while True:
-                # busy-poll (poll=spin|control) only while a read waits for a signal: never during a push
-                spin = self.spin_signal is not None and self.awaiting
-                h = _HDR.unpack(self.spin_signal() if spin else recv_exact(self.ctl, _HDR.size))
-                if h[:2] != (MAGIC, READY):
-                    raise TransportError(f"tcp: control stream from rank {self.peer} out of step: "
-                                         f"expected a layer-ready signal, got {_describe(h)}")
-                with self.alock:
-                    request = self.awaiting.pop(h[2], None)
-                    if request is None:
-                        self.early.add(h[2])
-                if request is not None:  # its header was packed when the read was posted
-                    with self.wlock:
-                        self.send(request, _NO_DESCS, SRC)
+            got = self.relay() if self.relay is not None else self._relay_py()
+            raise TransportError(f"tcp: control stream from rank {self.peer} out of step: "
+                                 f"expected a layer-ready signal, got {_describe(_HDR.unpack(got))}")
         except Exception as exc:  # closed (error already set), or a failure that must stop both ends
             if self.error is None:
                 self.fail(exc if isinstance(exc, TransportError) else
                           TransportError(f"tcp: control connection to rank {self.peer} failed: {exc}"))
+
+    def _relay_py(self) -> bytes:
+        """Fallback for kvbench._native.relay: the first header that is not a layer-ready signal."""
+        while True:
+            got = recv_exact(self.ctl, _HDR.size)
+            magic, kind, tag, _, _ = _HDR.unpack(got)
+            if (magic, kind) != (MAGIC, READY):
+                return got
+            if (request := self.pending.setdefault(tag, None)) is not None:  # posted: its header is packed
+                del self.pending[tag]
+                with self.wlock:
+                    self.send(request, _NO_DESCS, SRC)
 
     def _run(self) -> None:
         while (job := self.queue.get()) is not None:
@@ -208,27 +210,27 @@ class _Conn:
                 raise self.error
             tag, descs = job.args
             for step in job.steps:
-                self._move(*step, tag, descs)
+                job.at = self._move(*step, tag, descs)  # when the last byte landed (or left), before anyone is woken
         except Exception as exc:
             if not isinstance(exc, TransportError):
                 exc = TransportError(f"tcp: connection to rank {self.peer} failed: {exc}")
             self.fail(exc)
             job.error = self.error  # the first error on this connection is the cause
         finally:
-            job.at = time.perf_counter()  # the last byte landed (or left): before anyone is woken
             if job.done is not _DONE:
                 job.done.set()
 
-    def _move(self, sending: bool, kind: int, col: int | None, tag: int, descs: np.ndarray) -> None:
+    def _move(self, sending: bool, kind: int, col: int | None, tag: int, descs: np.ndarray) -> float:
         hdr = _header(kind, tag, descs)
         if col is None or not len(descs):
             descs, col = _NO_DESCS, SRC  # header only (a pull request)
         if sending:
             with self.wlock:
-                self.send(hdr, descs, col)
-        elif (got := self.recv(hdr, descs, col)) is not None:
+                return self.send(hdr, descs, col)
+        if isinstance(got := self.recv(hdr, descs, col), bytes):
             raise TransportError(f"tcp: stream from rank {self.peer} out of step: expected {_describe(_HDR.unpack(hdr))}, "
                                  f"got {_describe(_HDR.unpack(got))}")
+        return got
 
     def fail(self, err: TransportError) -> None:
         """Record the first error and shut the socket, so both ends stop rather than hang."""
@@ -351,11 +353,16 @@ class TcpTransport(Transport):
             raise TransportError("tcp: post_when_ready needs -O ready=socket")
         return self._checked("pull", peer, descs, True).when_ready(tag, descs)
 
-    def signal_ready(self, peer: int, tags: list[int]) -> None:
-        """Pull source: READY headers for ``tags`` on the control connection to ``peer``."""
+    def prepare_signal(self, peer: int, tags: list[int]) -> tuple:
+        """Pull source: the connection to ``peer`` and the READY headers for ``tags``, packed ahead."""
         if not self.caps.signals_ready:
             raise TransportError("tcp: signal_ready needs -O ready=socket")
-        self._conn(peer).signal(tags)
+        return self._conn(peer), b"".join(_HDR.pack(MAGIC, READY, t, 0, 0) for t in tags)
+
+    def start_signal(self, prepared: tuple) -> None:
+        """One write of the packed headers on the control connection."""
+        conn, signals = prepared
+        conn.signal(signals)
 
     def wait(self, handle: _Job) -> float:
         """Block until the job is done (on the destination: the bytes are in the pool); when it was."""

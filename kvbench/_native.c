@@ -205,19 +205,6 @@ static PyObject *recvv(PyObject *self, PyObject *args) { return vec(args, 0); }
 #define SIGNAL_LEN 32
 #define READY 4
 
-static int write_all(int fd, const char *p, size_t len) {
-    while (len > 0) {
-        ssize_t r = send(fd, p, len, MSG_NOSIGNAL);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += r;
-        len -= (size_t)r;
-    }
-    return 0;
-}
-
 /* Python's "out of step" and socket errors stay in Python; no Python runs between a signal
  * and its request (a cold interpreter on an idle core costs tens of microseconds per layer). */
 static PyObject *relay(PyObject *self, PyObject *args) {
@@ -252,7 +239,7 @@ static PyObject *relay(PyObject *self, PyObject *args) {
         const char *p = PyBytes_AS_STRING(req);
         size_t len = (size_t)PyBytes_GET_SIZE(req);
         Py_BEGIN_ALLOW_THREADS
-        rc = write_all(fd, p, len);
+        rc = do_vec(fd, NULL, NULL, 0, 0, 1, p, len, 0);  /* the header alone, as sendv writes one */
         Py_END_ALLOW_THREADS
         int err = errno;
         Py_DECREF(req);

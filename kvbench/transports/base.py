@@ -53,10 +53,11 @@ By default the harness sends that as an MPI message and the decode rank's main
 loop posts the read when it arrives.  A transport with ``Caps.signals_ready``
 carries it on its own channel instead: the destination posts every layer up
 front with ``post_when_ready`` and the transport's thread issues each read the
-moment the source's ``signal_ready`` for it arrives (the harness packs the signals
-with ``prepare_signal`` before the layers are final and sends them with ``start_signal``) (a real engine's progress
-thread reacting to a NIXL notification or a ready flag).  The signal, the read
-request and the data are all still on the measured path.
+moment the source's ``signal_ready`` for it arrives (a real engine's progress
+thread reacting to a NIXL notification or a ready flag).  The harness packs the
+signals with ``prepare_signal`` before the layers are final and sends them with
+``start_signal``, as it prepares posts.  The signal, the read request and the
+data are all still on the measured path.
 """
 from __future__ import annotations
 

@@ -7,20 +7,28 @@ straight out of it: one memcpy per descriptor in C, one call per layer.
 Segments are unlinked as soon as every rank has mapped its peers
 (``ready``), so a crash or a killed rank later in the run cannot leave them
 behind in /dev/shm; the mappings stay valid until the process exits.  An
-``atexit`` hook covers the short window before that.
+``atexit`` hook covers the short window before that; a segment is named by
+``cleanup.segment_path`` (run id, rank and pid), so that what a killed rank
+leaves can be swept by a later run (``cleanup.sweep_orphans``).
+
+Filling a segment past the free space of /dev/shm is a SIGBUS, not a Python
+error (containers give it 64 MiB), so ``alloc`` checks the free space first.
 """
 from __future__ import annotations
 
 import atexit
+import errno
 import mmap
 import os
 
 import numpy as np
 
-from .. import _native
+from .. import _native, cleanup
 from .base import Buffer, Caps, Transport, TransportError, check_descs
 
-SHM_DIR = "/dev/shm"
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _unlink(path: str) -> None:
@@ -43,22 +51,38 @@ class ShmTransport(Transport):
 
     @classmethod
     def probe(cls):
-        if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
-            return f"{SHM_DIR} is not a writable directory"
+        shm_dir = cleanup.SHM_DIR
+        if not os.path.isdir(shm_dir) or not os.access(shm_dir, os.W_OK):
+            return f"{shm_dir} is not a writable directory"
         return None
 
     def alloc(self, nbytes: int) -> Buffer:
         """The pool lives in a named shared segment so that peers can map it."""
-        self.path = f"{SHM_DIR}/kvbench_{self.ctx.run_id}_{self.ctx.rank}"
+        size = max(nbytes, mmap.PAGESIZE)
+        free = cleanup.shm_free_bytes()
+        if size > free:  # past this the fill below is a SIGBUS, not an exception (PLATFORM pitfall 12)
+            raise TransportError(
+                f"shm: the pool needs {_size(size)} in {cleanup.SHM_DIR} but {_size(free)} is free: give the "
+                "container a larger /dev/shm (docker run --shm-size=..., Kubernetes: an emptyDir with medium: "
+                "Memory), or lower --tokens/--pool-factor")
+        self.path = cleanup.segment_path(self.ctx.run_id, self.ctx.rank)
         atexit.register(_unlink, self.path)
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, max(nbytes, mmap.PAGESIZE))
-            mm = mmap.mmap(fd, max(nbytes, mmap.PAGESIZE), mmap.MAP_SHARED)
+            os.ftruncate(fd, size)
+            try:  # reserve the pages now: another rank on this host may have taken the space since the check
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # those: no fallocate here, statvfs only
+                    _unlink(self.path)
+                    raise TransportError(f"shm: cannot reserve {_size(size)} in {cleanup.SHM_DIR}: {exc.strerror}: "
+                                         "give the container a larger /dev/shm (docker run --shm-size=...), "
+                                         "or lower --tokens/--pool-factor") from None
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
         finally:
             os.close(fd)
         arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
-        arr.fill(0)  # pre-fault; also fails here, not mid-run, if /dev/shm is too small
+        arr.fill(0)  # pre-fault (the pages are reserved above: no SIGBUS here or mid-run)
         return Buffer(arr, lambda: _unlink(self.path))
 
     def register(self, pool) -> bytes:

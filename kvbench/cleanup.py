@@ -1,0 +1,174 @@
+"""Shared-memory files a run leaves behind, and how to remove them (stdlib only).
+
+Two kinds of files outlive a run that ends badly (PLATFORM pitfalls 8, 11, 12):
+
+* kvbench's own pool segments, ``kvbench_{run_id}_r{rank}_p{pid}``: the shm
+  transport unlinks them once every rank has mapped them, but a rank killed
+  during setup, or one that ends with ``os._exit`` (no atexit), leaks them.
+* MPICH's ``mpich_shm_*`` files (1-2 MB), left whenever a job ends without
+  ``MPI_Finalize``: after ``MPI_Abort``, ``os._exit``, or a SIGKILL from the
+  launcher.
+
+Every file kvbench writes here carries its owner's pid, so that a later run
+can tell a leftover (its process is gone) from a file in use.  After MPI
+initialises, each rank records the MPICH files it maps in a small registry,
+``kvbench_{run_id}_mpich_r{rank}_p{pid}`` (one path per line), so that those
+can be found again once the rank is dead.
+
+The failing rank of a job calls ``unlink_mpich(mapped_mpich())`` and
+``unlink_run(run_id)`` before it ends the job; ``kvbench run`` calls
+``sweep_orphans()`` at its start on every host for whatever a killed job left.
+
+Pids are only meaningful in this host's (and this pid namespace's) process
+table: containers that share one /dev/shm but not their pid namespace would
+see each other's live files as orphans, so ``sweep_orphans`` is for a
+/dev/shm private to the container or host.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+SHM_DIR = "/dev/shm"  # read at call time, so tests can monkeypatch it
+
+# kvbench_<run>_r<rank>_p<pid> (a pool segment) or kvbench_<run>_mpich_r<rank>_p<pid> (a registry)
+_OWNED = re.compile(r"kvbench_(?P<run>.+?)_(?P<registry>mpich_)?r(?P<rank>\d+)_p(?P<pid>\d+)")
+
+
+def _unlink(path: str) -> bool:
+    """Remove ``path``; False when it was already gone (another rank or sweeper got there first)
+    or is not ours to remove (another user's file in the sticky /dev/shm)."""
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, PermissionError):
+        return False
+    return True
+
+
+def _is_mpich(path: str) -> bool:
+    """``path`` names an MPICH segment directly in SHM_DIR (a registry cannot point anywhere else)."""
+    return (os.path.basename(path).startswith("mpich_shm_")
+            and os.path.dirname(os.path.realpath(path)) == os.path.realpath(SHM_DIR))
+
+
+def _maps_paths(maps_file: str) -> list[str]:
+    """The file paths mapped in one /proc/<pid>/maps, without deleted files."""
+    paths = []
+    with open(maps_file) as fh:
+        for line in fh:
+            fields = line.rstrip("\n").split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/") and not fields[5].endswith(" (deleted)"):
+                paths.append(fields[5])
+    return paths
+
+
+def segment_path(run_id: str, rank: int) -> str:
+    """Where this process keeps its pool segment: ``{SHM_DIR}/kvbench_{run_id}_r{rank}_p{pid}``."""
+    return f"{SHM_DIR}/kvbench_{run_id}_r{rank}_p{os.getpid()}"
+
+
+def shm_free_bytes(path: str | None = None) -> int:
+    """Bytes an unprivileged process may still write in ``path`` (default SHM_DIR), from statvfs."""
+    st = os.statvfs(SHM_DIR if path is None else path)
+    return st.f_bavail * st.f_frsize
+
+
+def _run_files(run_id: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(SHM_DIR), f"kvbench_{glob.escape(run_id)}_*")))
+
+
+def unlink_run(run_id: str) -> list[str]:
+    """Unlink every file of run ``run_id`` on this host (any rank's segment or registry); returns those removed.
+
+    Unlinking a segment other ranks still map is harmless: their mappings stay valid.
+    """
+    return [p for p in _run_files(run_id) if _unlink(p)]
+
+
+def mapped_mpich() -> list[str]:
+    """The ``mpich_shm_*`` files in SHM_DIR that this process maps (deleted ones left out)."""
+    seen = []
+    for p in _maps_paths("/proc/self/maps"):
+        if p not in seen and _is_mpich(p):
+            seen.append(p)
+    return seen
+
+
+def record_mpich(run_id: str, rank: int) -> str | None:
+    """Write this process's registry of mapped MPICH files; returns its path, or None if it maps none.
+
+    Call once, after MPI has initialised.
+    """
+    paths = mapped_mpich()
+    if not paths:
+        return None
+    reg = f"{SHM_DIR}/kvbench_{run_id}_mpich_r{rank}_p{os.getpid()}"
+    fd = os.open(reg, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(p + "\n" for p in paths))
+    return reg
+
+
+def unlink_mpich(paths) -> list[str]:
+    """Unlink those of the MPICH segments ``paths`` that still exist; returns those removed."""
+    return [p for p in paths if _unlink(p)]
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # never a pid of ours; os.kill(0, ...) would address a process group
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # exists but belongs to someone else / not a pid we can judge: keep its files
+    return True
+
+
+def _mapped_anywhere() -> set[str]:
+    """Every MPICH segment in SHM_DIR that some live process maps (unreadable maps are skipped)."""
+    used = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            used.update(p for p in _maps_paths(maps) if os.path.basename(p).startswith("mpich_shm_"))
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return used
+
+
+def sweep_orphans() -> list[str]:
+    """Remove the kvbench files in SHM_DIR whose owning process is gone; returns what was removed.
+
+    A dead process's registry first takes the MPICH segments it lists with it, each one only if it
+    still exists and no live process maps it.  Nothing else is touched: live processes' files,
+    other jobs' MPICH segments, files not named like kvbench's.  Safe to run in several processes at once.
+    """
+    removed: list[str] = []
+    used = None
+    for path in sorted(glob.glob(os.path.join(glob.escape(SHM_DIR), "kvbench_*"))):
+        m = _OWNED.fullmatch(os.path.basename(path))
+        if m is None or _alive(int(m["pid"])):
+            continue
+        if m["registry"]:
+            try:
+                with open(path) as fh:
+                    listed = [line.strip() for line in fh if line.strip()]
+            except OSError:  # a concurrent sweep took it, or another user's
+                continue
+            for seg in listed:
+                if not _is_mpich(seg) or not os.path.exists(seg):
+                    continue
+                if used is None:
+                    used = _mapped_anywhere()
+                if os.path.realpath(seg) not in used and _unlink(seg):
+                    removed.append(seg)
+        if _unlink(path):
+            removed.append(path)
+    return removed
+
+
+def leftovers(run_id: str, names=()) -> list[str]:
+    """Which of run ``run_id``'s files and of the MPICH segments ``names`` still exist."""
+    return _run_files(run_id) + [p for p in names if os.path.exists(p)]

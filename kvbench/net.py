@@ -1,6 +1,8 @@
 """Network plumbing shared by the socket-based transports: address selection, socket tuning,
 and the authenticated rendezvous (the higher rank of a pair dials the lower with its rank
-and the run's token; the acceptor refuses and logs anything else and waits on).
+and the run's token; the acceptor keeps accepting while each caller's hello arrives, and
+refuses and logs a wrong one, or one not complete within HANDSHAKE_S).  The transports close
+their listener once their peers are connected, so a later caller is refused by the kernel.
 
 Address rules (NCCL's): ``options["addr"]``, else ``options["ifname"]`` or
 KVBENCH_SOCKET_IFNAME (comma-separated name prefixes, ``=`` exact, ``^``
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import selectors
 import socket
 import struct
 import sys
@@ -24,6 +27,7 @@ IOV_MAX = 1024
 _HELLO = struct.Struct("<4sII")  # magic, rank, token length; the token follows
 _ACK = struct.Struct("<4sI")  # magic, the acceptor's rank
 HELLO, ACK = b"KVBh", b"KVBa"
+HANDSHAKE_S = 3.0  # seconds an accepted caller has to complete its hello
 
 
 def if_addr(name: str) -> str | None:
@@ -147,37 +151,89 @@ def dial(addr: str, port: int, peer: int, me: int, token: bytes, deadline: float
     return s
 
 
+def _hello_rank(buf: bytearray, token: bytes) -> int | str | None:
+    """The rank a complete hello in ``buf`` presents, why it is refused, or None while bytes are missing."""
+    if len(buf) < _HELLO.size:
+        return None
+    magic, rank, n = _HELLO.unpack_from(buf)
+    if magic != HELLO or n > 4096:
+        return "bad handshake"
+    if len(buf) < _HELLO.size + n:
+        return None
+    return rank if hmac.compare_digest(bytes(buf[_HELLO.size:]), token) else "bad token"
+
+
 def accept_peers(listener: socket.socket, want: set[int], me: int, token: bytes, deadline: float,
                  timeout: float, what: str = "tcp", channels: int = 1) -> dict[int, list[socket.socket]]:
     """Accept ``channels`` connections from each rank in ``want``, in the order that rank dialled them
-    (a dialler waits for each ack before its next dial); refuse (and log) any other caller."""
+    (a dialler waits for each ack before its next dial); refuse (and log) any other caller.
+
+    One selector loop keeps accepting while every accepted caller's hello arrives on its own: a caller
+    gets HANDSHAKE_S in all to complete it, so a slow or silent one is refused then and never holds
+    up a real peer."""
     got: dict[int, list[socket.socket]] = {}
-    while sum(map(len, got.values())) < channels * len(want):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            host, port = listener.getsockname()[:2]
-            raise TransportError(f"{what}: rank {me} waited {timeout:g} s at {host}:{port} for ranks "
-                                 f"{sorted(r for r in want if len(got.get(r, ())) < channels)}")
-        listener.settimeout(left)
-        try:
-            s, who = listener.accept()
-        except TimeoutError:
-            continue
-        s.settimeout(min(left, 5.0))  # a silent intruder must not hold up the real peer for long
-        try:
-            magic, rank, n = _HELLO.unpack(recv_exact(s, _HELLO.size))
-            if magic != HELLO or n > 4096:
-                why = "bad handshake"
-            elif not hmac.compare_digest(recv_exact(s, n), token):
-                why = "bad token"
-            elif rank not in want or len(got.get(rank, ())) == channels:
-                why = f"unexpected rank {rank}"
-            else:
-                s.sendall(_ACK.pack(ACK, me))
-                got.setdefault(rank, []).append(s)
-                continue
-        except OSError:  # also a timeout, or a hang-up mid-hello
-            why = "no handshake"
-        print(f"kvbench {what}: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
+    pending: dict[socket.socket, tuple[tuple, float, bytearray]] = {}  # caller, its handshake deadline, bytes so far
+    sel = selectors.DefaultSelector()
+
+    def refuse(s: socket.socket, why: str) -> None:
+        who = pending.pop(s)[0]
+        sel.unregister(s)
         s.close()
+        print(f"kvbench {what}: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
+
+    listener.setblocking(False)
+    sel.register(listener, selectors.EVENT_READ)
+    try:
+        while sum(map(len, got.values())) < channels * len(want):
+            now = time.monotonic()
+            for s in [s for s, (_, until, _) in pending.items() if until <= now]:
+                refuse(s, f"no handshake within {HANDSHAKE_S:g} s")
+            if now >= deadline:
+                host, port = listener.getsockname()[:2]
+                raise TransportError(f"{what}: rank {me} waited {timeout:g} s at {host}:{port} for ranks "
+                                     f"{sorted(r for r in want if len(got.get(r, ())) < channels)}")
+            for key, _ in sel.select(min([deadline, *(until for _, until, _ in pending.values())]) - now):
+                if key.fileobj is listener:
+                    try:
+                        s, who = listener.accept()
+                    except BlockingIOError:  # the caller hung up before we got to it
+                        continue
+                    s.setblocking(False)
+                    pending[s] = (who, time.monotonic() + HANDSHAKE_S, bytearray())
+                    sel.register(s, selectors.EVENT_READ)
+                    continue
+                s, buf = key.fileobj, pending[key.fileobj][2]
+                need = _HELLO.size + (_HELLO.unpack_from(buf)[2] if len(buf) >= _HELLO.size else 0) - len(buf)
+                try:
+                    data = s.recv(need)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    refuse(s, "no handshake")
+                    continue
+                buf += data
+                if (rank := _hello_rank(buf, token)) is None:
+                    continue
+                if isinstance(rank, str) or rank not in want or len(got.get(rank, ())) == channels:
+                    refuse(s, rank if isinstance(rank, str) else f"unexpected rank {rank}")
+                    continue
+                try:
+                    s.setblocking(True)
+                    s.sendall(_ACK.pack(ACK, me))
+                except OSError:
+                    refuse(s, "hung up before the ack")
+                    continue
+                del pending[s]
+                sel.unregister(s)
+                got.setdefault(rank, []).append(s)
+    except BaseException:
+        for s in (s for ss in got.values() for s in ss):
+            s.close()
+        raise
+    finally:
+        for s in list(pending):
+            refuse(s, "setup ended before its handshake")
+        sel.close()
     return got

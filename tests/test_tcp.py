@@ -209,3 +209,23 @@ def test_prepare_checks_ahead_and_only_start_moves_the_layer(op):
     assert memory.count_wrong(pb.array, d, 0, 1) == 0
     a.close()
     b.close()
+
+
+@pytest.mark.timeout(30)
+def test_listener_is_closed_after_tcp_setup():
+    """After connect nobody accepts, so the old port refuses a caller instead of leaving it queued."""
+    a, b, pa, pb, ma, mb = pair()
+    th = threading.Thread(target=a.connect, args=({1: mb},))
+    th.start()
+    try:
+        b.connect({0: ma})
+        th.join(15)
+        assert not th.is_alive() and a.listener is None and b.listener is None
+        for meta in (ma, mb):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", json.loads(meta)["port"]), timeout=5).close()
+        assert {"sndbuf", "rcvbuf"} <= set(a.info())
+    finally:
+        th.join(15)
+        a.close()
+        b.close()

@@ -16,7 +16,8 @@ default).  It must sleep, not spin: on tcp the engine's own threads move the
 bytes, and a destination busy-polling for the harness's MPI message takes
 their CPU (2 cores, 1 MiB messages: 0.64-0.70 instead of 1.03-1.23 GB/s).
 ``notify=mpi`` leaves it to the harness's MPI message.  The socket binds
-``host``; a peer must present the run's token, as in the tcp transport.
+``host`` and is closed once the peers are connected; a peer must present the
+run's token, as in the tcp transport.
 
 Protocol (option ``protocol``, default rdma when /sys/class/infiniband exists,
 else tcp).  Mooncake's ``initialize(..., protocol, ...)`` does NOT choose the
@@ -138,7 +139,7 @@ class MooncakeTransport(Transport):
             self._listener = socket.create_server((host, 0), backlog=max(16, 2 * self.ctx.world_size))
             port = self._listener.getsockname()[1]
         self._info = {"protocol": used, "requested": want, "session": session, "batch": self._batch,
-                      "notify": self._notify + (f" (listening on {host}:{port})" if port else " (harness)"),
+                      "notify": self._notify + (f" (listened on {host}:{port} during setup)" if port else " (harness)"),
                       "listeners": "handshake RPC and tcp data port bind all interfaces (0.0.0.0)",
                       "env": {k: v for k, v in os.environ.items() if k.startswith("MC_")},
                       "MC_FORCE_TCP": forced}
@@ -155,7 +156,8 @@ class MooncakeTransport(Transport):
 
     def connect(self, peers: dict[int, bytes]) -> None:
         """Remember each peer's session and pool (the engine opens segments on first use) and open
-        the notification sockets: the higher rank dials, the lower accepts (dials never wait)."""
+        the notification sockets: the higher rank dials, the lower accepts (dials never wait); then
+        close the notification listener."""
         metas = {peer: json.loads(meta) for peer, meta in peers.items()}
         for peer, m in metas.items():
             self._peers[peer] = (m["session"], int(m["addr"]), int(m["nbytes"]))
@@ -165,9 +167,13 @@ class MooncakeTransport(Transport):
         for peer in sorted(p for p in metas if p < me):
             m = metas[peer]
             self._add(peer, dial(m["host"], m["notify_port"], peer, me, tok, deadline, what="mooncake"))
-        for rank, (s,) in accept_peers(self._listener, {p for p in metas if p > me}, me, tok, deadline, 60,
-                                       what="mooncake").items():
-            self._add(rank, s)
+        try:
+            for rank, (s,) in accept_peers(self._listener, {p for p in metas if p > me}, me, tok, deadline, 60,
+                                           what="mooncake").items():
+                self._add(rank, s)
+        finally:  # nobody accepts after setup: a later caller is refused by the kernel
+            self._listener.close()
+            self._listener = None
 
     def _add(self, peer: int, s: socket.socket) -> None:
         s.settimeout(None)

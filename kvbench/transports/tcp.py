@@ -5,7 +5,10 @@
   refuses loopback between two hosts.
 * Setup: in ``connect`` the higher rank of a pair dials the lower (dials only go
   downwards: no cycle of waits) and presents its rank and the run's token; a
-  wrong one is closed and logged and the acceptor waits on, up to connect_timeout.
+  wrong one, or one not complete within a few seconds (``net.HANDSHAKE_S``), is
+  closed and logged while the acceptor keeps accepting, up to connect_timeout.
+  Once every peer is connected the listener is closed: a later caller is
+  refused by the kernel.
 * Wire: per layer a 32-byte header (magic, kind, tag, bytes, descriptors), then
   the payload by writev from the source ranges and readv into the destination
   ranges (kvbench._native, GIL released; fallback sendmsg/recvmsg_into).  Pull:
@@ -296,7 +299,7 @@ class TcpTransport(Transport):
 
     def connect(self, peers: dict[int, bytes]) -> None:
         """One connection per peer (two with ready=socket: data, then control): the higher rank dials,
-        the lower accepts."""
+        the lower accepts; then the listener is closed."""
         metas = {int(p): json.loads(m) for p, m in peers.items()}
         me = self.ctx.rank
         for p, m in metas.items():
@@ -307,10 +310,14 @@ class TcpTransport(Transport):
                 )
             self.peer_nbytes[p] = int(m["nbytes"])
         deadline, c, n = time.monotonic() + self.timeout, self.ctx, 1 + self.caps.signals_ready
-        socks = {p: [dial(metas[p]["addr"], metas[p]["port"], p, c.rank, c.token, deadline, self.sockbuf)
-                     for _ in range(n)] for p in sorted(metas) if p < me}
-        socks.update(accept_peers(self.listener, {p for p in metas if p > me}, c.rank, c.token, deadline,
-                                  self.timeout, channels=n))
+        try:
+            socks = {p: [dial(metas[p]["addr"], metas[p]["port"], p, c.rank, c.token, deadline, self.sockbuf)
+                         for _ in range(n)] for p in sorted(metas) if p < me}
+            socks.update(accept_peers(self.listener, {p for p in metas if p > me}, c.rank, c.token, deadline,
+                                      self.timeout, channels=n))
+        finally:  # nobody accepts after setup: a later caller is refused by the kernel, not left waiting
+            self.listener.close()
+            self.listener = None
         for p, ss in socks.items():
             for s in ss:
                 s.settimeout(None)  # a blocking fd, as the native writev/readv expect
@@ -388,7 +395,7 @@ class TcpTransport(Transport):
         return out
 
     def close(self) -> None:
-        """Stop the threads, close every socket and the listener (idempotent)."""
+        """Stop the threads, close every socket and the listener if setup did not (idempotent)."""
         conns, self.conns = self.conns, {}
         for c in conns.values():
             c.close()

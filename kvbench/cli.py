@@ -9,11 +9,13 @@ import argparse
 import os
 import shutil
 import sys
-import traceback
 
 from . import __version__, comm, transports
 from . import model as M
+from . import options as O
 from . import suite as S
+from .config import custom_model
+from .guard import env_rank
 from .schedule import SCHEME_HELP
 
 EPILOG_RUN = """\
@@ -41,17 +43,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise ArgError(message)
-
-
-def env_rank() -> int:
-    """This process's rank as the launcher says, without starting MPI."""
-    for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if k in os.environ:
-            try:
-                return int(os.environ[k])
-            except ValueError:
-                pass
-    return 0
 
 
 def say_error(msg: str) -> int:
@@ -89,16 +80,6 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-hit", type=csv(int), help="prompt tokens already cached at decode (not transferred)")
 
 
-def custom_model(a) -> str | None:
-    """Register a model given by flags under the name 'custom'; return that name."""
-    if a.layers is None:
-        return None
-    attention = a.attention or ("mla" if a.kv_lora_rank else "gqa")
-    M.PRESETS["custom"] = M.ModelShape("custom", a.layers, a.kv_heads or 0, a.head_dim or 0, attention,
-                                       a.kv_lora_rank, a.rope_dim, source="command-line flags")
-    return "custom"
-
-
 def build_parser() -> Parser:
     p = Parser(prog="kvbench", description="KV-cache transfer microbenchmarks (prefill -> decode), nccl-tests style.")
     p.add_argument("--version", action="version", version=f"kvbench {__version__}")
@@ -130,7 +111,13 @@ def build_parser() -> Parser:
     r.add_argument("--inflight", type=csv(int), help="requests of each pair in flight at once (default 1)")
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
     r.add_argument("--pool-factor", type=float, help="pool size as a multiple of the largest request (default 2)")
-    r.add_argument("--timeout", type=float, help="seconds a case may take before the job is aborted (default 600)")
+    r.add_argument("--timeout", type=float, help="seconds one case (warm-up, iterations, check) may take before the "
+                   "job ends with status TIMEOUT (default 600; a positive finite number)")
+    r.add_argument("--setup-timeout", type=float, help="seconds one transport's setup (allocate and fill the pool, "
+                   "register, connect) may take (default: 120 + pool bytes / 100 MB/s)")
+    r.add_argument("--resume", metavar="RESULTS.parquet", help="continue an interrupted run in the same result set: "
+                   "the transports it finished are kept, the rest run now (same suite, schema and machine, or a "
+                   "refusal); give no suite or flags to reuse the stored ones")
     ov = r.add_argument_group("overlap with prefill and the control plane (exposed time)")
     ov.add_argument("--overlap", type=csv(str), help="serial (send after prefill ends) or streaming (send layer i "
                     "as soon as it is final)")
@@ -147,10 +134,9 @@ def build_parser() -> Parser:
     wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded)")
     r.add_argument("--variants", type=csv(str), help="bulk,paged (default both): bulk = one descriptor per layer, "
                    "the path's ceiling; paged = the block table")
-    r.add_argument("-O", "--option", action="append", metavar="KEY=VALUE",
-                   help="transport option, repeatable: tcp ifname=eth0 addr=10.0.0.1 sockbuf=0 connect_timeout=60 "
-                   "poll=block|control|spin ready=socket|mpi; mpi "
-                   "window=allocate|create mode=rma|sendrecv epoch=lock_all|lock prep=on|off split=N; nixl prep=on|off progress_thread=on|off; mooncake protocol=tcp|rdma")
+    r.add_argument("-O", "--option", action="append", metavar="[TRANSPORT.]KEY=VALUE",
+                   help="transport option, repeatable; KEY=VALUE applies to every transport of the run that has it, "
+                   "tcp.KEY=VALUE to tcp alone; unknown keys and bad values are refused. " + O.help_text())
     r.add_argument("-o", "--results", default="results", help="results directory (default: results/)")
     r.add_argument("--name", help="name used in the result file (default: the suite's name)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",
@@ -285,13 +271,3 @@ def cmd_report(a) -> int:
         for _, r in report.summarize(df).iterrows():
             print(report.format_line(r.to_dict()))
     return 0
-
-
-def fail_rank(exc: BaseException) -> None:
-    """Print a failed rank's error once and end the whole job."""
-    c = comm.get()
-    msg = f"kvbench: rank {c.rank} on {c.hostname}: {type(exc).__name__}: {exc}"
-    if os.environ.get("KVBENCH_DEBUG"):
-        traceback.print_exc()
-    print(msg, file=sys.stderr, flush=True)
-    c.abort(1)

@@ -9,18 +9,17 @@ over the two ranks of its pair, computed when results are read.
 """
 from __future__ import annotations
 
-import os
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
 from itertools import groupby
 
 import numpy as np
 
-from . import memory, transports
+from . import faults, memory, preflight, transports
 from . import model as M
 from .descriptors import bulk_descs, coalesce, request_descs
+from .guard import GUARD
 from .pool import BlockAllocator, Layout, Pool
 from .schedule import Entry, Iteration, SchemeError, control_bytes, make_pairs, max_entries_per_rank, offset_bulk
 from .transports.base import DST, LEN, Context, TransportError
@@ -38,6 +37,7 @@ class Options:
     seed: int = 0
     pool_factor: float = 2.0
     timeout: float = 600.0
+    setup_timeout: float | None = None  # None: derived from the pool bytes (preflight.setup_seconds)
     variants: tuple = ("bulk", "paged")
     rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
@@ -78,36 +78,44 @@ class Harness:
         self.total_wrong = 0
         self.case_no = 0
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
-        # fault injection, inert by default: KVBENCH_FAULT=post:<rank> fails that rank's first transfer
-        where, _, who = os.environ.get("KVBENCH_FAULT", "").partition(":")
-        self.fault = where == "post" and who == str(self.rank)
+        self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
+        self.on_group_done = None  # rank 0: called with a transport's name once all its rows are stored
+        self.fault = faults.armed("post", self.rank)  # inert unless KVBENCH_FAULT names this rank
+
+    def set_sink(self, sink) -> None:
+        """Rank 0: where finished cases' rows go."""
+        self.sink = sink
 
     # ----- whole run ---------------------------------------------------------------------
-    def check_memory(self, cases: list[dict], entries: int) -> None:
-        """Refuse, before allocating, a run whose pools do not fit in this host's memory."""
-        need = 0
-        for name, group in groupby(cases, key=lambda c: c["transport"]):
-            nb = self.pool_size(list(group), entries)
-            local = name == "loopback"
-            need = max(need, (2 * nb if self.rank == 0 else 0) if local else nb)
-        per_host: dict[str, list] = {}
-        for host, n, avail in self.comm.allgather((self.comm.hostname, need, memory.available_bytes())):
-            tot = per_host.setdefault(host, [0, avail, 0])
-            tot[0] += n
-            tot[2] += 1
-        for host, (total, avail, nranks) in per_host.items():
-            if total > 0.9 * avail:
-                raise UserError(f"pools need {total / 2**30:.2f} GiB on host {host} ({nranks} ranks) but only "
-                                f"{avail / 2**30:.2f} GiB is available: lower --tokens, --pool-factor or the model size")
+    def preflight(self, cases: list[dict], scheme: str) -> None:
+        """Refuse, before anything is allocated or written, pools that do not fit (collective)."""
+        try:
+            entries = max_entries_per_rank(make_pairs(scheme, self.comm.size), 1)
+        except SchemeError as exc:
+            raise UserError(str(exc)) from None
+        groups = []
+        for name, g in groupby(cases, key=lambda c: c["transport"]):
+            g = list(g)
+            layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
+            groups.append((name, self.pool_size(g, entries), layer))
+        why = preflight.check(self.comm, groups, self.opts.transport_options)
+        if why:
+            raise UserError(why)
 
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
             pairs = make_pairs(scheme, self.comm.size)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
-        self.check_memory(cases, max_entries_per_rank(pairs, 1))
         for name, group in groupby(cases, key=lambda c: c["transport"]):
             self.run_transport(name, list(group), pairs)
+            if self.on_group_done is not None:
+                self.on_group_done(name)
+        self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
+
+    def sample(self, group: str, phase: str) -> None:
+        """This rank's resident memory and open files now (the soak's leak check reads them)."""
+        self.resources.append(dict(preflight.process_usage(), rank=self.rank, transport=group, phase=phase))
 
     # ----- one transport -----------------------------------------------------------------
     def run_transport(self, name: str, cases: list[dict], pairs) -> None:
@@ -126,14 +134,15 @@ class Harness:
             return
         local = cls.caps.local_only
         my_pairs = [(0, 0)] if local else pairs
-        ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, self.token,
-                      dict(self.opts.transport_options))
-        try:
-            t = cls(ctx)
-        except TransportError as exc:  # a bad -O option: the user's mistake, the same on every rank
-            raise UserError(str(exc)) from None
+        token = self.token if not faults.armed("token", self.rank) else bytes(16)
+        ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
+                      dict(self.opts.transport_options.get(name, {})))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
+        GUARD.case = f"setup of {name}"
+        GUARD.arm(f"setup of {name} (allocate and fill {nbytes / 2**30:.2f} GiB, register, connect)",
+                  self.opts.setup_timeout or preflight.setup_seconds(nbytes))
+        t = cls(ctx)
         pools: list[Pool] = []
         try:
             active = not local or self.rank == 0
@@ -162,6 +171,8 @@ class Harness:
                                      if active else None)
             if self.rank == 0:
                 self.transport_info[name] = infos
+            GUARD.disarm()
+            self.sample(name, "ready")
             session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
             runnable = []
             for case in cases:
@@ -175,11 +186,15 @@ class Harness:
                 for case in runnable:
                     self.run_case(case, session)
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
-            self.comm.barrier()
+            self.sample(name, "end")
+            with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
+                self.comm.barrier()
         finally:
             t.close()
             for p in pools:
                 p.release()
+            GUARD.case = ""
+        self.sample(name, "closed")
 
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
@@ -188,6 +203,7 @@ class Harness:
     def _alloc(self, t, nbytes: int) -> Pool:
         buf = t.alloc(nbytes)
         pool = Pool(buf.array, "host", buf.release) if buf is not None else Pool(memory.alloc_host(nbytes))
+        faults.hit("stall-setup", self.rank)
         memory.fill(pool.array, self.rank)
         return pool
 
@@ -279,6 +295,7 @@ class Harness:
     def prepare(self, case: dict, s: dict) -> dict:
         """Number the case, plan its requests (untimed) and build its iteration."""
         self.case_no += 1
+        GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
         entries = self.plan(case, g, s)
         itr = Iteration(s["t"], self.comm, self.rank, entries, case, s["local"])
@@ -287,17 +304,20 @@ class Harness:
     def _once(self, m: dict, it: int):
         if self.fault:
             raise TransportError("injected fault (KVBENCH_FAULT)")
+        if it >= 0:
+            faults.hit("stall-case", self.rank, m["no"])
+            if it >= 1:  # the peer is in the middle of this case's transfers
+                faults.hit("kill", self.rank, m["no"])
         return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16)
 
-    def _watchdog(self, case: dict) -> threading.Timer:
-        w = threading.Timer(self.opts.timeout, self._timeout, args=(case,))
-        w.daemon = True
-        w.start()
-        return w
+    def _watchdog(self, m: dict) -> None:
+        GUARD.case = case_label(m["no"], m["case"])
+        GUARD.arm(f"case {m['no']} (--timeout)", self.opts.timeout)
 
     def iterate(self, m: dict, s: dict, warmup: int, iters: int, rnd: int = 0) -> None:
         """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
-        itr, watchdog = m["itr"], self._watchdog(m["case"])
+        itr = m["itr"]
+        self._watchdog(m)
         try:
             for k in range(warmup + iters):
                 self.comm.barrier()
@@ -310,19 +330,21 @@ class Harness:
                     exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
+                if k + 1 == warmup and not any(x["phase"] == "warm" for x in self.resources):
+                    self.sample(m["case"]["transport"], "warm")
         finally:
-            watchdog.cancel()
+            GUARD.disarm()
 
     def finish(self, m: dict, s: dict) -> None:
         """Check every byte (if asked), then deliver the case's rows."""
         case, entries, itr = m["case"], m["entries"], m["itr"]
         nwrong = None
         if self.opts.check:
-            watchdog = self._watchdog(case)
+            self._watchdog(m)
             try:
                 nwrong = self.check(case, s, entries, lambda it: self._once(m, it))
             finally:
-                watchdog.cancel()
+                GUARD.disarm()
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
@@ -345,11 +367,6 @@ class Harness:
         elem = M.dtype_bytes(case["dtype"])
         return [sum(memory.count_wrong(dst_pool.array, d, e.src, elem) for d in e.layers) if e.dst == self.rank
                 else 0 for e in entries]
-
-    def _timeout(self, case):
-        print(f"kvbench: rank {self.rank}: case {self.case_no} ({case['transport']} {case['op']}) exceeded its "
-              f"timeout of {self.opts.timeout:g} s; aborting the job", flush=True)
-        self.comm.abort(1)
 
     # ----- rows --------------------------------------------------------------------------
     def base_row(self, case: dict, g: dict | None = None, no: int | None = None) -> dict:
@@ -401,3 +418,9 @@ class Harness:
             self.total_wrong += sum(r["nwrong"] or 0 for r in flat)
             if self.sink:
                 self.sink(flat)
+
+
+def case_label(no: int, case: dict) -> str:
+    """How the one-line failure message names a case."""
+    what = "bulk" if case.get("variant") == "bulk" else f"{case['alloc']} {case['block_size']}-token blocks"
+    return f"case {no} ({case['transport']} {case['op']} {case['model']} {case['tokens']} tokens, {what})"

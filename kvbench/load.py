@@ -39,6 +39,7 @@ from . import memory, transports
 from . import model as M
 from . import workload as W
 from .descriptors import coalesce, request_descs
+from .guard import GUARD
 from .harness import Harness, UserError, case_geometry
 from .pool import BlockAllocator, Layout
 from .schedule import REQUEST_BYTES, STATE_BYTES, PrefillClock, SchemeError, make_pairs
@@ -71,17 +72,18 @@ class _Waiter(threading.Thread):
 class LoadHarness(Harness):
     """Harness for suites with a ``workload:`` section: one row per (case, rank, request)."""
 
-    def __init__(self, comm, opts, sink, workload):
-        super().__init__(comm, opts, sink)
+    def __init__(self, comm, opts, workload):
+        super().__init__(comm, opts)
         self.wl = workload
         self.extra_meta: dict = {"load": {}}  # for the sidecar: occupancy timelines, clock sync, check time
         self._seen: list[dict] = []
         self._pairs: list = []
-        if sink is not None:
-            def keep(rows, _sink=sink):
-                self._seen = rows
-                _sink(rows)
-            self.sink = keep
+
+    def set_sink(self, sink) -> None:
+        def keep(rows):
+            self._seen = rows
+            sink(rows)
+        self.sink = keep
 
     # ----- sizing --------------------------------------------------------------------
     def run(self, cases: list[dict], scheme: str) -> None:
@@ -161,9 +163,7 @@ class LoadHarness(Harness):
              "lay": Layout.fit(case["layout"], sh.layers, sh.regions, g["block_bytes"], s["nbytes"]),
              "pool": s["pools"][0].array, "elem": M.dtype_bytes(case["dtype"]), "n": self.wl.requests,
              "bpt": M.bytes_per_token(sh, case["dtype"]), "seed": self.opts.seed * 1_000_003 + self.case_no}
-        watchdog = threading.Timer(self.opts.timeout, self._timeout, args=(case,))
-        watchdog.daemon = True
-        watchdog.start()
+        self._watchdog({"no": self.case_no, "case": case})
         rows, info = [], {}
         try:
             self.comm.barrier()
@@ -176,7 +176,7 @@ class LoadHarness(Harness):
             elif any(self.rank in d for d in dests.values()):
                 rows, info = self._decode(x, clock)
         finally:
-            watchdog.cancel()
+            GUARD.disarm()
         self.deliver(rows)
         infos = self.comm.gather(dict(info, clock=clock) if info else None)
         if self.rank == 0:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8-e4m3": 1, "fp8-e5m2": 1}
 ATTENTION = ("mha", "gqa", "mqa", "mla")
@@ -101,21 +102,50 @@ def get_model(name: str) -> ModelShape:
         raise ValueError(f"model '{name}' is not one of: {', '.join(PRESETS)} (or a model .yaml file)") from None
 
 
+class ModelFile(BaseModel):
+    """A model YAML file: the fields of ModelShape, each of its type (no 32.5 layers, no "many")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    name: str | None = None
+    layers: int = Field(gt=0)
+    kv_heads: int = Field(0, ge=0)
+    head_dim: int = Field(0, ge=0)
+    attention: Literal["mha", "gqa", "mqa", "mla"] = "gqa"
+    kv_lora_rank: int = Field(0, ge=0)
+    rope_dim: int = Field(0, ge=0)
+    params_b: float = Field(0.0, ge=0)
+    q_heads: int = Field(0, ge=0)
+    active_params_b: float = Field(0.0, ge=0)
+    source: str = ""
+
+
 def load_model_yaml(path: str) -> ModelShape:
-    """Read a model from YAML with the fields of ModelShape (name and layers required)."""
+    """Read a model from YAML with the fields of ModelShape (layers required); one-line errors naming the field."""
+    from .yamlfile import read
+
     try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise ValueError(f"cannot read model file {path}: {exc.strerror}") from None
+        data = read(path)
+    except ValueError as exc:
+        raise ValueError(f"model file {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"model file {path}: expected a mapping of ModelShape fields")
-    known = set(ModelShape.__dataclass_fields__)
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"model file {path}: unknown field '{sorted(unknown)[0]}' (allowed: {', '.join(sorted(known))})")
-    data.setdefault("name", path)
-    return ModelShape(**data)
+        raise ValueError(f"model file {path}: expected a mapping of ModelShape fields (name, layers, kv_heads, ...)")
+    try:
+        m = ModelFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field (allowed: {', '.join(ModelFile.model_fields)})"
+        elif err["type"] == "missing":
+            msg = "required"
+        raise ValueError(f"model file {path}: field '{field}': {msg}") from None
+    fields = m.model_dump()
+    fields["name"] = fields["name"] or path
+    try:
+        return ModelShape(**fields)
+    except ValueError as exc:
+        raise ValueError(f"model file {path}: {exc}") from None
 
 
 def shard(m: ModelShape, tp: int = 1, pp: int = 1) -> ModelShape:

@@ -27,7 +27,7 @@ IOV_MAX = 1024
 _HELLO = struct.Struct("<4sII")  # magic, rank, token length; the token follows
 _ACK = struct.Struct("<4sI")  # magic, the acceptor's rank
 HELLO, ACK = b"KVBh", b"KVBa"
-HANDSHAKE_S = 3.0  # seconds an accepted caller has to complete its hello
+HANDSHAKE_S = 10.0  # seconds an accepted caller has to complete its hello
 
 
 def if_addr(name: str) -> str | None:

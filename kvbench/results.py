@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 SCHEMA_VERSION = 1
+INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
@@ -59,13 +60,48 @@ class ResultWriter:
         os.close(fd)
         self.path = cand + ".parquet"
         self.meta_path = cand + ".meta.json"
-        self.meta = dict(meta, schema_version=SCHEMA_VERSION, results=os.path.basename(self.path))
+        # until the run ends by itself or through the exit path, the sidecar says it has not
+        self.meta = dict(meta, schema_version=SCHEMA_VERSION, results=os.path.basename(self.path),
+                         status="INCOMPLETE", reason=INCOMPLETE_REASON, groups_done=[])
         self.frames: list[pd.DataFrame] = []
+        self._write_meta()
+
+    @classmethod
+    def reopen(cls, path: str, meta: dict) -> ResultWriter:
+        """Continue an interrupted result set: keep the transports it finished, drop a half-done one's rows."""
+        self = cls.__new__(cls)
+        self.path, self.meta_path = path, path[: -len(".parquet")] + ".meta.json"
+        with open(self.meta_path) as fh:
+            old = json.load(fh)
+        done = list(old.get("groups_done", []))
+        df = pd.read_parquet(path) if os.path.exists(path) else pd.DataFrame(columns=ROW_COLUMNS)
+        kept = df[df["transport"].isin(done)]
+        self.frames = [kept] if len(kept) else []
+        resumes = [*old.get("resumed", []), {"started": meta["started"], "argv": meta["argv"],
+                                             "dropped_rows": int(len(df) - len(kept))}]
+        self.meta = dict(old, status="INCOMPLETE", reason=INCOMPLETE_REASON, resumed=resumes,
+                         git_commit=meta["git_commit"], run_id=meta["run_id"], shm_segments=meta["shm_segments"])
+        self._write_table()
+        self._write_meta()
+        return self
+
+    def last_case(self) -> int:
+        """The highest case number stored (new cases continue after it)."""
+        return max((int(f["case"].max()) for f in self.frames if len(f)), default=0)
+
+    def group_done(self, transport: str) -> None:
+        """Every case of ``transport`` is stored: a resume will not run it again."""
+        self.meta["groups_done"].append(transport)
         self._write_meta()
 
     def add(self, rows: list[dict]) -> None:
         """Append one case's rows and rewrite the table atomically."""
         self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))
+        self._write_table()
+
+    def _write_table(self) -> None:
+        if not self.frames:
+            return
         df = pd.concat(self.frames, ignore_index=True)
         tmp = self.path + ".tmp"
         df.to_parquet(tmp, index=False)

@@ -6,71 +6,13 @@ import sys
 import time
 from collections import Counter
 
-from . import __version__, comm
+from . import __version__, cleanup, comm, config
+from . import model as M
+from . import status as ST
 from . import suite as S
+from .guard import GUARD, describe
 from .harness import Harness, Options, UserError
-from .schedule import SchemeError, make_pairs
-
-FLAG_AXES = {"transport": "transport", "op": "op", "model": "model", "tokens": "tokens", "coalesce": "coalesce",
-             "alloc": "alloc", "layout": "layout", "dtype": "dtype", "tp": "tp", "pp": "pp",
-             "prefix_hit": "prefix_hit", "inflight": "inflight", "overlap": "overlap", "prefill_ms": "prefill_ms",
-             "handshake": "handshake", "arrival": "arrival"}
-WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
-                  "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
-
-
-def block_sweep(a) -> list[int] | None:
-    """-b/-e/-f (nccl-tests style) -> block sizes in tokens."""
-    if a.minblock is None and a.maxblock is None:
-        return None
-    lo = a.minblock if a.minblock is not None else a.maxblock
-    hi = a.maxblock if a.maxblock is not None else lo
-    if a.stepfactor < 2:
-        raise S.SuiteError(f"-f {a.stepfactor}: the step factor must be 2 or more")
-    if lo > hi:
-        raise S.SuiteError(f"-b {lo} is larger than -e {hi}")
-    out, b = [], lo
-    while b <= hi:
-        out.append(b)
-        b *= a.stepfactor
-    return out
-
-
-def resolve(a) -> tuple[S.Suite, list[dict]]:
-    """The suite file (or defaults) with command-line overrides applied, validated and expanded."""
-    from .cli import custom_model
-
-    base = S.load(a.suite) if a.suite else S.Suite(name=a.name or "cli")
-    data = base.model_dump()
-    if a.suite is None:
-        data["axes"] = S.Axes().model_dump()
-    axes = data["axes"]
-    custom = custom_model(a)
-    for attr, key in FLAG_AXES.items():
-        val = getattr(a, attr, None)
-        if val:
-            axes[key] = val
-    if custom:
-        axes["model"] = [custom]
-    sweep = block_sweep(a)
-    if sweep:
-        axes["block_size"] = sweep
-    if a.variants:
-        data["variants"] = a.variants
-    if a.prefill_tflops is not None:
-        data["prefill_tflops"] = a.prefill_tflops
-    wl = {key: getattr(a, attr) for attr, key in WORKLOAD_FLAGS.items() if getattr(a, attr) is not None}
-    if wl or (a.arrival and any(x != "none" for x in a.arrival) and data.get("workload") is None):
-        data["workload"] = dict(data.get("workload") or {}, **wl)
-    for attr in ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "scheme"):
-        if getattr(a, attr) is not None:
-            data[attr] = getattr(a, attr)
-    if a.check is not None:
-        data["check"] = bool(a.check)
-    if a.name:
-        data["name"] = a.name
-    suite = S.validate(data, a.suite or "command line")
-    return suite, S.expand(suite)
+from .schedule import make_pairs
 
 
 def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
@@ -119,23 +61,6 @@ def cpu_lines(mode: str, hosts: list[str], cpus: list[list[int]]) -> list[str]:
     return out
 
 
-def transport_options(a) -> dict:
-    """-O key=value pairs for transports (numbers parsed), e.g. -O window=create -O ifname=eth0."""
-    out = {}
-    for item in a.option or []:
-        key, sep, val = item.partition("=")
-        if not sep or not key:
-            raise S.SuiteError(f"-O {item}: expected key=value")
-        try:
-            out[key] = int(val)
-        except ValueError:
-            try:
-                out[key] = float(val)
-            except ValueError:
-                out[key] = val
-    return out
-
-
 def preamble(c, suite, argv, hosts) -> list[str]:
     per_host = ", ".join(f"{h}({n})" for h, n in Counter(hosts).items())
     return [
@@ -148,8 +73,13 @@ def preamble(c, suite, argv, hosts) -> list[str]:
     ]
 
 
+STARTUP_S = 120.0  # MPI start, validation on rank 0, the broadcast: no run needs longer before its setup
+FINISH_S = 60.0  # the last barrier and MPI's finalisation
+
+
 def run(a, argv: list[str]) -> int:
     """Entry point of `kvbench run` on every rank."""
+    GUARD.install()  # signals and the watchdog, before MPI or any library starts a thread
     names = list(a.transport or [])
     if a.suite:
         try:
@@ -157,89 +87,143 @@ def run(a, argv: list[str]) -> int:
         except S.SuiteError:
             pass  # rank 0 reports it below
     comm.preload(names)
-    c = comm.get()
-    payload = None
-    if c.rank == 0:
-        try:
-            suite, cases = resolve(a)
-            make_pairs(suite.scheme, c.size)
-            # models travel with the cases: a YAML file or flags exist only on rank 0's side
-            from . import model as M
-
-            models = {case["model"]: M.get_model(case["model"]) for case in cases}
-            payload = (suite.model_dump(), cases, transport_options(a), models, None)
-        except (S.SuiteError, UserError, SchemeError, ValueError) as exc:
-            payload = (None, None, None, None, str(exc))
-    suite_d, cases, topts, models, err = c.bcast(payload)
+    with GUARD.deadline("start-up (MPI, validation on rank 0)", STARTUP_S):
+        c = comm.get()
+        GUARD.attach(c)
+        payload = None
+        if c.rank == 0:
+            try:
+                payload = (config.build(a, argv, c.size).model_dump(), None)
+            except config.ConfigError as exc:
+                payload = (None, str(exc))
+        cfg_d, err = c.bcast(payload)
     if err:
-        return finish(c, 1, err)
-    try:
-        from . import model as M
-
-        M.PRESETS.update(models or {})
-        suite = S.Suite.model_validate(suite_d)
-    except Exception as exc:  # rank 0 validated this; a failure here is a broken rank: end the job, never hang
-        from .cli import fail_rank
-
-        fail_rank(exc)
-    hosts = c.allgather(c.hostname)
-    cpus = c.allgather(bind_cpus(a.bind, c.rank, hosts))
+        return finish(c, ST.INPUT_ERROR, err)
+    cfg = config.RunConfig.model_validate(cfg_d)
+    M.PRESETS.update(cfg.shapes())
+    suite, cases = cfg.suite, cfg.cases
     opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.rounds, check=suite.check, seed=suite.seed,
-                   pool_factor=suite.pool_factor, timeout=suite.timeout, inject_corruption=a.inject_corruption,
-                   variants=tuple(suite.variants), transport_options=topts)
-    printer = writer = None
+                   pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,
+                   inject_corruption=cfg.inject_corruption, variants=tuple(suite.variants),
+                   transport_options=cfg.transport_options)
+    with GUARD.deadline("start-up (run id, orphan sweep, memory preflight)", STARTUP_S):
+        if suite.workload is not None:  # many requests, bounded decode pool, back-pressure
+            from .load import LoadHarness
+
+            h = LoadHarness(c, opts, suite.workload)
+        else:
+            h = Harness(c, opts)
+        GUARD.run_id = h.run_id
+        GUARD.cleanups += [lambda: cleanup.unlink_mpich(cleanup.mapped_mpich()), lambda: cleanup.unlink_run(h.run_id)]
+        swept = cleanup.sweep_orphans()
+        cleanup.record_mpich(h.run_id, c.rank)
+        hosts = c.allgather(c.hostname)
+        cpus = c.allgather(bind_cpus(cfg.bind, c.rank, hosts))
+        mpich = c.gather(cleanup.mapped_mpich())
+        swept = c.gather(swept)
+        try:
+            h.preflight(cases, suite.scheme)
+            err = None
+        except UserError as exc:
+            err = str(exc)
+        if err is None and c.rank == 0 and cfg.resume:
+            err = same_machine(cfg.resume, hosts)
+        err = c.bcast(err)
+    if err:
+        return finish(c, ST.INPUT_ERROR, err)
+    writer = printer = None
+    done: list[str] = []
     if c.rank == 0:
-        from .report import OVERLAP_COLUMNS, LivePrinter, header_lines, overlap_header_lines, uses_overlap
-        from .results import ResultWriter, git_commit, library_versions, system_description
+        writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h)
+        GUARD.writer = writer
 
-        for line in (preamble(c, suite, argv, hosts) + cpu_lines(a.bind, hosts, cpus)
-                     + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)):
-            print(line)
-        meta = {"kvbench_version": __version__, "suite": suite.model_dump(), "cases": cases, "argv": argv,
-                "transport_options": topts,
-                "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
-                "system": system_description(), "hosts": hosts, "world_size": c.size,
-                "cpu_bind": a.bind, "cpus": cpus,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        writer = ResultWriter(a.results, a.name or suite.name, meta)
-        overlap = uses_overlap(cases)
-        printer = LivePrinter(lambda s: print(s, flush=True), OVERLAP_COLUMNS if overlap else None)
-        for line in overlap_header_lines() if overlap else header_lines():
-            print(line)
-        sys.stdout.flush()
+        def sink(rows):
+            printer.add(rows)
+            writer.add(rows)
 
-    def sink(rows):
-        printer.add(rows)
-        writer.add(rows)
-
-    if suite.workload is not None:  # many requests, bounded decode pool, back-pressure
-        from .load import LoadHarness
-
-        h = LoadHarness(c, opts, sink if c.rank == 0 else None, suite.workload)
-    else:
-        h = Harness(c, opts, sink if c.rank == 0 else None)
+        h.set_sink(sink)
+        h.on_group_done = writer.group_done
+    done = c.bcast(done)
     try:
-        h.run(cases, suite.scheme)
-    except UserError as exc:
-        return finish(c, 1, str(exc))
+        h.run([k for k in cases if k["transport"] not in done], suite.scheme)
     except Exception as exc:  # a failed rank ends the job, with its error printed once
-        from .cli import fail_rank
-
-        fail_rank(exc)
+        GUARD.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
     code = 0
     if c.rank == 0:
-        st = printer.summary()
-        skipped = int((st["status"] == "skipped").sum()) if st is not None else 0
-        ok = h.total_wrong == 0
-        print(f"# wrong elements: {h.total_wrong}   cases: {0 if st is None else len(st)} "
-              f"({skipped} skipped)   {'OK' if ok else 'FAILED'}")
-        print(f"# results: {writer.path}")
-        writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=h.total_wrong,
-                      status="OK" if ok else "FAILED", harness_overhead_us=overhead_us(printer),
-                      transports=h.transport_info, **getattr(h, "extra_meta", {}))
-        code = 0 if ok else 1
-    code = c.bcast(code)
+        code = footer(cfg, writer, printer, h)
+    with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
+        code = c.bcast(code)
     return finish(c, code)
+
+
+def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
+    """Rank 0, after validation and preflight: the preamble, the result files, the live table."""
+    from .report import OVERLAP_COLUMNS, LivePrinter, header_lines, overlap_header_lines, uses_overlap
+    from .results import ResultWriter, git_commit, library_versions, system_description
+
+    suite, cases = cfg.suite, cfg.cases
+    for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus)
+                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)):
+        print(line)
+    gone = sorted({p for part in swept for p in part})
+    if gone:
+        print(f"# removed {len(gone)} shared-memory leftover(s) of earlier kvbench jobs whose processes are gone")
+    meta = {"kvbench_version": __version__, "name": cfg.name, "suite": suite.model_dump(), "cases": cases,
+            "models": cfg.models, "argv": argv, "transport_options": cfg.transport_options,
+            "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
+            "system": system_description(), "hosts": hosts, "world_size": c.size,
+            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id,
+            "shm_segments": {"kvbench": f"{cleanup.SHM_DIR}/kvbench_{h.run_id}_*",
+                             "mpich": sorted({p for part in mpich for p in part})},
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if cfg.resume:
+        writer = ResultWriter.reopen(cfg.resume, meta)
+        done = list(writer.meta.get("groups_done", []))
+        h.case_no = writer.last_case()
+        print(f"# resuming {cfg.resume}: transports done {', '.join(done) or 'none'}; the rest run now")
+    else:
+        writer, done = ResultWriter(cfg.results, cfg.name, meta), []
+    print(f"# run id: {h.run_id}   results: {writer.path}")
+    overlap = uses_overlap(cases)
+    printer = LivePrinter(lambda s: print(s, flush=True), OVERLAP_COLUMNS if overlap else None)
+    for line in overlap_header_lines() if overlap else header_lines():
+        print(line)
+    sys.stdout.flush()
+    return writer, printer, done
+
+
+def same_machine(path: str, hosts: list[str]) -> str | None:
+    """A resumed run must continue on the machine (hosts, CPU) that started it."""
+    from .results import system_description
+
+    meta = config.read_sidecar(path)
+    if meta.get("hosts") != hosts:
+        return f"--resume {path}: it ran on hosts {meta.get('hosts')}, this launch is on {hosts}: start a new run"
+    then, now = meta.get("system", {}), system_description()
+    for key in ("cpu_model", "cpus", "mem_total_bytes"):
+        if then.get(key) != now.get(key):
+            return f"--resume {path}: the machine changed ({key}: {then.get(key)} then, {now.get(key)} now)"
+    return None
+
+
+def footer(cfg, writer, printer, h) -> int:
+    """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too)."""
+    import pandas as pd
+
+    from .report import summarize
+
+    df = pd.concat(writer.frames, ignore_index=True) if writer.frames else None
+    st = summarize(df) if df is not None else None
+    cases = 0 if st is None else len(st)
+    skipped = 0 if st is None else int((st["status"] == "skipped").sum())
+    wrong = 0 if df is None else int(df["nwrong"].fillna(0).sum())
+    status = ST.verdict(cases - skipped, cfg.suite.check, wrong)
+    print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
+    print(f"# results: {writer.path}")
+    writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=wrong, status=status,
+                  reason=ST.STATUSES[status][1], harness_overhead_us=overhead_us(printer),
+                  transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
+    return ST.exit_code(status)
 
 
 def overhead_us(printer) -> dict:
@@ -258,9 +242,14 @@ def overhead_us(printer) -> dict:
 
 
 def finish(c, code: int, err: str | None = None) -> int:
+    """The way out of a run that ended by itself (or refused its input on every rank alike)."""
     if err and c.rank == 0:
         print(f"kvbench: error: {err}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    c.barrier()
-    c.finalize()
+    with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
+        c.barrier()
+        if GUARD.run_id:
+            cleanup.unlink_run(GUARD.run_id)
+        GUARD.detach()
+        c.finalize()
     return code

@@ -10,12 +10,12 @@ import itertools
 import os
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import model as M
 from . import transports
 from .pool import LAYOUTS, parse_alloc
+from .yamlfile import read
 
 SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "suites")
 
@@ -41,10 +41,14 @@ def parse_arrival(spec: str) -> tuple[str, float]:
     return kind, x
 
 
-class Axes(BaseModel):
-    """Sweep axes; each is a list of values."""
+# YAML types are taken as written: "20" is not an integer, 32.5 is not a block size, inf is not a timeout
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    model_config = ConfigDict(extra="forbid")
+
+class Axes(BaseModel):
+    """Sweep axes; each is a list of values, none twice."""
+
+    model_config = STRICT
     transport: list[str] = Field(default=["loopback", "shm"], min_length=1)
     op: list[Literal["push", "pull"]] = Field(default=["push"], min_length=1)
     model: list[str] = Field(default=["llama-3-8b"], min_length=1)
@@ -62,6 +66,16 @@ class Axes(BaseModel):
     prefill_ms: list[float | Literal["auto"]] = Field(default=[0.0], min_length=1)
     handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
     arrival: list[str] = Field(default=["none"], min_length=1)
+
+    @field_validator("*")
+    @classmethod
+    def _unique(cls, v):
+        seen = set()
+        for x in v:
+            if x in seen:
+                raise ValueError(f"{x!r} is listed twice")
+            seen.add(x)
+        return v
 
     @field_validator("transport")
     @classmethod
@@ -93,6 +107,14 @@ class Axes(BaseModel):
                 raise ValueError(f"{x} is not a positive integer")
         return v
 
+    @field_validator("prefix_hit")
+    @classmethod
+    def _hit(cls, v):
+        for x in v:
+            if x < 0:
+                raise ValueError(f"{x} is negative (prompt tokens already cached at decode: 0 or more)")
+        return v
+
     @field_validator("arrival")
     @classmethod
     def _arrival(cls, v):
@@ -119,7 +141,7 @@ class Axes(BaseModel):
 class Workload(BaseModel):
     """Many requests through the pairs with a bounded decode pool (back-pressure); see kvbench/load.py."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     requests: int = Field(default=100, ge=1)  # per prefill rank
     prompt: str = "1024"  # "N", "a,b,c" (cycled), "uniform:lo:hi", "lognormal:median:sigma"
     decode_ms: float = Field(default=20.0, ge=0)  # a request holds its decode blocks this long after landing
@@ -130,7 +152,7 @@ class Workload(BaseModel):
 class Suite(BaseModel):
     """A whole sweep: axes plus how to run each case."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str = "cli"
     description: str = ""
     iters: int = Field(default=20, ge=1)
@@ -140,7 +162,8 @@ class Suite(BaseModel):
     scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
     seed: int = 0
     pool_factor: float = Field(default=2.0, ge=1.0)
-    timeout: float = Field(default=600.0, gt=0)
+    timeout: float = Field(default=600.0, gt=0)  # seconds one case may take (warm-up, iterations, check)
+    setup_timeout: float | None = Field(default=None, gt=0)  # a transport's setup; None: derived from its pool bytes
     variants: list[Literal["bulk", "paged"]] = Field(default=["bulk", "paged"], min_length=1)
     prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
     workload: Workload | None = None
@@ -188,11 +211,10 @@ def resolve_path(name: str) -> str:
 def load(name: str) -> Suite:
     """Read and validate a suite file (or a name from suites/)."""
     path = resolve_path(name)
-    with open(path) as fh:
-        try:
-            data = yaml.safe_load(fh)
-        except yaml.YAMLError as exc:
-            raise SuiteError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    try:
+        data = read(path)
+    except ValueError as exc:
+        raise SuiteError(str(exc)) from None
     return validate(data, path)
 
 

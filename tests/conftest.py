@@ -27,23 +27,6 @@ def mpiexec() -> str | None:
     return cand if os.path.exists(cand) else shutil.which("mpiexec")
 
 
-def shm_files() -> set[str]:
-    return set(glob.glob("/dev/shm/*"))
-
-
-def in_use(paths: set[str]) -> set[str]:
-    """Those of ``paths`` that a live process still maps (another job's, not left behind)."""
-    used = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        used.update(p for p in paths if p in text)
-    return used
-
-
 @dataclass
 class Run:
     code: int
@@ -78,28 +61,37 @@ def _launch(cmd, timeout, env):
     return proc.returncode, out, err
 
 
+def leftovers_of(results: str | None) -> list[str]:
+    """This run's own /dev/shm files still present, found by its run id (never by comparing /dev/shm
+    before and after: another job's files would be counted as ours)."""
+    from kvbench import cleanup
+
+    if not results:
+        return []
+    with open(results.replace(".parquet", ".meta.json")) as fh:
+        meta = json.load(fh)
+    return cleanup.leftovers(meta["run_id"], meta.get("shm_segments", {}).get("mpich", []))
+
+
 @pytest.fixture
 def kvrun(tmp_path):
-    """kvrun(args, n=2, timeout=120, allow_leftovers=False) -> Run."""
+    """kvrun(args, n=2, timeout=120, env=None, leftovers_ok=False) -> Run; asserts the run left nothing behind."""
     exe = mpiexec()
     if exe is None:
         pytest.skip("no mpiexec: run `make install` (installs the mpich wheel)")
-    before = shm_files()
 
-    def run(args, n=2, timeout=120, aborts=False, env=None):
+    def run(args, n=2, timeout=120, env=None, leftovers_ok=False, out_dir=None):
         e = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        cmd = [exe, "-n", str(n), sys.executable, "-m", "kvbench", "run", "-o", str(tmp_path / "results"), *args]
+        res = str(out_dir or tmp_path / "results")
+        cmd = [exe, "-n", str(n), sys.executable, "-m", "kvbench", "run", "-o", res, *args]
         code, out, err = _launch(cmd, timeout, e)
-        new = shm_files() - before
-        if aborts:  # a deliberate abort: MPICH leaves its segments (PLATFORM pitfall 8); ours must be gone
-            for f in new:
-                if os.path.basename(f).startswith("mpich_shm_"):
-                    os.unlink(f)
-            new = shm_files() - before
-        new -= in_use(new)
-        assert not new, f"/dev/shm files left behind: {sorted(new)}"
-        found = sorted(glob.glob(str(tmp_path / "results" / "*" / "*.parquet")))
-        return Run(code, out, err, found[-1] if found else None)
+        found = sorted(glob.glob(os.path.join(res, "*", "*.parquet")) + glob.glob(os.path.join(res, "*", "*.meta.json")))
+        newest = max(found, key=os.path.getmtime) if found else None
+        path = newest.replace(".meta.json", ".parquet") if newest else None
+        if not leftovers_ok:
+            left = leftovers_of(path)
+            assert not left, f"/dev/shm files of this run left behind: {left}"
+        return Run(code, out, err, path)
 
     return run
 

@@ -1,16 +1,25 @@
-"""Bad input: one clear line on rank 0, exit code 1, no traceback, no hang."""
+"""Bad input: one clear line on rank 0, exit code 1, no traceback, no hang, and nothing written."""
+import glob
+import os
+
 import pytest
 
 SMALL = ["--tokens", "256", "-n", "2", "-w", "0"]
 
 
-def assert_one_line(r, *needles):
-    assert r.code == 1, (r.code, r.out, r.err)
-    lines = [ln for ln in r.err.splitlines() if ln.startswith("kvbench: error:")]
+def assert_one_line(r, *needles, code=1):
+    assert r.code == code, (r.code, r.out, r.err)
+    lines = [ln for ln in r.err.splitlines() if ln.startswith("kvbench: ")]
     assert len(lines) == 1, r.err  # printed once (rank 0), not once per rank
     for n in needles:
         assert n in lines[0], lines[0]
     assert "Traceback" not in r.err + r.out
+    return lines[0]
+
+
+def assert_nothing_written(tmp_path):
+    """A run refused at validation creates no result file and no sidecar."""
+    assert not glob.glob(str(tmp_path / "results" / "**" / "*.*"), recursive=True)
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -22,30 +31,92 @@ def assert_one_line(r, *needles):
     (["--op", "shove"], ["axes.op", "'push'"]),
     (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
     (["--rounds", "3"], ["rounds (3) cannot exceed iters (2)"]),
-    (["-O", "split=-1"], ["mpi option split=-1 must be >= 0"]),
-    (["-t", "tcp", "-O", "poll=often"], ["tcp option poll='often' is not one of: block, control, spin"]),
+    # the inputs that once hung (the block sweep never ended) or passed validation and failed later
+    (["-b", "0"], ["-b 0", "not a positive power of two"]),
+    (["-b", "-16"], ["-b -16", "not a positive power of two"]),
+    (["-b", "-16", "-e", "16"], ["-b -16", "not a positive power of two"]),
+    (["-f", "1", "-b", "16", "-e", "64"], ["-f 1", "2 or more"]),
+    (["--prefix-hit", "-5"], ["axes.prefix_hit", "-5 is negative"]),
+    (["--timeout", "inf"], ["timeout", "finite"]),
+    (["--timeout", "nan"], ["timeout", "finite"]),
+    (["--timeout", "0"], ["timeout", "greater than 0"]),
+    (["--setup-timeout", "-1"], ["setup_timeout", "greater than 0"]),
+    (["--pool-factor", "inf"], ["pool_factor", "finite"]),
+    (["-t", "shm,shm"], ["axes.transport", "'shm' is listed twice"]),
+    (["--inject-corruption", "-1"], ["--inject-corruption", "greater than or equal to 0"]),
 ])
-def test_bad_flag(kvrun, args, needles):
-    default = "mpi" if "-O" in args else "shm"
-    assert_one_line(kvrun(["-t", default, *SMALL, *args] if "-t" not in args else [*SMALL, *args]), *needles)
+def test_bad_flag(kvrun, tmp_path, args, needles):
+    assert_one_line(kvrun(["-t", "shm", *SMALL, *args] if "-t" not in args else [*SMALL, *args]), *needles)
+    assert_nothing_written(tmp_path)
 
 
-def test_unknown_suite_field(kvrun, tmp_path):
+@pytest.mark.parametrize("args,needles", [
+    (["-t", "mpi", "-O", "split=-1"], ["mpi option split='-1'", "greater than or equal to 0"]),
+    (["-t", "tcp", "-O", "poll=often"], ["tcp option poll='often'", "'block', 'control' or 'spin'"]),
+    (["-t", "tcp", "-O", "sockbuf=abc"], ["tcp option sockbuf='abc'", "valid integer"]),
+    (["-t", "shm,tcp", "-O", "polll=spin"], ["no transport of this run has an option 'polll'", "tcp: addr"]),
+    (["-t", "tcp", "-O", "nixl.prep=on"], ["transport 'nixl' is not in this run"]),
+    (["-t", "tcp", "-O", "tcp.window=create"], ["tcp has no option 'window'"]),
+    (["-t", "tcp", "-O", "poll"], ["expected key=value"]),
+    (["-t", "tcp", "-O", "connect_timeout=inf"], ["connect_timeout='inf'", "finite"]),
+])
+def test_bad_transport_option(kvrun, tmp_path, args, needles):
+    assert_one_line(kvrun([*SMALL, *args]), *needles)
+    assert_nothing_written(tmp_path)
+
+
+def test_scoped_and_unscoped_options_reach_only_transports_that_have_them(kvrun):
+    r = kvrun(["-t", "shm,tcp", "--op", "push", "-b", "64", "-e", "64", *SMALL, "-O", "poll=spin",
+               "-O", "tcp.sockbuf=1048576"])
+    assert r.code == 0, r.out + r.err
+    assert r.meta()["transport_options"] == {"tcp": {"poll": "spin", "sockbuf": 1048576}}
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("name: bad\naxes:\n  transport: [shm]\n  blocksize: [16]\n", ["axes.blocksize", "unknown field", "block_size"]),
+    ("name: bad\niters: 0\n", ["field 'iters'", "greater than or equal to 1"]),
+    ("name: bad\niters: 5\niters: 6\n", ["duplicate key 'iters'", "line 3"]),
+    ("name: bad\naxes:\n  prefix_hit: [-5]\n", ["axes.prefix_hit", "-5 is negative"]),
+    ("name: bad\niters: '20'\n", ["field 'iters'", "valid integer"]),
+    ("name: bad\naxes:\n  block_size: [32.5]\n", ["axes.block_size", "valid integer"]),
+    ("name: bad\ntimeout: .inf\n", ["field 'timeout'", "finite"]),
+    ("name: bad\naxes: [shm\n", ["not valid YAML"]),
+])
+def test_bad_suite(kvrun, tmp_path, text, needles):
     p = tmp_path / "bad.yaml"
-    p.write_text("name: bad\naxes:\n  transport: [shm]\n  blocksize: [16]\n")
-    assert_one_line(kvrun([str(p)]), "axes.blocksize", "unknown field", "block_size")
+    p.write_text(text)
+    assert_one_line(kvrun([str(p)]), str(p), *needles)
+    assert_nothing_written(tmp_path)
 
 
-def test_bad_suite_value(kvrun, tmp_path):
-    p = tmp_path / "bad.yaml"
-    p.write_text("name: bad\niters: 0\n")
-    assert_one_line(kvrun([str(p)]), "field 'iters'", "greater than or equal to 1")
+@pytest.mark.parametrize("text,needles", [
+    ("name: m\nkv_heads: 8\nhead_dim: 128\n", ["field 'layers'", "required"]),
+    ("name: m\nlayers: many\nkv_heads: 8\nhead_dim: 128\n", ["field 'layers'", "valid integer"]),
+    ("name: m\nlayers: 32.5\nkv_heads: 8\nhead_dim: 128\n", ["field 'layers'", "valid integer"]),
+    ("name: m\nlayers: 32\nlayers: 16\nkv_heads: 8\nhead_dim: 128\n", ["duplicate key 'layers'"]),
+    ("name: m\nlayers: 32\nkv_heads: 8\nhead_dims: 128\n", ["field 'head_dims'", "unknown field"]),
+    ("name: m\nlayers: 32\n", ["kv_heads and head_dim must be positive"]),
+])
+def test_bad_model_file(kvrun, tmp_path, text, needles):
+    p = tmp_path / "m.yaml"
+    p.write_text(text)
+    assert_one_line(kvrun(["-t", "shm", *SMALL, "-m", str(p)]), "model file", *needles)
+    assert_nothing_written(tmp_path)
 
 
-def test_pool_that_does_not_fit_in_memory(kvrun):
+def test_unwritable_results_directory(kvrun, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    r = kvrun(["-t", "shm", *SMALL, "-o", str(blocker / "results")], timeout=30)
+    assert_one_line(r, f"-o {blocker}/results", "is not a directory")
+    assert sorted(os.listdir(tmp_path)) == ["a-file"]
+
+
+def test_pool_that_does_not_fit_in_memory(kvrun, tmp_path):
     # llama-3.1-405b fp32 at 32k tokens: 132 GB per request, far beyond this machine
     assert_one_line(kvrun(["-t", "shm", "-m", "llama-3.1-405b", "--dtype", "fp32", "--tokens", "32768"]),
                     "pools need", "GiB", "available")
+    assert_nothing_written(tmp_path)
 
 
 def test_odd_number_of_ranks_pairwise(kvrun):

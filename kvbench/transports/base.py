@@ -135,6 +135,12 @@ class Transport:
         """
         return None
 
+    @classmethod
+    def memory_needs(cls, nbytes: int, options: dict) -> dict[str, int]:
+        """Besides RAM, what a pool of ``nbytes`` takes on this rank: ``shm`` (bytes in /dev/shm),
+        ``locked`` (bytes pinned by registration).  The preflight refuses a run that would not fit."""
+        return {}
+
     def alloc(self, nbytes: int) -> Buffer | None:
         """Optionally provide the pool's memory (None: the harness allocates)."""
         return None
@@ -207,6 +213,13 @@ class Transport:
 
     def close(self) -> None:
         """Release connections and registrations. Must be idempotent."""
+
+
+def rdma_present() -> bool:
+    """An RDMA device exists (its registrations pin memory)."""
+    import os
+
+    return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
 
 
 def check_descs(descs: np.ndarray, src_nbytes: int, dst_nbytes: int) -> None:

@@ -47,7 +47,7 @@ from collections import Counter
 import numpy as np
 
 from ..net import accept_peers, dial, recv_exact
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, rdma_present
 
 _TAG = struct.Struct("<Q")
 _MASK = (1 << 64) - 1
@@ -59,6 +59,11 @@ class MooncakeTransport(Transport):
     name = "mooncake"
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
+
+    @classmethod
+    def memory_needs(cls, nbytes, options):
+        pins = options.get("protocol") == "rdma" or (options.get("protocol") is None and rdma_present())
+        return {"locked": nbytes} if pins else {}  # an RDMA registration pins the pool
 
     @classmethod
     def probe(cls) -> str | None:

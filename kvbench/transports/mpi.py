@@ -81,6 +81,11 @@ class MpiTransport(MpiBase):
         self._landed: dict[int, set[int]] = {}  # peer -> tags notified but not yet waited for
         self._note_buf = np.empty(_NOTE_MAX, dtype=np.int64)
 
+    @classmethod
+    def memory_needs(cls, nbytes, options):
+        # MPICH backs a Win.Allocate window with a /dev/shm segment shared by the node's ranks
+        return {"shm": nbytes} if options.get("window", "allocate") == "allocate" and options.get("mode") != "sendrecv" else {}
+
     def alloc(self, nbytes: int) -> Buffer | None:
         """window == "allocate": Win.Allocate the pool (collective)."""
         if self.window != "allocate":

@@ -24,7 +24,7 @@ from collections import Counter, OrderedDict, deque
 
 import numpy as np
 
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, rdma_present
 
 _HDR = struct.Struct("<4sQQqB")  # magic, pool addr, pool bytes, device id, 1 = VRAM
 _MAGIC = b"KVBN"
@@ -46,6 +46,10 @@ class NixlTransport(Transport):
     name = "nixl"
     caps = Caps(memory=("host", "cuda"), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
+
+    @classmethod
+    def memory_needs(cls, nbytes, options):
+        return {"locked": nbytes} if rdma_present() else {}  # an RDMA registration pins the pool
 
     @classmethod
     def probe(cls) -> str | None:

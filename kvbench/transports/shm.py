@@ -56,6 +56,10 @@ class ShmTransport(Transport):
             return f"{shm_dir} is not a writable directory"
         return None
 
+    @classmethod
+    def memory_needs(cls, nbytes, options):
+        return {"shm": nbytes}
+
     def alloc(self, nbytes: int) -> Buffer:
         """The pool lives in a named shared segment so that peers can map it."""
         size = max(nbytes, mmap.PAGESIZE)

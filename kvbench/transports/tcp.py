@@ -63,6 +63,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import faults
 from ..net import accept_peers, dial, py_vec, recv_exact, select_addr, tune
 from .base import DST, LEN, SRC, Caps, Transport, TransportError, check_descs
 
@@ -132,6 +133,7 @@ class _Conn:
         self.peer, self.sock, self.fd, self.array, self.error = peer, sock, sock.fileno(), array, None
         self.wlock, self.ctl, self.relay = threading.Lock(), ctl, None
         self.pending: dict[int, bytes | None] = {}
+        self.fault_close = False  # fault injection only
         try:
             from .. import _native
 
@@ -229,11 +231,21 @@ class _Conn:
             descs, col = _NO_DESCS, SRC  # header only (a pull request)
         if sending:
             with self.wlock:
+                if self.fault_close and len(descs) and descs[:, LEN].sum() > 1:
+                    self._close_mid_layer(hdr, descs, col)
                 return self.send(hdr, descs, col)
         if isinstance(got := self.recv(hdr, descs, col), bytes):
             raise TransportError(f"tcp: stream from rank {self.peer} out of step: expected {_describe(_HDR.unpack(hdr))}, "
                                  f"got {_describe(_HDR.unpack(got))}")
         return got
+
+    def _close_mid_layer(self, hdr: bytes, descs: np.ndarray, col: int) -> None:
+        """Fault injection (KVBENCH_FAULT=tcp-close:<rank>): the header and half of the layer, then hang up."""
+        half = descs[:1].copy()
+        half[0, LEN] = max(1, int(half[0, LEN]) // 2)
+        self.send(hdr, half, col)
+        self.sock.shutdown(socket.SHUT_RDWR)
+        raise TransportError(f"tcp: injected fault: closed the connection to rank {self.peer} half-way through a layer")
 
     def fail(self, err: TransportError) -> None:
         """Record the first error and shut the socket, so both ends stop rather than hang."""
@@ -322,6 +334,7 @@ class TcpTransport(Transport):
             for s in ss:
                 s.settimeout(None)  # a blocking fd, as the native writev/readv expect
             self.conns[p] = _Conn(p, ss[0], self.pool.array, self.poll, ss[1] if n > 1 else None)
+            self.conns[p].fault_close = faults.armed("tcp-close", c.rank)
 
     def _conn(self, peer: int) -> _Conn:
         if peer not in self.conns:

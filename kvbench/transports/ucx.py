@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, rdma_present
 
 _MAGIC = 0x4B56424E55435831  # "KVBNUCX1"
 _PUSH_HDR, _PUSH_DATA, _PULL_REQ, _PULL_DATA = 1, 2, 3, 4
@@ -52,6 +52,10 @@ class UcxTransport(Transport):
     name = "ucx"
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False,
                 multi_node=True, notifies=True, network=True)
+
+    @classmethod
+    def memory_needs(cls, nbytes, options):
+        return {"locked": nbytes} if rdma_present() else {}  # an RDMA registration pins the pool
 
     @classmethod
     def probe(cls) -> str | None:

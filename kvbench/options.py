@@ -1,0 +1,136 @@
+"""``-O`` transport options: known keys, typed values, allowed ranges, scoped per transport.
+
+``-O key=value`` applies to every transport of the run that has an option
+``key`` (an error only when none has it); ``-O tcp.key=value`` to tcp alone.
+Each transport's options are a pydantic model here, not in the transport's
+module, so that they are validated on rank 0 before anything starts and
+without importing optional libraries.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+OnOff = Literal["on", "off"]
+_BOOL = {"on": "on", "off": "off", "true": "on", "false": "off", "1": "on", "0": "off", "yes": "on", "no": "off"}
+
+
+class _Opts(BaseModel):
+    """Values arrive as the strings typed after '='; pydantic turns them into the option's type."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _onoff(cls, v, info):
+        field = cls.model_fields[info.field_name]
+        if field.annotation == OnOff and isinstance(v, str | int):
+            return _BOOL.get(str(v).lower(), v)
+        return v
+
+
+class _Net(_Opts):
+    addr: str | None = Field(None, description="address to listen on and advertise (beats ifname)")
+    ifname: str | None = Field(None, description="interface name prefixes, ^exclude, =exact (NCCL style)")
+
+
+class TcpOptions(_Net):
+    sockbuf: int = Field(0, ge=0, description="socket buffer bytes (0: kernel autotuning)")
+    connect_timeout: float = Field(60.0, gt=0, description="seconds to wait for peers at setup")
+    poll: Literal["block", "control", "spin"] = Field("block", description="how receive threads wait")
+    ready: Literal["socket", "mpi"] = Field("socket", description="how a pull's layer-ready signal travels")
+    switch_interval_us: float = Field(50.0, gt=0, description="Python thread switch interval while tcp runs")
+
+
+class MpiOptions(_Opts):
+    window: Literal["allocate", "create"] = Field("allocate", description="Win.Allocate (pool from MPI) or Win.Create")
+    epoch: Literal["lock_all", "lock"] = Field("lock_all", description="passive-target epoch")
+    prep: OnOff = Field("off", description="keep committed datatypes while a descriptor array is unchanged")
+    split: int = Field(4, ge=0, description="layers of at most N descriptors move as N contiguous calls")
+    mode: Literal["rma", "sendrecv"] = Field("rma", description="sendrecv: the two-sided mpi-sendrecv")
+
+
+class MpiSendRecvOptions(_Opts):
+    prep: OnOff = Field("off", description="keep committed datatypes while a descriptor array is unchanged")
+
+
+class NixlOptions(_Opts):
+    prep: OnOff = Field("off", description="prepared descriptor lists reused while unchanged")
+    progress_thread: OnOff = Field("off", description="NIXL's own progress thread")
+    telemetry: OnOff = Field("off", description="capture NIXL's per-transfer telemetry")
+
+
+class UcxOptions(_Opts):
+    tls: str | None = Field(None, description="UCX_TLS for kvbench's context, e.g. sm or tcp")
+    err_handling: OnOff = Field("off", description="peer error handling (excludes shared memory)")
+    staging_mib: float = Field(1024.0, gt=0, description="cap on staging buffers in use, MiB")
+
+
+class MooncakeOptions(_Net):
+    protocol: Literal["tcp", "rdma"] | None = Field(None, description="default: rdma when an RDMA device exists")
+    host: str | None = Field(None, description="address peers reach (default from addr/ifname)")
+    device: str | None = Field(None, description="HCA filter, e.g. mlx5_0,mlx5_1")
+    batch: int = Field(2048, ge=1, le=65535, description="descriptors per Mooncake batch")
+    notify: Literal["socket", "mpi"] = Field("socket", description="how the destination learns a write landed")
+
+
+SCHEMAS: dict[str, type[_Opts]] = {
+    "tcp": TcpOptions, "mpi": MpiOptions, "mpi-sendrecv": MpiSendRecvOptions, "nixl": NixlOptions,
+    "ucx": UcxOptions, "mooncake": MooncakeOptions,
+}
+
+
+class OptionError(ValueError):
+    """A bad -O option; the message is one line."""
+
+
+def known(name: str) -> list[str]:
+    schema = SCHEMAS.get(name)
+    return list(schema.model_fields) if schema else []
+
+
+def help_text() -> str:
+    """One line per transport: its options, for --help."""
+    return "; ".join(f"{n}: {' '.join(known(n))}" for n in SCHEMAS)
+
+
+def parse(items: list[str], selected: list[str]) -> dict[str, dict]:
+    """``-O`` items -> {transport: {key: typed value}} for the transports of this run (given keys only)."""
+    raw: dict[str, dict] = {n: {} for n in selected}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key or key.endswith("."):
+            raise OptionError(f"-O {item}: expected key=value or transport.key=value")
+        scope, dot, k = key.rpartition(".")
+        if dot:
+            if scope not in raw:
+                raise OptionError(f"-O {item}: transport '{scope}' is not in this run (transports: {', '.join(selected)})")
+            if k not in known(scope):
+                raise OptionError(f"-O {item}: {scope} has no option '{k}' ({_options_of(scope)})")
+            targets = [scope]
+        else:
+            targets = [n for n in selected if k in known(n)]
+            if not targets:
+                have = "; ".join(f"{n}: {_options_of(n)}" for n in selected)
+                raise OptionError(f"-O {item}: no transport of this run has an option '{k}' ({have})")
+        for n in targets:
+            if k in raw[n] and raw[n][k] != val:
+                raise OptionError(f"-O {item}: {n} option '{k}' is given twice with different values")
+            raw[n][k] = val
+    out = {}
+    for n, given in raw.items():
+        if not given:
+            continue
+        try:
+            out[n] = SCHEMAS[n].model_validate(given).model_dump(include=set(given))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            k = err["loc"][0] if err["loc"] else "?"
+            msg = err["msg"].removeprefix("Value error, ")
+            raise OptionError(f"-O: {n} option {k}={given.get(k)!r}: {msg}") from None
+    return out
+
+
+def _options_of(name: str) -> str:
+    return ", ".join(known(name)) or "it has no options"

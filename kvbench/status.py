@@ -1,0 +1,36 @@
+"""The one list of run statuses and exit codes, shared by the footer, the sidecar and the README.
+
+Pure data and one pure function: report, compare and resume read it too.
+"""
+from __future__ import annotations
+
+INPUT_ERROR = 1  # a mistake in what the user typed: one line, nothing allocated or written
+
+# status -> (exit code, meaning).  INCOMPLETE is the sidecar's status from the moment it is
+# created until the run ends one way or another: a job killed from outside (SIGKILL, the
+# launcher ending it after a peer died) cannot write anything, so its sidecar keeps saying so.
+STATUSES: dict[str, tuple[int | None, str]] = {
+    "OK": (0, "at least one case was measured, every measured case was checked, no element was wrong"),
+    "UNCHECKED": (0, "cases were measured but not checked (-c 0)"),
+    "FAILED": (2, "the check found wrong elements at a destination"),
+    "NOTHING MEASURED": (3, "every case was skipped (each row says why)"),
+    "ERROR": (4, "a rank failed (an exception, a transport error, a refused resource); the line names it"),
+    "TIMEOUT": (5, "a deadline passed (--timeout per case, --setup-timeout per transport's setup)"),
+    "INTERRUPTED": (130, "a signal ended the run (Ctrl-C = SIGINT, SIGTERM, SIGHUP)"),
+    "INCOMPLETE": (None, "the run never ended by itself: killed from outside, or still running"),
+}
+
+
+def exit_code(status: str) -> int:
+    """The process exit code for ``status`` (INCOMPLETE never exits by itself; 1 if asked)."""
+    code = STATUSES[status][0]
+    return INPUT_ERROR if code is None else code
+
+
+def verdict(measured: int, checked: bool, wrong: int) -> str:
+    """The footer's word for a run that ended by itself."""
+    if measured == 0:
+        return "NOTHING MEASURED"
+    if wrong:
+        return "FAILED"
+    return "OK" if checked else "UNCHECKED"

@@ -7,10 +7,10 @@ removes this run's segments and ends the job.  ``MPI_Abort`` can return with
 the mpich wheel (PLATFORM pitfall 11), so the process exits right after it
 whatever it did, and a timer ends it even if the exit path itself hangs.
 
-Signals are blocked in every thread (the mask is set before MPI or any library
-starts a thread) and taken by one thread of ours with ``sigwait``: a Python
-signal handler would only run once the main thread leaves a blocking MPI call,
-which in a hung collective is never.
+Signals reach a thread of ours through Python's wake-up file descriptor: a
+Python signal handler would only run once the main thread leaves a blocking MPI
+call, which in a hung collective is never (the handler itself does nothing, so
+no KeyboardInterrupt traceback either).
 """
 from __future__ import annotations
 
@@ -68,8 +68,12 @@ class Guard:
         if self._installed:
             return
         self._installed = True
-        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-        threading.Thread(target=self._signals, name="kvbench-signals", daemon=True).start()
+        rfd, wfd = os.pipe()
+        os.set_blocking(wfd, False)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        for sig in SIGNALS:
+            signal.signal(sig, lambda *_: None)
+        threading.Thread(target=self._signals, args=(rfd,), name="kvbench-signals", daemon=True).start()
         threading.Thread(target=self._watch, name="kvbench-watchdog", daemon=True).start()
         threading.excepthook = lambda a: self.fail("ERROR", describe(a.exc_value), a.exc_value)
 
@@ -120,8 +124,8 @@ class Guard:
                 self._deadline = None
             self.fail("TIMEOUT", f"{what} did not end within {limit:g} s")
 
-    def _signals(self) -> None:
-        sig = signal.sigwait(SIGNALS)
+    def _signals(self, rfd: int) -> None:
+        sig = os.read(rfd, 1)[0]
         name = signal.Signals(sig).name
         self.fail("INTERRUPTED", f"{name}{' (Ctrl-C)' if sig == signal.SIGINT else ''}; finished cases are kept")
 

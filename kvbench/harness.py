@@ -193,7 +193,7 @@ class Harness:
             t.close()
             for p in pools:
                 p.release()
-            GUARD.case = ""
+        GUARD.case = ""  # (kept when an exception passes: the one line names the case)
         self.sample(name, "closed")
 
     def pool_size(self, cases: list[dict], entries: int) -> int:

@@ -1,0 +1,149 @@
+"""Faults on real ranks: each ends the job in seconds with one line naming the rank, the case and the
+cause, the sidecar's status, the finished cases kept, and none of the run's /dev/shm files left."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, leftovers_of, mpiexec
+
+SHM = ["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "3", "-w", "1"]
+
+
+def assert_failed(r, status, code, *needles):
+    """Exit code, exactly one line (on any rank's stderr), the sidecar's status and reason."""
+    assert r.code == code, (r.code, r.out, r.err)
+    lines = [ln for ln in r.err.splitlines() if ln.startswith("kvbench: ")]
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith(f"kvbench: {status.lower()}: rank "), lines[0]
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert "Traceback" not in r.err + r.out
+    assert "# wrong elements" not in r.out  # no footer: the run did not end by itself
+    meta = r.meta()
+    assert meta["status"] == status and meta["reason"] == lines[0], meta
+    return lines[0]
+
+
+def cases_kept(r) -> list[int]:
+    return sorted(set(r.table().case)) if os.path.exists(r.results) else []
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_error_on_one_rank_fails_the_job(kvrun, rank):
+    r = kvrun(SHM, env={"KVBENCH_FAULT": f"post:{rank}"}, timeout=60)
+    assert_failed(r, "ERROR", 4, f"rank {rank} on ", "case 1 (shm push llama-3-8b 256 tokens, bulk)",
+                  "TransportError: injected fault")
+
+
+def test_stall_during_setup_ends_at_the_setup_deadline(kvrun):
+    t0 = time.monotonic()
+    r = kvrun([*SHM, "--setup-timeout", "3"], env={"KVBENCH_FAULT": "stall-setup:1"}, timeout=60)
+    assert time.monotonic() - t0 < 40
+    assert_failed(r, "TIMEOUT", 5, "rank 0 on ", "setup of shm (allocate and fill", "did not end within 3 s")
+    assert cases_kept(r) == []
+
+
+def test_stall_during_a_case_ends_at_its_timeout_and_keeps_earlier_cases(kvrun):
+    r = kvrun([*SHM, "--timeout", "3"], env={"KVBENCH_FAULT": "stall-case:1:2"}, timeout=60)
+    assert_failed(r, "TIMEOUT", 5, "rank 0 on ", "case 2 (shm push", "16-token blocks", "did not end within 3 s")
+    assert cases_kept(r) == [1]
+
+
+def test_tcp_connection_closed_mid_layer(kvrun):
+    r = kvrun(["-t", "tcp", *SHM[2:]], env={"KVBENCH_FAULT": "tcp-close:0"}, timeout=60)
+    line = assert_failed(r, "ERROR", 4, "case 1 (tcp push")
+    assert "connection" in line, line
+
+
+def test_wrong_token_is_refused_and_fails_the_job(kvrun):
+    r = kvrun(["-t", "tcp", *SHM[2:]], env={"KVBENCH_FAULT": "token:1"}, timeout=60)
+    assert_failed(r, "ERROR", 4, "rank 1 on ", "setup of tcp", "did not accept rank 1")
+    assert "refused connection from 127.0.0.1" in r.err and "bad token" in r.err
+
+
+def test_corrupted_byte_fails_with_its_own_status(kvrun):
+    r = kvrun([*SHM, "--inject-corruption", "1"])
+    assert r.code == 2 and "FAILED" in r.out
+    assert r.meta()["status"] == "FAILED" and r.meta()["total_wrong"] == 3  # one element per checked case
+
+
+def test_killed_rank_ends_the_job_keeps_cases_and_the_next_run_cleans_up(kvrun, tmp_path):
+    r = kvrun(SHM, env={"KVBENCH_FAULT": "kill:1:2"}, timeout=60, leftovers_ok=True)
+    assert r.code != 0
+    assert "Traceback" not in r.err
+    meta = r.meta()
+    assert meta["status"] == "INCOMPLETE"  # nobody survived to say more: the sidecar says the run never ended
+    assert cases_kept(r) == [1]
+    left = leftovers_of(r.results)
+    assert left  # MPICH's segment and kvbench's registries of the killed job
+    again = kvrun(["-t", "loopback", "-b", "64", "-e", "64", "--tokens", "256", "-n", "1", "-w", "0"],
+                  out_dir=tmp_path / "again")
+    assert again.code == 0, again.err
+    assert "shared-memory leftover(s) of earlier kvbench jobs" in again.out
+    assert leftovers_of(r.results) == []
+
+
+def _launch_and_interrupt(args, tmp_path, sig):
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    out = tmp_path / "results"
+    proc = subprocess.Popen([exe, "-n", "2", sys.executable, "-m", "kvbench", "run", "-o", str(out), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the first case is printed
+            line = proc.stdout.readline()
+            seen += line
+            if line and not line.startswith("#"):
+                break
+        os.killpg(proc.pid, sig)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.returncode, seen + rest, err, out
+
+
+def test_ctrl_c_is_one_line_and_keeps_finished_cases(tmp_path):
+    import glob
+    import json
+
+    args = [*SHM[:-4], "-n", "400", "-w", "1", "--rounds", "1"]
+    code, out, err, res = _launch_and_interrupt(args, tmp_path, signal.SIGINT)
+    lines = [ln for ln in err.splitlines() if ln.startswith("kvbench: ")]
+    assert len(lines) == 1 and lines[0].startswith("kvbench: interrupted: rank "), err
+    assert "SIGINT (Ctrl-C)" in lines[0]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert code == 130, (code, err)
+    meta_path = glob.glob(str(res / "*" / "*.meta.json"))[0]
+    meta = json.load(open(meta_path))
+    assert meta["status"] == "INTERRUPTED"
+    import pandas as pd
+
+    assert 1 in set(pd.read_parquet(meta_path.replace(".meta.json", ".parquet")).case)
+    assert leftovers_of(meta_path.replace(".meta.json", ".parquet")) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (a private /dev/shm)")
+def test_quick_suite_in_a_64_mib_dev_shm_is_one_line_not_a_bus_error(tmp_path):
+    exe = mpiexec()
+    res = tmp_path / "results"
+    script = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {exe} -n 2 {sys.executable} -m kvbench run quick "
+              f"-o {res}")
+    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("kvbench: ")]
+    assert p.returncode == 1 and len(lines) == 1, (p.returncode, p.stdout, p.stderr)
+    assert "shm: pools need" in lines[0] and "/dev/shm" in lines[0] and "MiB is free" in lines[0]
+    assert "--shm-size" in lines[0]
+    assert "Bus error" not in p.stderr and "Traceback" not in p.stderr
+    assert not res.exists() or not any(res.rglob("*.*"))

@@ -137,9 +137,9 @@ def run(a, argv: list[str]) -> int:
         writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h)
         GUARD.writer = writer
 
-        def sink(rows):
-            printer.add(rows)
+        def sink(rows):  # stored before printed: a case on the screen is a case on disk
             writer.add(rows)
+            printer.add(rows)
 
         h.set_sink(sink)
         h.on_group_done = writer.group_done

@@ -80,7 +80,6 @@ class Harness:
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
         self.on_group_done = None  # rank 0: called with a transport's name once all its rows are stored
-        self.fault = faults.armed("post", self.rank)  # inert unless KVBENCH_FAULT names this rank
 
     def set_sink(self, sink) -> None:
         """Rank 0: where finished cases' rows go."""
@@ -113,9 +112,11 @@ class Harness:
                 self.on_group_done(name)
         self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
 
-    def sample(self, group: str, phase: str) -> None:
-        """This rank's resident memory and open files now (the soak's leak check reads them)."""
-        self.resources.append(dict(preflight.process_usage(), rank=self.rank, transport=group, phase=phase))
+    def sample(self, group: str, phase: str, case: int = 0) -> None:
+        """This rank's resident memory and open files now (the soak's leak check reads them); one sample per
+        (case, phase), the last one kept."""
+        self.resources = [x for x in self.resources if (x["case"], x["phase"], x["transport"]) != (case, phase, group)]
+        self.resources.append(dict(preflight.process_usage(), rank=self.rank, transport=group, case=case, phase=phase))
 
     # ----- one transport -----------------------------------------------------------------
     def run_transport(self, name: str, cases: list[dict], pairs) -> None:
@@ -186,7 +187,6 @@ class Harness:
                 for case in runnable:
                     self.run_case(case, session)
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
-            self.sample(name, "end")
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
         finally:
@@ -302,7 +302,7 @@ class Harness:
         return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0}
 
     def _once(self, m: dict, it: int):
-        if self.fault:
+        if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
             raise TransportError("injected fault (KVBENCH_FAULT)")
         if it >= 0:
             faults.hit("stall-case", self.rank, m["no"])
@@ -330,10 +330,12 @@ class Harness:
                     exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
-                if k + 1 == warmup and not any(x["phase"] == "warm" for x in self.resources):
-                    self.sample(m["case"]["transport"], "warm")
+                if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
+                    m["warm"] = True
+                    self.sample(m["case"]["transport"], "warm", m["no"])
         finally:
             GUARD.disarm()
+        self.sample(m["case"]["transport"], "end", m["no"])
 
     def finish(self, m: dict, s: dict) -> None:
         """Check every byte (if asked), then deliver the case's rows."""

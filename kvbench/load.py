@@ -35,7 +35,7 @@ from collections import deque
 
 import numpy as np
 
-from . import memory, transports
+from . import faults, memory, transports
 from . import model as M
 from . import workload as W
 from .descriptors import coalesce, request_descs
@@ -269,7 +269,7 @@ class LoadHarness(Harness):
                 upto = int(np.searchsorted(P[k] * cum, el, side="right")) if streaming else (L if el >= P[k] else 0)
                 if upto > posted[k]:
                     idle = False
-                    if self.fault:
+                    if faults.armed("post", self.rank, self.case_no):
                         raise TransportError("injected fault (KVBENCH_FAULT)")
                     fn = t.post if op == "push" else t.serve
                     handles[k] += [fn(op, d, descs[k][i], (((rid0 + k) & 0xFFFF) << 16) | i)

@@ -143,7 +143,7 @@ def run(a, argv: list[str]) -> int:
 
         h.set_sink(sink)
         h.on_group_done = writer.group_done
-    done = c.bcast(done)
+    done, h.case_no = c.bcast((done, h.case_no))  # a resumed run numbers its cases after the stored ones
     try:
         h.run([k for k in cases if k["transport"] not in done], suite.scheme)
     except Exception as exc:  # a failed rank ends the job, with its error printed once

@@ -148,6 +148,14 @@ class Workload(BaseModel):
     alloc_timeout_ms: float = Field(default=1000.0, ge=0)  # back-pressure wait before a request is dropped
     decode_pool_tokens: int = Field(default=0, ge=0)  # decode pool capacity in tokens (0: room for every request)
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        from .workload import parse_prompt
+
+        parse_prompt(v)
+        return v
+
 
 class Suite(BaseModel):
     """A whole sweep: axes plus how to run each case."""

@@ -71,7 +71,7 @@ def test_model_from_yaml(tmp_path):
     m = M.get_model(str(p))
     assert M.bytes_per_token(m, "fp16") == 2 * 4 * 2 * 64 * 2
     p.write_text("name: tiny\nlayers: 4\nheads: 2\n")
-    with pytest.raises(ValueError, match="unknown field 'heads'"):
+    with pytest.raises(ValueError, match="field 'heads': unknown field"):
         M.get_model(str(p))
 
 

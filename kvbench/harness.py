@@ -18,7 +18,7 @@ import numpy as np
 
 from . import faults, memory, preflight, transports
 from . import model as M
-from .descriptors import bulk_descs, coalesce, request_descs
+from .descriptors import bulk_descs, coalesced_descs, request_descs
 from .guard import GUARD
 from .pool import BlockAllocator, Layout, Pool
 from .schedule import Entry, Iteration, SchemeError, control_bytes, make_pairs, max_entries_per_rank, offset_bulk
@@ -271,12 +271,11 @@ class Harness:
                 continue
             for req in range(case["inflight"]):
                 layers = []
-                per_layer = request_descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
+                descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
+                per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
                 for layer, d in enumerate(per_layer):
                     if bulk:
                         d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))
-                    elif case["coalesce"] == "on":
-                        d = coalesce(d)
                     layers.append(np.ascontiguousarray(d))
                 if bulk:  # requests sharing a pool get disjoint slices of each layer
                     layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")])

@@ -9,6 +9,7 @@
 #   make bench-fidelity     tcp and mpi bulk ceilings next to plain socket / mpi4py references
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
 #   make bench-engines      nixl, ucx, mooncake bulk rows next to the engines' own tools
+#   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make lint               ruff
 
@@ -24,10 +25,10 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: install bench bench-overlap bench-fidelity bench-engines soak test lint clean-results help
+.PHONY: install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak test lint clean-results help
 
 help:
-	@sed -n '2,14p' Makefile
+	@sed -n '2,15p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,6 +64,10 @@ bench-fidelity: $(STAMP)
 # engines vs their own tools: nixl, ucx, mooncake bulk GB/s next to nixl_reference, ucx_perftest, transfer_engine_bench
 bench-engines: $(STAMP)
 	$(BIN)/python benchmarks/engines.py --mpirun $(MPIRUN)
+
+# control plane: build + coalesce 1M descriptors, sorting per layer (old) vs runs from the block tables (new); < 50 ms
+bench-descriptors: $(STAMP)
+	$(BIN)/python benchmarks/descriptors.py
 
 # leaks: RSS growth after warm-up < 50 MB and unchanged open file descriptors per rank, across transports
 soak: $(STAMP)

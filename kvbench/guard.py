@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 from . import status as ST
 
-TAG_FAIL, TAG_ACK = 7201, 7202
+TAG_FAIL, TAG_ACK = 7301, 7302  # apart from the harness (7001, 71xx) and the workload loop (72xx)
 SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 ACK_WAIT_S = 3.0  # how long a rank waits for rank 0 to take over its failure before it prints it itself
 GRACE_S = 2.0  # ranks other than 0 wait this much longer on a deadline, so rank 0 (the sidecar's writer) fires first

@@ -16,13 +16,23 @@ from itertools import groupby
 
 import numpy as np
 
-from . import faults, memory, preflight, transports
+from . import clocks, faults, memory, preflight, transports, verify
 from . import model as M
 from .descriptors import bulk_descs, coalesced_descs, request_descs
 from .guard import GUARD
 from .pool import BlockAllocator, Layout, Pool
-from .schedule import Entry, Iteration, SchemeError, control_bytes, make_pairs, max_entries_per_rank, offset_bulk
-from .transports.base import DST, LEN, Context, TransportError
+from .schedule import (
+    TAG_FINAL,
+    TAG_T0,
+    Entry,
+    Iteration,
+    SchemeError,
+    control_bytes,
+    make_pairs,
+    max_entries_per_rank,
+    offset_bulk,
+)
+from .transports.base import LEN, Context, TransportError
 
 
 class UserError(ValueError):
@@ -168,8 +178,8 @@ class Harness:
             self.comm.barrier()
             t.ready()
             connect_s = time.perf_counter() - c0
-            infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes)
-                                     if active else None)
+            infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes,
+                                          completion="transport" if t.caps.stamps else "harness") if active else None)
             if self.rank == 0:
                 self.transport_info[name] = infos
             GUARD.disarm()
@@ -329,6 +339,7 @@ class Harness:
                     exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
+                    m.setdefault("t0s", []).append(t0)
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
                     m["warm"] = True
                     self.sample(m["case"]["transport"], "warm", m["no"])
@@ -340,34 +351,88 @@ class Harness:
         """Check every byte (if asked), then deliver the case's rows."""
         case, entries, itr = m["case"], m["entries"], m["itr"]
         nwrong = None
-        if self.opts.check:
-            self._watchdog(m)
-            try:
-                nwrong = self.check(case, s, entries, lambda it: self._once(m, it))
-            finally:
-                GUARD.disarm()
+        self._watchdog(m)
+        try:
+            m["clock"] = self.one_clock(m)
+            if self.opts.check:
+                nwrong = self.check(m, s)
+        finally:
+            GUARD.disarm()
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
-        self.emit(case, m["g"], entries, rec, nwrong, m["no"])
+        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries])
 
-    def check(self, case, s, entries, once) -> list[int]:
-        """Poison the destination ranges, transfer once more, count wrong elements per entry."""
-        dst_pool = s["pools"][-1] if s["pools"] else None
+    def one_clock(self, m: dict) -> dict[int, tuple]:
+        """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
+        offset's error bound, half the best round trip; the offset).  Exposed times and the pair's time are
+        corrected by the skew (clocks.py)."""
+        itr = m["itr"]
+        offsets = clocks.sync(self.comm, itr.sources, itr.dests)
+        t0s = np.asarray(m.get("t0s", []), dtype=np.float64)
+        reqs = [self.comm.isend_bytes(t0s.tobytes(), d, TAG_T0) for d in itr.dests]
+        out = {self.rank: (np.zeros(len(t0s)), 0.0, 0.0)}  # source and destination in one process
+        for src, (off, rtt) in offsets.items():
+            theirs = bytearray(t0s.nbytes)
+            self.comm.recv_bytes(theirs, src, TAG_T0)
+            out[src] = (t0s - off - np.frombuffer(theirs, np.float64), rtt / 2, off)
+        self.comm.waitall(reqs)
+        return out
+
+    def check(self, m: dict, s: dict) -> list[int]:
+        """One more transfer, built to catch lies (verify.py): the source's layers take a new epoch of the
+        pattern when final, the destination's ranges hold the complement of what they must receive, and the
+        destination copies them aside the moment it believes them complete; wrong elements per entry."""
+        case, entries, itr = m["case"], m["entries"], m["itr"]
+        epoch = 1 + (m["no"] * 40503) % 0xFFFF
+        src_pool, dst_pool = (s["pools"][0].array, s["pools"][-1].array) if s["pools"] else (None, None)
         mine = [e for e in entries if e.dst == self.rank]
         for e in mine:
             for d in e.layers:
-                memory.poison(dst_pool.array, d, DST)
+                verify.poison(dst_pool, d, e.src, epoch)
+        copies: dict[int, tuple] = {}
+        landed: dict[int, float] = {}
+
+        def final(ks):
+            for e in entries:
+                if e.src == self.rank:
+                    for k in ks:
+                        verify.write_epoch(src_pool, e.layers[k], self.rank, epoch)
+
+        itr.on_final = final
+        itr.on_landed = lambda e, at: (copies.setdefault(id(e), verify.snapshot(dst_pool, e.layers)),
+                                       landed.setdefault(id(e), at))
         self.comm.barrier()
-        once(-1)
+        try:
+            self._once(m, -1)
+        finally:
+            itr.on_final = itr.on_landed = None
+        self.landed_after_posted(m, mine, landed, itr.bound_at)
         if mine and self.opts.inject_corruption:
-            first = mine[0].layers[0]
-            off = int(first[0, DST])
-            n = min(self.opts.inject_corruption, int(first[0, LEN]))
-            dst_pool.array[off:off + n] ^= 0xFF
+            copy = copies[id(mine[0])][0]
+            copy[: self.opts.inject_corruption] ^= 0xFF
         elem = M.dtype_bytes(case["dtype"])
-        return [sum(memory.count_wrong(dst_pool.array, d, e.src, elem) for d in e.layers) if e.dst == self.rank
-                else 0 for e in entries]
+        return [verify.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == self.rank else 0 for e in entries]
+
+    def landed_after_posted(self, m: dict, mine: list, landed: dict, final: float) -> None:
+        """A destination's completion stamp cannot precede the moment its source posted the last layer (a pull:
+        made it final), on one clock: a transport whose stamp does is not reporting when the bytes landed."""
+        itr = m["itr"]
+        reqs = [self.comm.isend_bytes(np.float64(final).tobytes(), d, TAG_FINAL) for d in itr.dests]
+        finals = {self.rank: final}
+        for src in itr.sources:
+            buf = bytearray(8)
+            self.comm.recv_bytes(buf, src, TAG_FINAL)
+            finals[src] = float(np.frombuffer(buf, np.float64)[0])
+        self.comm.waitall(reqs)
+        for e in mine:
+            _, err, off = m["clock"][e.src]
+            early = finals[e.src] - (landed[id(e)] - off)
+            if early > err + 1e-4:
+                raise TransportError(
+                    f"its completion stamp says the bytes landed {early * 1e6:.0f} us before the source posted the "
+                    f"last layer (clocks matched within {err * 1e6:.0f} us): the transport's completion time "
+                    "is not when the bytes landed")
 
     # ----- rows --------------------------------------------------------------------------
     def base_row(self, case: dict, g: dict | None = None, no: int | None = None) -> dict:
@@ -384,7 +449,7 @@ class Harness:
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str]) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -393,14 +458,18 @@ class Harness:
             base = dict(self.base_row(case, g, no), rank=self.rank, role=role, pair=e.pair, req=e.req,
                         payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
-                        queue_s=nan, arrival_s=nan)
+                        queue_s=nan, arrival_s=nan, completion=rules[k])
+            # a destination's times move onto its source's clock: + (its barrier exit - the source's)
+            skews, err, _ = clock[e.src] if e.dst == self.rank else (None, nan, 0.0)
             for it, (done, over, hs, exposed, rnd) in enumerate(rec):
-                rows.append(dict(base, iter=it, round=rnd, seconds=done[k], harness_seconds=over, nwrong=None,
+                skew = float(skews[it]) if skews is not None else 0.0
+                rows.append(dict(base, iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
                                  handshake_s=hs if e.src == self.rank else nan,
-                                 exposed_s=nan if exposed[k] is None else exposed[k]))
+                                 exposed_s=nan if exposed[k] is None else exposed[k] + skew,
+                                 skew_s=skew if skews is not None else nan, clock_err_s=err))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
-                                 nwrong=nwrong[k] if role != "prefill" else 0))
+                                 nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan))
         self.deliver(rows)
 
     def emit_skipped(self, case: dict, reason: str) -> None:
@@ -409,7 +478,8 @@ class Harness:
                    seconds=float("nan"), harness_seconds=float("nan"),
                    payload_bytes=case_geometry(case)["payload"], wire_bytes=0, descriptors=0,
                    status="skipped", reason=reason, nwrong=None, prefill_s=float("nan"), handshake_s=float("nan"),
-                   exposed_s=float("nan"), queue_s=float("nan"), arrival_s=float("nan"))
+                   exposed_s=float("nan"), queue_s=float("nan"), arrival_s=float("nan"), skew_s=float("nan"),
+                   clock_err_s=float("nan"), completion="")
         self.deliver([row] if self.rank == 0 else [])
 
     def deliver(self, rows: list[dict]) -> None:

@@ -35,7 +35,7 @@ from collections import deque
 
 import numpy as np
 
-from . import faults, memory, transports
+from . import clocks, faults, memory, transports
 from . import model as M
 from . import workload as W
 from .descriptors import coalesce, request_descs
@@ -46,7 +46,7 @@ from .schedule import REQUEST_BYTES, STATE_BYTES, PrefillClock, SchemeError, mak
 from .suite import parse_arrival
 from .transports.base import DST, LEN, TransportError, wait_landed
 
-TAG_P2D, TAG_D2P, TAG_SYNC, TAG_FACTS = 7201, 7202, 7203, 7204  # apart from the harness's 7001 and 71xx
+TAG_P2D, TAG_D2P, TAG_FACTS = 7201, 7202, 7204  # apart from the harness's 7001 and 71xx
 SLOTS = 4  # source-side request slots: a prefill rank's pool holds this many of its largest request
 POLL_S = 0.0  # idle loops yield the core but keep polling (as MPI waits do): wake-up latency is ms under load
 NAN = float("nan")
@@ -64,7 +64,7 @@ class _Waiter(threading.Thread):
         while (job := self.jobs.get()) is not None:
             rid, handles = job
             try:
-                self.done.put((rid, wait_landed(self.t, handles) - self.t0, None))
+                self.done.put((rid, wait_landed(self.t, handles)[0] - self.t0, None))
             except Exception as exc:  # re-raised in the event loop, which fails the rank
                 self.done.put((rid, NAN, exc))
 
@@ -184,24 +184,8 @@ class LoadHarness(Harness):
 
     def _sync_clocks(self, x) -> dict:
         """Decode side: {prefill rank: (this clock minus the prefill's, round trip of that sample)}."""
-        w, clk, out = self.comm.world, x["clk"], {}
-        if self.rank in x["srcs"]:
-            for d in x["dests"][self.rank]:
-                best = (float("inf"), 0.0)
-                for _ in range(8):
-                    a = clk()
-                    w.send(a, dest=d, tag=TAG_SYNC)
-                    b = w.recv(source=d, tag=TAG_SYNC)
-                    c = clk()
-                    best = min(best, (c - a, b - (a + c) / 2))
-                w.send((best[1], best[0]), dest=d, tag=TAG_SYNC)
-        for s in x["srcs"]:
-            if self.rank in x["dests"][s]:
-                for _ in range(8):
-                    w.recv(source=s, tag=TAG_SYNC)
-                    w.send(clk(), dest=s, tag=TAG_SYNC)
-                out[s] = w.recv(source=s, tag=TAG_SYNC)
-        return out
+        mine = [s for s in x["srcs"] if self.rank in x["dests"][s]]
+        return clocks.sync(self.comm, mine, x["dests"].get(self.rank, []), x["clk"])
 
     def _descs(self, x, src_ids, dst_ids, ntok) -> list[np.ndarray]:
         last = (ntok - (len(src_ids) - 1) * x["case"]["block_size"]) * x["g"]["shape"].row_elems * x["elem"]
@@ -365,7 +349,7 @@ class LoadHarness(Harness):
                             r["h"] += [t.post("pull", s, r["descs"][i], ((msg[1] & 0xFFFF) << 16) | i)
                                        for i in range(len(r["h"]), msg[2])]
                             if msg[2] == L:
-                                landed(msg[1], wait_landed(t, r["h"]) - x["t0"])
+                                landed(msg[1], wait_landed(t, r["h"])[0] - x["t0"])
                 while fifo:  # strict FIFO: the head blocks those behind it (no overtaking)
                     s, rid, ntok, src_ids, t_in = fifo[0]
                     ids = alloc.allocate(len(src_ids), case["alloc"])

@@ -9,7 +9,7 @@ import os
 
 import pandas as pd
 
-from .results import SCHEMA_VERSION, case_stats
+from .results import SCHEMA_VERSION, case_stats, upgrade
 
 # (header, width, formatter of a case_stats line)
 COLUMNS = [
@@ -34,7 +34,13 @@ COLUMNS = [
     ("aggGB/s", 7, lambda r: _f(r.get("agg_gbps"), ".2f")),
     ("bulk%", 6, lambda r: _f(r.get("bulk_pct"), ".1f")),
     ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
+    ("clock", 5, lambda r: _clock(r)),
 ]
+
+
+def _clock(r) -> str:
+    """'ok', or 'SKEW' when the pair's clock correction is uncertain by more than 5% of the p50."""
+    return "-" if pd.isna(r.get("clock_err_s")) else ("SKEW" if r.get("clock_flag") else "ok")
 
 
 def _i(x) -> str:
@@ -52,7 +58,8 @@ def header_lines() -> list[str]:
     return ["# GB/s = 10^9 bytes/s of one request's KV payload at its p50 time; time = until the destination",
             "# knows the last byte landed (max over the pair's ranks); aggGB/s = all requests of all pairs of an",
             "# iteration / the time the last one landed (median); bulk% = GB/s / the same payload sent as one",
-            "# descriptor per layer; #wrong = destination elements that failed the check (- = not checked)",
+            "# descriptor per layer; #wrong = destination elements that failed the check (- = not checked);",
+            "# clock = SKEW when the ranks' clocks are matched only within more than 5% of p50 (clocks.py)",
             "#", cols]
 
 
@@ -88,6 +95,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     st["model_ms"] = streaming.where(st["overlap"] == "streaming", st["T_ms"])
     st["exposed_ms"] = st["exposed_p50"] * 1e3
     st["diff_ms"] = st["exposed_ms"] - st["model_ms"]
+    # one clock: the bound on the destination's clock correction, flagged past 5% of the time it corrects
+    timed = df[(df["iter"] >= 0) & (df["status"] == "ok")]
+    err = timed.groupby("case")["clock_err_s"].max() if "clock_err_s" in timed else pd.Series(dtype=float)
+    st["clock_err_s"] = st["case"].map(err)
+    st["clock_flag"] = st["clock_err_s"] > 0.05 * st["p50"]
     return st
 
 
@@ -111,6 +123,7 @@ OVERLAP_COLUMNS = [
     ("model", 8, lambda r: _f(r["model_ms"], ".2f")),
     ("diff", 7, lambda r: _f(r["diff_ms"], "+.2f")),
     ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
+    ("clock", 5, lambda r: _clock(r)),
 ]
 
 
@@ -161,6 +174,7 @@ def read(path: str) -> tuple[pd.DataFrame, dict]:
     if os.path.exists(meta_path):
         with open(meta_path) as fh:
             meta = json.load(fh)
-    if meta.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema version {meta.get('schema_version')} (this kvbench reads {SCHEMA_VERSION})")
-    return pd.read_parquet(path), meta
+    try:
+        return upgrade(pd.read_parquet(path), meta.get("schema_version", SCHEMA_VERSION)), meta
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None

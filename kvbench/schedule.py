@@ -146,6 +146,7 @@ def sleep_until(deadline: float) -> None:
 
 # control-plane messages (MPI tags) and their sizes: what real engines send beside the KV
 TAG_REQUEST, TAG_GRANT, TAG_LAYER_READY, TAG_CLOCK, TAG_STATE = 7101, 7102, 7103, 7104, 7105
+TAG_T0, TAG_FINAL = 7106, 7107  # after timing: barrier exits, and when the check pass's first layer was final
 REQUEST_BYTES = 64  # request id, prompt length, sampling parameters
 STATE_BYTES = 64  # first token and sampler state, sent with the completion
 
@@ -183,6 +184,11 @@ class Iteration:
         self.sources = sorted({e.src for e in entries if e.dst == rank and e.src != rank})
         self.dests = sorted({e.dst for e in entries if e.src == rank and e.dst != rank})
         self.is_prefill = any(e.src == rank for e in entries)
+        # the check pass's hooks (None while timing): a layer became final on the source; an entry's
+        # completion is known on the destination
+        self.on_final = self.on_landed = None
+        self.bound_at = 0.0  # check pass, source: the last layer was posted (or final, for a pull) at this time
+        self.rule: dict[int, str] = {}  # per entry: who stamped its completion ("transport" or "harness")
 
     def run(self, tag0: int):
         """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset)."""
@@ -215,6 +221,9 @@ class Iteration:
             inside += time.perf_counter() - a
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
+                if self.on_final is not None:
+                    self.on_final(ks)
+                    self.bound_at = time.perf_counter()  # check pass: no byte of these layers can land earlier
                 if self.signal:  # tell each decode rank the layer(s) are final, in the order it posted them
                     a = time.perf_counter()
                     for s in signals:
@@ -223,6 +232,11 @@ class Iteration:
                 elif op == "pull" and not self.local:  # the harness's MPI message: not the transport's time
                     for dst in self.dests:
                         self.comm.notify(dst, TAG_LAYER_READY)
+                    a = time.perf_counter()
+                    for e, _ in self.serve:  # a two-sided source sends a layer once its destination asked
+                        for k in ks:
+                            t.answer(handles[id(e)][k])
+                    inside += time.perf_counter() - a
             elif op == "pull" and not self.signal:
                 for src in self.sources:
                     self.comm.wait_notify(src, TAG_LAYER_READY)
@@ -230,17 +244,28 @@ class Iteration:
                 continue
             a = time.perf_counter()
             for e, prepared in ready:
+                if self.on_final is not None and prepared:  # check pass: when the last layer was posted
+                    handles[id(e)] += [t.start(p) for p in prepared[:-1]]
+                    self.bound_at = time.perf_counter()
+                    prepared = prepared[-1:]
                 handles[id(e)] += [t.start(p) for p in prepared]
             inside += time.perf_counter() - a
         done = []
         for e in self.order:
             a = time.perf_counter()
-            landed = wait_landed(t, handles[id(e)])
+            landed, stamped = wait_landed(t, handles[id(e)])
             if self.notify:  # completion the harness adds for one-sided transports: waiting, not overhead
                 if e.src == self.rank:
                     self.comm.notify(e.dst)
                 else:
                     self.comm.wait_notify(e.src)
+            if self.notify:
+                self.rule[id(e)] = "harness"
+                landed = time.perf_counter()
+            else:
+                self.rule[id(e)] = "transport" if stamped else "harness"
+            if self.on_landed is not None and e.dst == self.rank:  # before any further word from the source
+                self.on_landed(e, landed)
             if self.state_msg:  # decode cannot start without the sampler state
                 if e.src == self.rank:
                     self.comm.waitall([self.comm.isend_bytes(bytes(STATE_BYTES), e.dst, TAG_STATE)])
@@ -249,7 +274,7 @@ class Iteration:
             b = time.perf_counter()
             inside += b - a
             # done when the bytes landed, or when the message that completes them arrived
-            done.append((b if self.notify or self.state_msg else landed) - t0)
+            done.append((b if self.state_msg else landed) - t0)
         return done, inside, hs, self.clock.t0 - t0
 
     def _handshake(self, t0: float) -> float:

@@ -33,6 +33,11 @@ def assert_clean(r, transport):
     # every case and every request has its check row on the decode side, and nothing was wrong
     assert set(checks[checks.role == "decode"].case) == set(ok.case)
     assert int(checks.nwrong.sum()) == 0
+    # the one completion rule: the destination's landing is stamped by the transport's own thread when it
+    # has one (as it declares), else when the harness's wait returns
+    rule = {i["completion"] for i in r.meta()["transports"][transport] if i}
+    timed = ok[(ok.iter >= 0) & (ok.role == "decode")]
+    assert len(rule) == 1 and set(timed.completion) == rule, (rule, set(timed.completion))
     return ok
 
 

@@ -7,6 +7,7 @@ run on this machine.
 from __future__ import annotations
 
 import importlib
+import os
 
 from .base import Transport, Unavailable
 
@@ -24,6 +25,21 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "verbs": ("kvbench.transports.verbs:VerbsTransport", "apt-get install python3-pyverbs"),
     "staged": ("kvbench.transports.staged:StagedTransport", "pip install 'kvbench[gpu]'"),
 }
+
+
+def _extra(spec: str) -> dict[str, tuple[str, str]]:
+    """KVBENCH_TRANSPORTS="name=module:Class,...": transports from outside kvbench (tests' lying transports,
+    a site's own plugin), registered like the built-in ones."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        name, sep, target = item.partition("=")
+        if not sep or ":" not in target:
+            raise ValueError(f"KVBENCH_TRANSPORTS item '{item}' is not name=module:Class")
+        out[name.strip()] = (target.strip(), "")
+    return out
+
+
+REGISTRY.update(_extra(os.environ.get("KVBENCH_TRANSPORTS", "")))
 
 
 def names() -> list[str]:

@@ -91,6 +91,7 @@ class Caps:
     local_only: bool = False  # source and destination in one process (loopback)
     network: bool = False  # a pair sharing a host is worth a warning
     signals_ready: bool = False  # pull: layer-ready signals on its own channel (see Layer-ready signals)
+    stamps: bool = False  # a receive or progress thread of its own stamps the landing (the completion rule)
 
 
 @dataclass
@@ -180,6 +181,11 @@ class Transport:
         """Target side of ``op`` (one-sided transports: nothing to do)."""
         return None
 
+    def answer(self, handle) -> None:
+        """Pull source: the layer of ``handle`` (from ``serve``) is final and its destination was told so.
+        A two-sided transport whose source sends the data starts the send here, once the destination's
+        request for it has arrived (a pull is the destination asking), never at ``serve``; others do nothing."""
+
     def post_when_ready(self, peer: int, descs: np.ndarray, tag: int = 0):
         """Pull initiator: read layer ``tag`` as soon as ``peer`` signals it final; non-blocking; a handle
         for ``wait`` (only with ``caps.signals_ready``)."""
@@ -246,15 +252,19 @@ def check_descs(descs: np.ndarray, src_nbytes: int, dst_nbytes: int) -> None:
         raise TransportError("descriptor past the end of the destination pool")
 
 
-def wait_landed(t: Transport, handles: list) -> float:
-    """Wait for every handle, the last posted first; the perf_counter time the last one completed
-    (now, when there are none).
+def wait_landed(t: Transport, handles: list) -> tuple[float, bool]:
+    """Wait for every handle, the last posted first; (the perf_counter time the last one completed, whether
+    that time is the transport's own stamp).
 
-    On an in-order transport the earlier ones are then already done, so the waiting thread
-    wakes once, not once per layer.
+    The one completion rule: where a transport has a receive or progress thread of its own, that thread
+    stamps the landing (``wait`` returns the time); otherwise the moment ``wait`` returns is the landing
+    (now, when there are no handles).  On an in-order transport the earlier handles are then already
+    done, so the waiting thread wakes once, not once per layer.
     """
-    landed = 0.0
+    landed, stamped = 0.0, False
     for h in reversed(handles):
         at = t.wait(h)
+        if at is not None:
+            stamped = True
         landed = max(landed, time.perf_counter() if at is None else at)
-    return landed or time.perf_counter()
+    return (landed or time.perf_counter()), stamped

@@ -35,30 +35,60 @@ class MpiSendRecvTransport(MpiBase):
 
     def _xfer(self, sending: bool, peer: int, descs: np.ndarray, tag: int):
         (dtype,) = self._types.get(descs, (SRC if sending else DST,), self._bounds(peer, sending))
-        msg, tag = [self._arr, 1, dtype], tag % self._tag_mod
+        msg = [self._arr, 1, dtype]
         req = self._comm.Isend(msg, peer, tag) if sending else self._comm.Irecv(msg, peer, tag)
         self._types.done((dtype,))
-        return ("req", req)
+        return req
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """Push: Isend from the pool; pull: Irecv into the pool."""
+        """Push: Isend from the pool; pull: ask for the layer (a zero-byte request), then Irecv into the pool."""
         if op not in OPS:
             raise TransportError(f"op '{op}' is not one of: {', '.join(OPS)}")
-        return self._xfer(op == "push", peer, descs, tag)
+        tag %= self._tag_mod
+        if op == "push":
+            return [self._xfer(True, peer, descs, tag)]
+        ask = self._comm.Isend([b"", 0, mpi().BYTE], peer, tag)
+        return [ask, self._xfer(False, peer, descs, tag)]
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """Push: Irecv into the pool; pull: Isend from the pool."""
-        return self._xfer(op == "pull", peer, descs, tag)
+        """Push: Irecv into the pool.  Pull: only the receive of the destination's request; the data goes
+        out in ``answer`` once that request has arrived (never before the destination asked)."""
+        tag %= self._tag_mod
+        if op == "push":
+            return [self._xfer(False, peer, descs, tag)]
+        return _Answer(self._comm.Irecv([bytearray(0), 0, mpi().BYTE], peer, tag), peer, descs, tag)
 
-    def wait(self, handle) -> None:
-        """Wait for the send or receive."""
-        if handle is not None:
+    def answer(self, handle) -> None:
+        """Pull source: wait for the destination's request, then Isend the layer."""
+        if isinstance(handle, _Answer) and handle.send is None:
             try:
-                handle[1].Wait()
+                handle.asked.Wait()
             except mpi().Exception as exc:
                 raise fail(exc) from None
+            handle.send = self._xfer(True, handle.peer, handle.descs, handle.tag)
+
+    def wait(self, handle) -> None:
+        """Wait for the sends and receives (a pull source answers first, if the harness has not)."""
+        if handle is None:
+            return
+        if isinstance(handle, _Answer):
+            self.answer(handle)
+            handle = [handle.send]
+        try:
+            mpi().Request.Waitall(handle)
+        except mpi().Exception as exc:
+            raise fail(exc) from None
 
     def close(self) -> None:
         """Free cached datatypes; idempotent."""
         self._open = False
         self._types.clear()
+
+
+class _Answer:
+    """A pull source's layer: the destination's request being received, then the send."""
+
+    __slots__ = ("asked", "peer", "descs", "tag", "send")
+
+    def __init__(self, asked, peer: int, descs: np.ndarray, tag: int):
+        self.asked, self.peer, self.descs, self.tag, self.send = asked, peer, descs, tag, None

@@ -271,7 +271,7 @@ class _Conn:
 class TcpTransport(Transport):
     name = "tcp"
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False, multi_node=True, notifies=True, network=True,
-                signals_ready=True)
+                signals_ready=True, stamps=True)
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -1,0 +1,75 @@
+"""The check pass: an epoch in the source pattern, poison that can never pass, a snapshot at completion.
+
+The check pass is one more transfer after the timed iterations, made so that
+every way of lying is caught deterministically:
+
+* each layer's source ranges get this pass's *epoch* of the fill pattern at the
+  moment the layer becomes final (not before), so a read of a layer before it is
+  final, or a stale copy, holds the wrong epoch;
+* the destination ranges are poisoned with the bitwise complement of what they
+  must hold, so a poisoned element can never equal its expected value, for any
+  dtype (a fixed poison byte equals the pattern by chance: 1 in 256 fp8 elements);
+* the destination copies its ranges aside the moment it believes the transfer
+  complete, before any further synchronisation with the source, and verifies the
+  copy: bytes that land a moment later (a completion reported early) are wrong.
+
+Not on a timed path: the loops here run once per case.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import memory
+from .transports.base import DST, LEN, SRC
+
+
+def _mask(epoch: int) -> np.ndarray:
+    """The 4 bytes XOR-ed into every pattern word for ``epoch`` (epoch 0: the plain fill pattern)."""
+    return np.array([(epoch * 0x85EBCA6B) & 0xFFFFFFFF], dtype="<u4").view(np.uint8)
+
+
+def expected(rank: int, offset: int, nbytes: int, epoch: int) -> np.ndarray:
+    """What ``rank``'s pool holds at [offset, offset + nbytes) in ``epoch``."""
+    base = memory.expected_bytes(rank, offset, nbytes)
+    if epoch == 0:
+        return base
+    mask = np.roll(_mask(epoch), -(offset % 4))
+    return base ^ np.resize(mask, nbytes)
+
+
+def write_epoch(pool: np.ndarray, descs: np.ndarray, rank: int, epoch: int) -> None:
+    """Source: this layer is final now; its ranges take ``epoch``'s pattern."""
+    for s, _, n in descs.tolist():
+        pool[s : s + n] = expected(rank, s, n, epoch)
+
+
+def poison(pool: np.ndarray, descs: np.ndarray, src_rank: int, epoch: int) -> None:
+    """Destination: every byte of the ranges becomes the complement of what it must hold."""
+    for s, d, n in descs.tolist():
+        np.invert(expected(src_rank, s, n, epoch), out=pool[d : d + n])
+
+
+def snapshot(pool: np.ndarray, layers: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Destination, at completion: its ranges copied aside in one native call; (copy, descriptors of the copy)."""
+    from . import _native
+
+    descs = np.concatenate(layers) if layers else np.zeros((0, 3), np.int64)
+    moved = np.empty_like(descs)
+    moved[:, SRC] = descs[:, DST]  # read from the pool ...
+    moved[:, LEN] = descs[:, LEN]
+    moved[:, DST] = np.cumsum(descs[:, LEN]) - descs[:, LEN]  # ... into the copy, back to back
+    copy = np.empty(int(descs[:, LEN].sum()), dtype=np.uint8)
+    _native.copy_batch(copy, pool, np.ascontiguousarray(moved))
+    where = descs.copy()
+    where[:, DST] = moved[:, DST]
+    return copy, where
+
+
+def count_wrong(copy: np.ndarray, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: int) -> int:
+    """Elements of ``elem_bytes`` in the copy that differ from the source's pattern in ``epoch``."""
+    wrong = 0
+    for s, d, n in descs.tolist():
+        diff = expected(src_rank, s, n, epoch) != copy[d : d + n]
+        if diff.any():
+            wrong += int(diff.reshape(-1, elem_bytes).any(axis=1).sum()) if n % elem_bytes == 0 else int(diff.sum())
+    return wrong

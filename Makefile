@@ -11,6 +11,7 @@
 #   make bench-engines      nixl, ucx, mooncake bulk rows next to the engines' own tools
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
+#   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
 #   make lint               ruff
 
 PYTHON  ?= python3
@@ -25,10 +26,10 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak test lint clean-results help
+.PHONY: install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help
 
 help:
-	@sed -n '2,15p' Makefile
+	@sed -n '2,16p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -72,6 +73,11 @@ bench-descriptors: $(STAMP)
 # leaks: RSS growth after warm-up < 50 MB and unchanged open file descriptors per rank, across transports
 soak: $(STAMP)
 	$(BIN)/python benchmarks/soak.py --mpirun $(MPIRUN)
+
+# proof of the timing (needs root): two network namespaces, a veth shaped with tc tbf (RATE, default 1gbit),
+# one rank in each; bulk GB/s against iperf3 and the shaped rate, a streaming row against the model
+selftest: $(STAMP)
+	$(BIN)/python -m kvbench.selftest --rate $(or $(RATE),1gbit) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

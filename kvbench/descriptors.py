@@ -149,6 +149,19 @@ def bulk_descs(src: Layout, dst: Layout, layer: int, nbytes: int) -> np.ndarray:
     return np.array([[s_off, d_off, nbytes]], dtype=np.int64)
 
 
+CHUNKS = {"chunk-64K": 64 << 10, "chunk-256K": 256 << 10, "chunk-1M": 1 << 20, "chunk-4M": 4 << 20}
+
+
+def chunked(d: np.ndarray, size: int) -> np.ndarray:
+    """One contiguous range (a bulk layer's descriptor) as back-to-back descriptors of ``size`` bytes."""
+    s, t, n = (int(x) for x in d[0])
+    starts = np.arange(0, n, size, dtype=np.int64)
+    out = np.empty((len(starts), 3), dtype=np.int64)
+    out[:, SRC], out[:, DST] = s + starts, t + starts
+    out[:, LEN] = np.minimum(size, n - starts)
+    return out
+
+
 def stats(per_layer: list[np.ndarray]) -> dict[str, float]:
     """Descriptor count, payload bytes and mean bytes per descriptor over layers."""
     count = sum(len(d) for d in per_layer)

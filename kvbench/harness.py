@@ -18,7 +18,7 @@ import numpy as np
 
 from . import clocks, faults, memory, preflight, transports, verify
 from . import model as M
-from .descriptors import bulk_descs, coalesced_descs, request_descs
+from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
 from .guard import GUARD
 from .pool import BlockAllocator, Layout, Pool
 from .schedule import (
@@ -219,13 +219,18 @@ class Harness:
 
     # ----- one case ----------------------------------------------------------------------
     def variants(self, case: dict, s: dict) -> list[dict]:
-        """What a case measures: its bulk ceiling (once per payload) and the paged transfer."""
+        """What a case measures: once per payload its references (bulk: one descriptor per layer; the
+        ceiling: the same bytes in contiguous chunks of 64 KiB to 4 MiB; hot: one layer's buffer again and
+        again), then the paged transfer."""
         out = []
         bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight"))
-        if bulk_key not in s["bulk"] and "bulk" in self.opts.variants:
-            s["bulk"].add(bulk_key)  # the ceiling: a plain transfer, no clock, no handshake
-            out.append(dict(case, variant="bulk", overlap="serial", prefill_ms=0.0, prefill_ms_set="0",
-                            handshake="off"))
+        if bulk_key not in s["bulk"]:
+            s["bulk"].add(bulk_key)  # plain transfers: no clock, no handshake
+            refs = ["bulk"] if "bulk" in self.opts.variants else []
+            refs += list(CHUNKS) if "ceiling" in self.opts.variants else []
+            refs += ["hot"] if "hot" in self.opts.variants else []
+            out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off")
+                    for v in refs]
         if "paged" in self.opts.variants:
             out.append(dict(case, variant="paged"))
         return out
@@ -254,7 +259,7 @@ class Harness:
     def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
         """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both."""
         lay = Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions, g["block_bytes"], s["nbytes"])
-        bulk = case["variant"] == "bulk"
+        bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
         seed = self.opts.seed * 1_000_003 + self.case_no
         allocs: dict[str, BlockAllocator] = {}
         mine, slots = {}, {}
@@ -288,11 +293,15 @@ class Harness:
                         d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))
                     layers.append(np.ascontiguousarray(d))
                 if bulk:  # requests sharing a pool get disjoint slices of each layer
+                    if case["variant"] == "hot":  # every layer is layer 0's range: the same buffer, cache-hot
+                        layers = [layers[0]] * len(layers)
                     layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")])
                     for j, d in enumerate(layers):
-                        start, span = lay.layer_span(j)
+                        start, span = lay.layer_span(0 if case["variant"] == "hot" else j)
                         if int((d[:, :2] + d[:, 2:3]).max()) > start + span:
                             raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
+                    if case["variant"] in CHUNKS:
+                        layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
                 entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
         return entries
 
@@ -436,13 +445,14 @@ class Harness:
 
     # ----- rows --------------------------------------------------------------------------
     def base_row(self, case: dict, g: dict | None = None, no: int | None = None) -> dict:
-        bulk = case.get("variant") == "bulk"
+        bulk = case.get("variant", "paged") != "paged"
         return {
             "case": self.case_no if no is None else no, "variant": case.get("variant", "paged"), "transport": case["transport"],
             "op": case["op"], "memory": "host", "model": case["model"], "tokens": case["tokens"],
             "prefix_hit": case["prefix_hit"], "block_size": 0 if bulk else case["block_size"],
-            "block_bytes": 0 if bulk or g is None else g["block_bytes"], "layout": case["layout"],
-            "allocation": "bulk" if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
+            "block_bytes": CHUNKS.get(case.get("variant"), 0) if bulk or g is None else g["block_bytes"],
+            "layout": case["layout"],
+            "allocation": case["variant"] if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
             "dtype": case["dtype"], "codec": "none", "overlap": case["overlap"], "scheme": case["scheme"],
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,

@@ -68,8 +68,8 @@ def preamble(c, suite, argv, hosts) -> list[str]:
         f"# argv: kvbench {' '.join(argv)}",
         f"# MPI: {c.library()}",
         f"# iterations={suite.iters} warmup={suite.warmup} check={'on' if suite.check else 'off'} seed={suite.seed}"
-        + (f" rounds={suite.rounds} (a transport's cases take turns, {suite.iters // suite.rounds}+ iterations at a time)"
-           if suite.rounds > 1 else ""),
+        + (f" rounds={suite.turns()} (a transport's cases take turns, {suite.iters // suite.turns()}+ iterations at a time)"
+           if suite.turns() > 1 else ""),
     ]
 
 
@@ -102,7 +102,7 @@ def run(a, argv: list[str]) -> int:
     cfg = config.RunConfig.model_validate(cfg_d)
     M.PRESETS.update(cfg.shapes())
     suite, cases = cfg.suite, cfg.cases
-    opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.rounds, check=suite.check, seed=suite.seed,
+    opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.turns(), check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,
                    inject_corruption=cfg.inject_corruption, variants=tuple(suite.variants),
                    transport_options=cfg.transport_options)

@@ -165,14 +165,19 @@ class Suite(BaseModel):
     description: str = ""
     iters: int = Field(default=20, ge=1)
     warmup: int = Field(default=3, ge=0)
-    rounds: int = Field(default=1, ge=1)  # >1: cases take turns (iters split over rounds), noise hits all alike
+    # >1: a transport's cases take turns (iters split over rounds), so noise hits every row alike;
+    # 0 (default): min(5, iters), and 1 for a workload
+    rounds: int = Field(default=0, ge=0)
     check: bool = True
     scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
     seed: int = 0
     pool_factor: float = Field(default=2.0, ge=1.0)
     timeout: float = Field(default=600.0, gt=0)  # seconds one case may take (warm-up, iterations, check)
     setup_timeout: float | None = Field(default=None, gt=0)  # a transport's setup; None: derived from its pool bytes
-    variants: list[Literal["bulk", "paged"]] = Field(default=["bulk", "paged"], min_length=1)
+    # bulk: one descriptor per layer; ceiling: the same bytes in 64 KiB-4 MiB contiguous chunks (bulk% is
+    # against the best of bulk and these); hot: one layer's buffer re-sent (as perftest does); paged: the block table
+    variants: list[Literal["bulk", "ceiling", "hot", "paged"]] = Field(default=["bulk", "ceiling", "paged"],
+                                                                       min_length=1)
     prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
     workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
@@ -184,6 +189,11 @@ class Suite(BaseModel):
         if self.rounds > 1 and self.workload is not None:
             raise ValueError("rounds applies to bandwidth sweeps, not to a workload (its requests already interleave)")
         return self
+
+    def turns(self) -> int:
+        """Rounds in force: as given, or by default min(5, iters) (references and paged rows then share the
+        machine's slow and fast phases), 1 for a workload."""
+        return self.rounds or (1 if self.workload is not None else min(5, self.iters))
 
 
 def _one_line(exc: ValidationError, where: str) -> str:

@@ -9,6 +9,7 @@ over the two ranks of its pair, computed when results are read.
 """
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,11 @@ class Options:
     rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
     transport_options: dict = field(default_factory=dict)
+
+
+def host_pages() -> str:
+    """Page size asked for host pools (memory.PAGE_KINDS); an environment variable until --pages is wired."""
+    return os.environ.get("KVBENCH_PAGES", "4k")
 
 
 def case_geometry(case: dict) -> dict:
@@ -137,7 +143,7 @@ class Harness:
         my_pairs = [(0, 0)] if local else pairs
         token = self.token if not faults.armed("token", self.rank) else bytes(16)
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
-                      dict(self.opts.transport_options.get(name, {})))
+                      dict(self.opts.transport_options.get(name, {})), pages=host_pages())
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         GUARD.case = f"setup of {name}"
@@ -150,7 +156,7 @@ class Harness:
             if active:
                 pools.append(self._alloc(t, nbytes))
                 if local:
-                    pools.append(Pool(memory.alloc_host(nbytes)))
+                    pools.append(Pool(memory.alloc_host(nbytes, pages=host_pages())))
                 r0 = time.perf_counter()
                 metas = [t.register(p) for p in pools]
                 register_s = time.perf_counter() - r0  # once per pool, never per request
@@ -168,8 +174,8 @@ class Harness:
             self.comm.barrier()
             t.ready()
             connect_s = time.perf_counter() - c0
-            infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes)
-                                     if active else None)
+            infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes,
+                                          pages=self.pages_of(t, pools)) if active else None)
             if self.rank == 0:
                 self.transport_info[name] = infos
             GUARD.disarm()
@@ -196,13 +202,26 @@ class Harness:
         GUARD.case = ""  # (kept when an exception passes: the one line names the case)
         self.sample(name, "closed")
 
+    def pages_of(self, t, pools: list[Pool]) -> dict:
+        """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
+        got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=host_pages())
+               for p in pools]
+        out = {"requested": host_pages(), **(got[0] if got else {})}
+        if len(got) > 1:
+            out["more_pools"] = got[1:]
+        return out
+
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
         return pool_bytes(cases, self.opts.pool_factor, entries)
 
     def _alloc(self, t, nbytes: int) -> Pool:
         buf = t.alloc(nbytes)
-        pool = Pool(buf.array, "host", buf.release) if buf is not None else Pool(memory.alloc_host(nbytes))
+        if buf is not None:
+            pool = Pool(buf.array, "host", buf.release)
+            pool.own_pages = True
+        else:
+            pool = Pool(memory.alloc_host(nbytes, pages=host_pages()))
         faults.hit("stall-setup", self.rank)
         memory.fill(pool.array, self.rank)
         return pool

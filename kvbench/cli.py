@@ -115,6 +115,9 @@ def build_parser() -> Parser:
                    "job ends with status TIMEOUT (default 600; a positive finite number)")
     r.add_argument("--setup-timeout", type=float, help="seconds one transport's setup (allocate and fill the pool, "
                    "register, connect) may take (default: 120 + pool bytes / 100 MB/s)")
+    r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
+                   "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
+                   "vm.nr_hugepages); the sidecar records what the kernel gave")
     r.add_argument("--resume", metavar="RESULTS.parquet", help="continue an interrupted run in the same result set: "
                    "the transports it finished are kept, the rest run now (same suite, schema and machine, or a "
                    "refusal); give no suite or flags to reuse the stored ones")

@@ -48,6 +48,7 @@ class Options:
     pool_factor: float = 2.0
     timeout: float = 600.0
     setup_timeout: float | None = None  # None: derived from the pool bytes (preflight.setup_seconds)
+    pages: str = "4k"  # host pools kvbench allocates: 4k, thp or huge (memory.PAGE_KINDS)
     variants: tuple = ("bulk", "paged")
     rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
@@ -107,7 +108,7 @@ class Harness:
             g = list(g)
             layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
             groups.append((name, self.pool_size(g, entries), layer))
-        why = preflight.check(self.comm, groups, self.opts.transport_options)
+        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages)
         if why:
             raise UserError(why)
 
@@ -147,7 +148,7 @@ class Harness:
         my_pairs = [(0, 0)] if local else pairs
         token = self.token if not faults.armed("token", self.rank) else bytes(16)
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
-                      dict(self.opts.transport_options.get(name, {})))
+                      dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages)
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         GUARD.case = f"setup of {name}"
@@ -160,7 +161,7 @@ class Harness:
             if active:
                 pools.append(self._alloc(t, nbytes))
                 if local:
-                    pools.append(Pool(memory.alloc_host(nbytes)))
+                    pools.append(Pool(memory.alloc_host(nbytes, pages=self.opts.pages)))
                 r0 = time.perf_counter()
                 metas = [t.register(p) for p in pools]
                 register_s = time.perf_counter() - r0  # once per pool, never per request
@@ -179,7 +180,8 @@ class Harness:
             t.ready()
             connect_s = time.perf_counter() - c0
             infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes,
-                                          completion="transport" if t.caps.stamps else "harness") if active else None)
+                                          completion="transport" if t.caps.stamps else "harness",
+                                          pages=self.pages_of(t, pools)) if active else None)
             if self.rank == 0:
                 self.transport_info[name] = infos
             GUARD.disarm()
@@ -206,13 +208,26 @@ class Harness:
         GUARD.case = ""  # (kept when an exception passes: the one line names the case)
         self.sample(name, "closed")
 
+    def pages_of(self, t, pools: list[Pool]) -> dict:
+        """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
+        got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=self.opts.pages)
+               for p in pools]
+        out = {"requested": self.opts.pages, **(got[0] if got else {})}
+        if len(got) > 1:
+            out["more_pools"] = got[1:]
+        return out
+
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
         return pool_bytes(cases, self.opts.pool_factor, entries)
 
     def _alloc(self, t, nbytes: int) -> Pool:
         buf = t.alloc(nbytes)
-        pool = Pool(buf.array, "host", buf.release) if buf is not None else Pool(memory.alloc_host(nbytes))
+        if buf is not None:
+            pool = Pool(buf.array, "host", buf.release)
+            pool.own_pages = True
+        else:
+            pool = Pool(memory.alloc_host(nbytes, pages=self.opts.pages))
         faults.hit("stall-setup", self.rank)
         memory.fill(pool.array, self.rank)
         return pool
@@ -457,6 +472,7 @@ class Harness:
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
+            "pages": self.opts.pages,
         }
 
     def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str]) -> None:

@@ -33,6 +33,7 @@ class Pool:
         self.nbytes = int(array.nbytes)
         self.addr = int(array.__array_interface__["data"][0])
         self._release = release
+        self.own_pages = False  # True: a transport allocated it (alloc) and chose its pages: its pages() reports them
 
     def release(self) -> None:
         """Free the memory (idempotent)."""

@@ -36,33 +36,38 @@ def memlock_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def _needs(name: str, nbytes: int, layer_bytes: int, options: dict, rank: int) -> dict:
+def _needs(name: str, nbytes: int, layer_bytes: int, options: dict, rank: int, pages: str) -> dict:
     """What one rank needs for one transport's pools: RAM, /dev/shm, locked memory (bytes)."""
     try:
         cls = transports.load(name)
     except Exception:  # unavailable: its rows are skipped, it allocates nothing
-        return {"ram": 0, "shm": 0, "locked": 0}
+        return {"ram": 0, "shm": 0, "locked": 0, "huge": 0}
     pools = (2 if rank == 0 else 0) if cls.caps.local_only else 1
-    placed = cls.memory_needs(nbytes, options) if pools else {}
+    placed = dict(cls.memory_needs(nbytes, options)) if pools else {}
+    if pages == "huge" and pools and not placed.get("shm"):  # kvbench's own pools from the kernel's huge pages
+        placed["huge"] = (pools if cls.caps.local_only else 1) * nbytes
     check = 3 * layer_bytes if pools else 0  # the check's temporaries: expected words and a diff per descriptor
-    return {"ram": pools * nbytes + check, "shm": placed.get("shm", 0), "locked": placed.get("locked", 0)}
+    return {"ram": pools * nbytes + check, "shm": placed.get("shm", 0), "locked": placed.get("locked", 0),
+            "huge": placed.get("huge", 0)}
 
 
-def check(comm, groups: list[tuple[str, int, int]], options: dict[str, dict]) -> str | None:
+def check(comm, groups: list[tuple[str, int, int]], options: dict[str, dict], pages: str = "4k") -> str | None:
     """Collective: the first shortfall as one line (same on every rank), or None.
 
     ``groups`` are (transport, pool bytes per rank, largest layer bytes) in run order; transports run
     one after the other, so each is checked on its own.
     """
-    mine = [_needs(n, nb, lb, options.get(n, {}), comm.rank) for n, nb, lb in groups]
+    mine = [_needs(n, nb, lb, options.get(n, {}), comm.rank, pages) for n, nb, lb in groups]
     facts = comm.allgather((comm.hostname, mine, memory.available_bytes(), cleanup.shm_free_bytes(),
-                            memlock_limit()))
+                            memlock_limit(), memory.hugepages_free_bytes()))
     for i, (name, _, _) in enumerate(groups):
         hosts: dict[str, dict] = {}
-        for host, needs, avail, shm_free, locked in facts:
-            h = hosts.setdefault(host, {"ram": 0, "shm": 0, "ranks": 0, "avail": avail, "shm_free": shm_free})
+        for host, needs, avail, shm_free, locked, huge_free in facts:
+            h = hosts.setdefault(host, {"ram": 0, "shm": 0, "huge": 0, "ranks": 0, "avail": avail, "shm_free": shm_free,
+                                        "huge_free": huge_free})
             h["ram"] += needs[i]["ram"]
             h["shm"] += needs[i]["shm"]
+            h["huge"] += needs[i]["huge"]
             h["ranks"] += 1
             if locked is not None and needs[i]["locked"] > locked:
                 return (f"{name}: registering a {needs[i]['locked'] / GiB:.2f} GiB pool pins it, but this rank's "
@@ -72,6 +77,10 @@ def check(comm, groups: list[tuple[str, int, int]], options: dict[str, dict]) ->
             if h["ram"] > 0.9 * h["avail"]:
                 return (f"{name}: pools need {h['ram'] / GiB:.2f} GiB on host {host} ({h['ranks']} ranks) but only "
                         f"{h['avail'] / GiB:.2f} GiB is available: lower --tokens, --pool-factor or the model size")
+            if h["huge"] > h["huge_free"]:
+                return (f"{name}: --pages huge needs {h['huge'] / GiB:.2f} GiB of reserved huge pages on host {host} "
+                        f"({h['ranks']} ranks) but {h['huge_free'] / GiB:.2f} GiB is free: reserve more "
+                        "(sysctl vm.nr_hugepages=N, or hugepages=N at boot) or use --pages thp")
             if h["shm"] > h["shm_free"]:
                 return (f"{name}: pools need {h['shm'] / GiB:.2f} GiB in {cleanup.SHM_DIR} on host {host} "
                         f"({h['ranks']} ranks) but {h['shm_free'] / MiB:.1f} MiB is free there: give the container a "

@@ -19,14 +19,14 @@ import sys
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 2  # 2: skew_s, clock_err_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 2  # 2: pages, skew_s, clock_err_s, completion (1 reads as 2 with those empty: upgrade())
 READS = (1, 2)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
                 "pp", "world_size", "inflight"]
-CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers"]
+CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
 # per row: seconds = until this rank's part of the request was complete, from the iteration's start
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
@@ -45,7 +45,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         raise ValueError(f"schema version {version} (this kvbench reads {', '.join(map(str, READS))})")
     for col in ROW_COLUMNS:
         if col not in df.columns:
-            df[col] = "" if col == "completion" else np.nan
+            df[col] = {"completion": "", "pages": "4k"}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

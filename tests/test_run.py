@@ -120,3 +120,25 @@ def test_footer_says_nothing_measured_when_every_case_was_skipped(kvrun):
     assert r.code == 3, r.out + r.err
     assert r.out.rstrip().splitlines()[-2].endswith("NOTHING MEASURED")
     assert r.meta()["status"] == "NOTHING MEASURED"
+
+
+@pytest.mark.parametrize("pages", ["4k", "thp"])
+def test_sidecar_records_the_pages_asked_for_and_got(kvrun, pages):
+    """--pages: the sidecar says what each pool asked for and got, and every row says the page size."""
+    from kvbench import memory
+
+    r = kvrun(["-t", "loopback,shm", "--op", "push", "-b", "16", "-e", "16", *SMALL, "--pages", pages])
+    assert r.code == 0, r.out + r.err
+    assert set(r.table().pages) == {pages}
+    infos = r.meta()["transports"]
+    assert set(infos) == {"loopback", "shm"}
+    for name, per_rank in infos.items():
+        for info in filter(None, per_rank):
+            p = info["pages"]
+            assert p["requested"] == pages and p["applied"] == pages and p["bytes"] == info["pool_bytes"]
+            assert 0 <= p["huge_share"] <= 1 and p["kernel_page_size"] == memory.PAGE
+            if pages == "4k":
+                assert p["huge_share"] == 0
+            elif memory.thp_mode() in ("madvise", "always"):
+                assert p["huge_share"] > 0 or "note" in p, (name, p)
+    assert len(infos["loopback"][0]["pages"]["more_pools"]) == 1  # loopback's second pool is recorded too

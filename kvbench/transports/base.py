@@ -67,6 +67,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import memory
+
 SRC, DST, LEN = 0, 1, 2
 OPS = ("push", "pull")
 
@@ -104,6 +106,7 @@ class Context:
     run_id: str  # short, unique per launch; safe in file and segment names
     token: bytes = b""  # per-run secret, generated on rank 0, for listeners
     options: dict[str, Any] = field(default_factory=dict)
+    pages: str = "4k"  # page size asked for pools: memory.PAGE_KINDS (a transport's own pool: where it can)
 
 
 @dataclass
@@ -145,6 +148,13 @@ class Transport:
     def alloc(self, nbytes: int) -> Buffer | None:
         """Optionally provide the pool's memory (None: the harness allocates)."""
         return None
+
+    def pages(self, pool) -> dict:
+        """Pages of a pool this transport allocated (``alloc``): ``applied``, the page size it asked for
+        (``ctx.pages`` where it honours the request, else "own": the library's or the kernel's choice, with a
+        ``note`` saying why), and memory.page_report of the pool: what the kernel gave."""
+        return dict(memory.page_report(pool.array), applied="own",
+                    note=f"{self.name} allocates its own pool; its page size is the library's or the kernel's")
 
     def register(self, pool) -> bytes:
         """Register ``pool`` once; return opaque metadata for the peers.

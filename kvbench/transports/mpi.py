@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import memory
 from .base import DST, LEN, OPS, SRC, Buffer, Caps, TransportError, check_descs
 from .mpi_common import MpiBase, fail, mpi
 
@@ -203,7 +204,10 @@ class MpiTransport(MpiBase):
 
     def info(self) -> dict:
         """MPI library, mpi4py version, mode, prep, split, window kind, epoch."""
-        return dict(super().info(), split=self.split, window=self.window, epoch=self.epoch)
+        info = dict(super().info(), split=self.split, window=self.window, epoch=self.epoch)
+        if self._owned and self._arr is not None:  # the library chose the window's pages: record what it got
+            info["window_pages"] = memory.page_report(self._arr)
+        return info
 
     def close(self) -> None:
         """End the epoch, free datatypes and (window "create") the window; idempotent."""

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from .. import _native, cleanup
+from .. import _native, cleanup, memory
 from .base import Buffer, Caps, Transport, TransportError, check_descs
 
 
@@ -82,11 +82,12 @@ class ShmTransport(Transport):
                     raise TransportError(f"shm: cannot reserve {_size(size)} in {cleanup.SHM_DIR}: {exc.strerror}: "
                                          "give the container a larger /dev/shm (docker run --shm-size=...), "
                                          "or lower --tokens/--pool-factor") from None
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+            arr = self._map(fd, size)[:nbytes]
         finally:
             os.close(fd)
-        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
         arr.fill(0)  # pre-fault (the pages are reserved above: no SIGBUS here or mid-run)
+        if self.ctx.pages == "thp":  # fallocate took 4 KiB pages before any advice could apply: collapse them
+            memory.collapse(arr)
         return Buffer(arr, lambda: _unlink(self.path))
 
     def register(self, pool) -> bytes:
@@ -106,11 +107,25 @@ class ShmTransport(Transport):
             try:
                 size = os.fstat(fd).st_size
                 # populate the page tables now: a peer's first touch of each page must not land in a timed copy
-                mm = mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+                self.peers[rank] = self._map(fd, size, getattr(mmap, "MAP_POPULATE", 0))
             finally:
                 os.close(fd)
+
+    def _map(self, fd: int, size: int, extra_flags: int = 0) -> np.ndarray:
+        """A segment mapped MAP_SHARED.  Pages "thp": on a huge page boundary, marked MADV_HUGEPAGE, so that
+        the segment's huge pages (``alloc`` collapses them) are mapped with PMDs here and in the peers;
+        "4k": marked MADV_NOHUGEPAGE; "huge": hugetlb pages do not live on tmpfs (``pages`` says so)."""
+        if self.ctx.pages == "thp":
+            arr = memory.map_shared(fd, size, memory.thp_size(), extra_flags)
+            advice = memory.host.MADV_HUGEPAGE
+        else:
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED | extra_flags)
             self._maps.append(mm)
-            self.peers[rank] = np.frombuffer(mm, dtype=np.uint8)
+            arr = np.frombuffer(mm, dtype=np.uint8)
+            advice = memory.host.MADV_NOHUGEPAGE if self.ctx.pages == "4k" else None
+        if advice is not None:
+            memory.host.madvise(arr, advice)
+        return arr
 
     def ready(self) -> None:
         if self.path:
@@ -131,6 +146,21 @@ class ShmTransport(Transport):
     def start(self, prepared):
         _native.copy_batch(*prepared)
         return None
+
+    def pages(self, pool) -> dict:
+        """What the segment got, here and as the peers map it: /dev/shm is tmpfs, whose mount's ``huge=``
+        policy decides (memory.tmpfs_huge); hugetlb pages are not offered (they need a hugetlbfs mount)."""
+        want, policy = self.ctx.pages, memory.tmpfs_huge(cleanup.SHM_DIR)
+        rep = dict(memory.page_report(pool.array), applied=want if want in ("4k", "thp") else "own",
+                   tmpfs_huge=policy)
+        if self.peers:
+            rep["peer_huge_share"] = {r: memory.page_report(a)["huge_share"] for r, a in sorted(self.peers.items())}
+        if want == "huge":
+            rep["note"] = f"shm: a {cleanup.SHM_DIR} segment (tmpfs) cannot take hugetlb pages; page size is tmpfs's"
+        elif want == "thp" and not rep["huge_share"]:
+            rep["note"] = (f"shm: the kernel gave the segment no huge pages (MADV_COLLAPSE refused; {cleanup.SHM_DIR} "
+                           f"is mounted huge={policy})")
+        return rep
 
     def info(self):
         return {"segment": self.path}

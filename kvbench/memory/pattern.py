@@ -1,4 +1,4 @@
-"""Memory kinds: allocate page-aligned pools, fill them with a checkable pattern, verify.
+"""The fill pattern of a pool and its verification.
 
 The fill pattern is a pure function of (source rank, byte offset in the
 source pool), so a destination can recompute, for every element it received,
@@ -9,40 +9,9 @@ stale block, a torn write or a byte from the wrong rank all count as wrong.
 """
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 
-PAGE = mmap.PAGESIZE
-KINDS = ("host",)  # "cuda" joins when the GPU issue lands
 POISON = 0xA5
-
-
-def alloc_host(nbytes: int) -> np.ndarray:
-    """Anonymous, page-aligned, pre-faulted ``uint8`` array of ``nbytes``.
-
-    mmap memory starts on a page boundary (numpy's own allocations start 16
-    bytes in, which halves memcpy speed when source and destination are
-    misaligned relative to each other).
-    """
-    size = max(PAGE, -(-nbytes // PAGE) * PAGE)
-    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
-    arr.fill(0)  # pre-fault: first touch is 10x slower than a warm copy
-    return arr
-
-
-def available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (bytes); a large number if unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
 
 _MUL = np.uint32(2654435761)  # Knuth's multiplicative hash constant
 _RANK = np.uint32(0x9E3779B9)

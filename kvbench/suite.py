@@ -174,7 +174,7 @@ class Suite(BaseModel):
     pool_factor: float = Field(default=2.0, ge=1.0)
     timeout: float = Field(default=600.0, gt=0)  # seconds one case may take (warm-up, iterations, check)
     setup_timeout: float | None = Field(default=None, gt=0)  # a transport's setup; None: derived from its pool bytes
-    pages: Literal["4k", "thp", "huge"] = "4k"  # host pools kvbench allocates (docs/pages.md: why 4k by default)
+    pages: Literal["4k", "thp", "huge"] = "4k"  # host pools kvbench allocates (docs/pages.md says why 4k)
     # bulk: one descriptor per layer; ceiling: the same bytes in 64 KiB-4 MiB contiguous chunks (bulk% is
     # against the best of bulk and these); hot: one layer's buffer re-sent (as perftest does); paged: the block table
     variants: list[Literal["bulk", "ceiling", "hot", "paged"]] = Field(default=["bulk", "ceiling", "paged"],

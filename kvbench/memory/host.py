@@ -15,16 +15,9 @@
 
 What the kernel actually gave shows in /proc/self/smaps: ``page_report``.
 
-The default is ``4k``.  Measured on the project's 2-core VMs (THP "madvise"):
-a single process copying random 32 KiB-4 MiB blocks between two 256 MiB
-pools ran 3-6% faster on THP; kvbench's loopback, shm and tcp transports
-showed no difference the noise could resolve (median thp/4k per launch pair
-0.99, while the mpi control, whose window is 4 KiB either way, spread ±20%).
-4 KiB pages need no kernel setting, are what MPI's Win.Allocate window gets
-here (so transports are compared on the same pages), and are what a serving
-engine's host buffer gets unless its allocator or operator asks for more.
-Sweep ``thp`` (and ``huge`` where reserved) to see what larger pages buy on a
-machine: PLATFORM.md measured NIXL twice as fast on THP pools.
+The default is ``4k``: larger pages gained nothing the noise could resolve
+through kvbench's transports here, need no kernel setting, and match the pages
+MPI's window and an engine's default host buffer get (docs/pages.md).
 """
 from __future__ import annotations
 

@@ -486,16 +486,17 @@ class Harness:
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
                         queue_s=nan, arrival_s=nan, completion=rules[k])
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
-            skews, err, _ = clock[e.src] if e.dst == self.rank else (None, nan, 0.0)
+            skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
             for it, (done, over, hs, exposed, rnd) in enumerate(rec):
                 skew = float(skews[it]) if skews is not None else 0.0
                 rows.append(dict(base, iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
-                                 skew_s=skew if skews is not None else nan, clock_err_s=err))
+                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
-                                 nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan))
+                                 nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
+                                 clock_offset_s=nan))
         self.deliver(rows)
 
     def emit_skipped(self, case: dict, reason: str) -> None:
@@ -505,7 +506,7 @@ class Harness:
                    payload_bytes=case_geometry(case)["payload"], wire_bytes=0, descriptors=0,
                    status="skipped", reason=reason, nwrong=None, prefill_s=float("nan"), handshake_s=float("nan"),
                    exposed_s=float("nan"), queue_s=float("nan"), arrival_s=float("nan"), skew_s=float("nan"),
-                   clock_err_s=float("nan"), completion="")
+                   clock_err_s=float("nan"), clock_offset_s=float("nan"), completion="")
         self.deliver([row] if self.rank == 0 else [])
 
     def deliver(self, rows: list[dict]) -> None:

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 2  # 2: pages, skew_s, clock_err_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 2  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 READS = (1, 2)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
@@ -33,9 +33,10 @@ CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
 # queue_s = wait for decode blocks (back-pressure); arrival_s = arrival time since the workload began
 ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
                               "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
-                              "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "completion"]
+                              "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
 # skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
-# clock_err_s: the bound on that correction (half the best ping-pong); completion: who stamped the landing,
+# clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
+# its source's; completion: who stamped the landing,
 # "transport" (its own receive or progress thread) or "harness" (the moment its wait or notification returned)
 
 

@@ -222,9 +222,26 @@ def footer(cfg, writer, printer, h) -> int:
     print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
     print(f"# results: {writer.path}")
     writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=wrong, status=status,
+                  clocks=pair_clocks(df),
                   reason=ST.STATUSES[status][1], harness_overhead_us=overhead_us(printer),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
+
+
+def pair_clocks(df) -> dict:
+    """Per case and pair, from the destinations' rows: the barrier-exit skew (median, largest) and the bound
+    on the clock correction, in microseconds (one clock: clocks.py)."""
+    if df is None or "skew_s" not in df:
+        return {}
+    d = df[(df["iter"] >= 0) & df["skew_s"].notna() & (df["role"] == "decode")]
+    out: dict = {}
+    for (case, pair), g in d.groupby(["case", "pair"]):
+        out.setdefault(str(int(case)), {})[str(int(pair))] = {
+            "offset_us": round(float(g["clock_offset_s"].median()) * 1e6, 1),
+            "skew_p50_us": round(float(g["skew_s"].median()) * 1e6, 1),
+            "skew_max_us": round(float(g["skew_s"].abs().max()) * 1e6, 1),
+            "clock_err_us": round(float(g["clock_err_s"].max()) * 1e6, 1)}
+    return out
 
 
 def overhead_us(printer) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-TINY = ["-m", "llama-3-8b", "--tokens", "200", "-n", "3", "-w", "1"]
+TINY = ["-m", "llama-3-8b", "--tokens", "200", "-n", "3", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]
 NETWORK = ["shm", "tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake"]
 
 

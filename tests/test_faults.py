@@ -10,7 +10,8 @@ import time
 import pytest
 from conftest import ROOT, leftovers_of, mpiexec
 
-SHM = ["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "3", "-w", "1"]
+SHM = ["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "3", "-w", "1",
+       "--variants", "bulk,paged", "--rounds", "1"]
 
 
 def assert_failed(r, status, code, *needles):

@@ -6,7 +6,7 @@ import pytest
 from liars import LIARS
 from test_faults import assert_failed
 
-SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-b", "64", "-e", "64", "-n", "2", "-w", "1"]
+SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "--variants", "bulk,paged"]
 ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
        "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
 

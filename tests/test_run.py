@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-n", "3", "-w", "1"]
+SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-n", "3", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]
 
 
 @pytest.mark.parametrize("op", ["push", "pull"])
@@ -142,3 +142,48 @@ def test_sidecar_records_the_pages_asked_for_and_got(kvrun, pages):
             elif memory.thp_mode() in ("madvise", "always"):
                 assert p["huge_share"] > 0 or "note" in p, (name, p)
     assert len(infos["loopback"][0]["pages"]["more_pools"]) == 1  # loopback's second pool is recorded too
+
+
+def test_the_ceiling_is_the_best_contiguous_copy_measured_alongside(kvrun):
+    r = kvrun(["-t", "shm", "--op", "push", "-b", "64", "-e", "64", "-m", "llama-3-8b", "--tokens", "256", "-n", "4",
+               "-w", "1"])
+    assert r.code == 0, r.out + r.err
+    t = r.table()
+    assert set(t["round"]) == {-1, 0, 1, 2, 3}  # interleaved by default: min(5, iterations) rounds
+    ok = t[t.status == "ok"]
+    # llama-3-8b, 256 tokens: 32 layers of 1 MiB; the same 32 MiB as 64 KiB .. 4 MiB contiguous chunks
+    descs = ok.groupby("variant").descriptors.first().to_dict()
+    assert descs == {"bulk": 32, "chunk-64K": 512, "chunk-256K": 128, "chunk-1M": 32, "chunk-4M": 32, "paged": 256}
+    assert int(ok.nwrong.fillna(0).sum()) == 0 and set(ok[ok.iter == -1].variant) == set(descs)
+    from kvbench.report import summarize
+
+    st = summarize(t).set_index("variant")
+    refs = st.loc[["bulk", "chunk-64K", "chunk-256K", "chunk-1M", "chunk-4M"]]
+    winner = refs.gbps.idxmax()
+    assert (st.ceil_name == winner).all() and st.loc[winner, "bulk_pct"] == 100.0
+    assert (refs.bulk_pct <= 100.0).all() and "ceiling" in r.out and winner in r.out
+
+
+def test_a_paged_row_above_the_ceiling_by_more_than_the_spread_is_flagged():
+    import pandas as pd
+
+    from kvbench.report import summarize
+    from kvbench.results import CASE_COLUMNS, ROW_COLUMNS
+
+    def rows(case, variant, times):
+        base = {c: 0 for c in CASE_COLUMNS} | {"case": case, "variant": variant, "transport": "shm", "op": "push",
+                                                "model": "m", "tokens": 1, "layers": 1, "overlap": "serial",
+                                                "prefill_ms_set": "0", "workload": "none", "status": "ok",
+                                                "payload_bytes": 10**9, "descriptors": 1, "pair": 0, "req": 0,
+                                                "prefill_s": 0.0}
+        return [dict(base, iter=i, round=i % 4, seconds=s, rank=0) for i, s in enumerate(times)]
+
+    steady = [1.0] * 8
+    df = pd.DataFrame(rows(1, "bulk", steady) + rows(2, "paged", [0.5] * 8) + rows(3, "paged", [1.25] * 8)
+                      + rows(4, "paged", [0.5, 0.9] * 4), columns=ROW_COLUMNS)
+    st = summarize(df).set_index("case")
+    assert st.loc[1, "ceil_name"] == "bulk" and st.loc[2, "bulk_pct"] == 200.0
+    assert st.loc[2, "noise"]  # twice the ceiling, no spread on either: noise, flagged
+    assert st.loc[3, "bulk_pct"] == 80.0 and not st.loc[3, "noise"]
+    # per-round medians 0.5, 0.9, 0.5, 0.9: spread (0.9 - 0.5) / 0.7 = 57%; 1/0.7 = 143% is within 100 + 57
+    assert round(st.loc[4, "spread_pct"]) == 57 and round(st.loc[4, "bulk_pct"]) == 143 and not st.loc[4, "noise"]

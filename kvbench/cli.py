@@ -25,7 +25,13 @@ vocabulary:
   coalesce   merge descriptors adjacent on both sides (on/off)
   alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>
   push/pull  push = prefill writes into decode's pool; pull = decode reads from prefill's pool
-  bulk%      this row's GB/s / the same payload moved as one descriptor per layer (the path's ceiling)
+  bulk       the payload as one descriptor per layer (the link model's reference)
+  ceiling    the best of bulk and the payload as contiguous 64 KiB-4 MiB chunks, measured alongside
+  bulk%      this row's GB/s / the ceiling's (* = above it by more than both rows' spreads: noise)
+  hot        one layer's buffer re-sent for every layer (what perftest-style tools measure)
+
+exit codes: 0 OK or UNCHECKED, 1 a mistake in the input (nothing written), 2 FAILED (wrong elements),
+  3 NOTHING MEASURED, 4 ERROR (a rank failed), 5 TIMEOUT, 130 INTERRUPTED (README: when things go wrong)
 
 examples:
   mpirun -np 2 kvbench run suites/quick.yaml
@@ -99,7 +105,8 @@ def build_parser() -> Parser:
                         "scheduler cannot wake a receiver onto its sender's CPU; none (default): as launched")
     r.add_argument("--rounds", type=int, metavar="R",
                    help="interleave: a transport's cases take turns R times, iters/R iterations each, so a slow "
-                        "phase of a shared machine hits every row alike (default 1: each case runs to the end)")
+                        "phase of a shared machine hits every row alike (default min(5, iterations); 1: each case "
+                        "runs to the end)")
     r.add_argument("-c", "--check", type=int, choices=(0, 1), help="verify every byte after timing (default 1)")
     r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
@@ -135,8 +142,9 @@ def build_parser() -> Parser:
     wl.add_argument("--decode-ms", type=float, help="how long a request holds its decode blocks after landing")
     wl.add_argument("--alloc-timeout", type=float, help="ms a request may wait for decode blocks before it is dropped")
     wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded)")
-    r.add_argument("--variants", type=csv(str), help="bulk,paged (default both): bulk = one descriptor per layer, "
-                   "the path's ceiling; paged = the block table")
+    r.add_argument("--variants", type=csv(str), help="what each payload is measured as: bulk (one descriptor per "
+                   "layer), ceiling (contiguous 64K-4M chunks), hot (one layer's buffer re-sent), paged (the block "
+                   "table); default bulk,ceiling,paged")
     r.add_argument("-O", "--option", action="append", metavar="[TRANSPORT.]KEY=VALUE",
                    help="transport option, repeatable; KEY=VALUE applies to every transport of the run that has it, "
                    "tcp.KEY=VALUE to tcp alone; unknown keys and bad values are refused. " + O.help_text())

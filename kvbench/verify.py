@@ -23,18 +23,19 @@ from . import memory
 from .transports.base import DST, LEN, SRC
 
 
-def _mask(epoch: int) -> np.ndarray:
-    """The 4 bytes XOR-ed into every pattern word for ``epoch`` (epoch 0: the plain fill pattern)."""
-    return np.array([(epoch * 0x85EBCA6B) & 0xFFFFFFFF], dtype="<u4").view(np.uint8)
+def _mix(epoch: int) -> np.uint32:
+    """The word XOR-ed into every pattern word for ``epoch`` (epoch 0: the plain fill pattern)."""
+    return np.uint32((epoch * 0x85EBCA6B) & 0xFFFFFFFF)
 
 
 def expected(rank: int, offset: int, nbytes: int, epoch: int) -> np.ndarray:
     """What ``rank``'s pool holds at [offset, offset + nbytes) in ``epoch``."""
-    base = memory.expected_bytes(rank, offset, nbytes)
-    if epoch == 0:
-        return base
-    mask = np.roll(_mask(epoch), -(offset % 4))
-    return base ^ np.resize(mask, nbytes)
+    w0, w1 = offset // 4, -(-(offset + nbytes) // 4)
+    words = memory.pattern_words(rank, w0, w1 - w0)
+    if epoch:
+        words ^= _mix(epoch)
+    lead = offset - w0 * 4
+    return words.view(np.uint8)[lead : lead + nbytes]
 
 
 def write_epoch(pool: np.ndarray, descs: np.ndarray, rank: int, epoch: int) -> None:

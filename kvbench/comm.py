@@ -91,6 +91,12 @@ class Comm:
         """Receive a control message of known size into ``buf``."""
         self.world.Recv([buf, _mpi().BYTE], source=source, tag=tag)
 
+    def probe(self, source: int, tag: int) -> int:
+        """Block until a message from ``source`` with ``tag`` is there; its size in bytes."""
+        st = _mpi().Status()
+        self.world.Probe(source=source, tag=tag, status=st)
+        return st.Get_count(_mpi().BYTE)
+
     def waitall(self, requests) -> None:
         if requests:
             _mpi().Request.Waitall(requests)

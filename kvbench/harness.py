@@ -9,6 +9,7 @@ over the two ranks of its pair, computed when results are read.
 """
 from __future__ import annotations
 
+import pickle
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -431,27 +432,27 @@ class Harness:
             self._once(m, -1)
         finally:
             itr.on_final = itr.on_landed = None
-        self.landed_after_posted(m, mine, landed, itr.bound_at)
+        self.landed_after_posted(m, mine, landed, dict(itr.bound_at))
         if mine and self.opts.inject_corruption:
             copy = copies[id(mine[0])][0]
             copy[: self.opts.inject_corruption] ^= 0xFF
         elem = M.dtype_bytes(case["dtype"])
         return [verify.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == self.rank else 0 for e in entries]
 
-    def landed_after_posted(self, m: dict, mine: list, landed: dict, final: float) -> None:
-        """A destination's completion stamp cannot precede the moment its source posted the last layer (a pull:
-        made it final), on one clock: a transport whose stamp does is not reporting when the bytes landed."""
+    def landed_after_posted(self, m: dict, mine: list, landed: dict, bounds: dict) -> None:
+        """A destination's completion stamp cannot precede the moment its source posted the request's last layer
+        (a pull: made it final), on one clock: a transport whose stamp does is not reporting when bytes landed."""
         itr = m["itr"]
-        reqs = [self.comm.isend_bytes(np.float64(final).tobytes(), d, TAG_FINAL) for d in itr.dests]
-        finals = {self.rank: final}
+        reqs = [self.comm.isend_bytes(pickle.dumps(bounds), d, TAG_FINAL) for d in itr.dests]
         for src in itr.sources:
-            buf = bytearray(8)
+            st = self.comm.probe(src, TAG_FINAL)
+            buf = bytearray(st)
             self.comm.recv_bytes(buf, src, TAG_FINAL)
-            finals[src] = float(np.frombuffer(buf, np.float64)[0])
+            bounds = {**pickle.loads(bytes(buf)), **bounds}
         self.comm.waitall(reqs)
         for e in mine:
             _, err, off = m["clock"][e.src]
-            early = finals[e.src] - (landed[id(e)] - off)
+            early = bounds[(e.pair, e.req)] - (landed[id(e)] - off)
             if early > err + 1e-4:
                 raise TransportError(
                     f"its completion stamp says the bytes landed {early * 1e6:.0f} us before the source posted the "

@@ -83,8 +83,8 @@ BULK_KEYS = ["transport", "op", "model", "tokens", "prefix_hit", "dtype", "tp", 
 
 def spread_pct(df: pd.DataFrame) -> pd.Series:
     """Per case: the interquartile range of its per-round median times, in % of their median (0 with one round)."""
-    ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
-    if ok.empty:
+    ok = df[(df["status"] == "ok") & (df["iter"] >= 0) & df["round"].notna() & df["seconds"].notna()]
+    if ok.empty:  # a workload's rows have no rounds
         return pd.Series(dtype=float)
     t = ok.groupby(["case", "round", "pair", "req", "iter"])["seconds"].max()
     per_round = t.groupby(["case", "round"]).median()
@@ -168,23 +168,32 @@ def uses_overlap(cases: list[dict]) -> bool:
 
 
 class LivePrinter:
-    """Rank 0's printer: keeps rows, prints each case's line as it finishes."""
+    """Rank 0's printer: keeps rows; ``flush`` prints the lines of the cases not printed yet.
+
+    The runner flushes when a transport's cases are all in: a paged row's bulk% needs the references
+    measured alongside it (interleaved with it by default), so its line waits for them.
+    """
 
     def __init__(self, out=print, columns=None):
         self.out = out
         self.columns = columns or COLUMNS
         self.frames: list[pd.DataFrame] = []
+        self.pending: list[int] = []
 
     def add(self, rows: list[dict]) -> None:
         from .results import ROW_COLUMNS
 
-        if not rows:
+        if rows:
+            self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))
+            self.pending.append(rows[0]["case"])
+
+    def flush(self) -> None:
+        if not self.pending:
             return
-        self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))
-        st = summarize(pd.concat(self.frames, ignore_index=True))
-        case = rows[0]["case"]
-        line = st[st["case"] == case].iloc[0].to_dict()
-        self.out(format_line(line, self.columns))
+        st = summarize(pd.concat(self.frames, ignore_index=True)).set_index("case")
+        for case in self.pending:
+            self.out(format_line(st.loc[case].to_dict() | {"case": case}, self.columns))
+        self.pending = []
 
     def summary(self) -> pd.DataFrame | None:
         if not self.frames:

@@ -142,8 +142,12 @@ def run(a, argv: list[str]) -> int:
             writer.add(rows)
             printer.add(rows)
 
+        def group_done(name):  # every case of a transport is stored: print them, with their references
+            writer.group_done(name)
+            printer.flush()
+
         h.set_sink(sink)
-        h.on_group_done = writer.group_done
+        h.on_group_done = group_done
     done, h.case_no = c.bcast((done, h.case_no))  # a resumed run numbers its cases after the stored ones
     try:
         h.run([k for k in cases if k["transport"] not in done], suite.scheme)

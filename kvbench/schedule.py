@@ -187,7 +187,8 @@ class Iteration:
         # the check pass's hooks (None while timing): a layer became final on the source; an entry's
         # completion is known on the destination
         self.on_final = self.on_landed = None
-        self.bound_at = 0.0  # check pass, source: the last layer was posted (or final, for a pull) at this time
+        # check pass, source: per (pair, request), when its last layer was posted (a pull: made final)
+        self.bound_at: dict[tuple[int, int], float] = {}
         self.rule: dict[int, str] = {}  # per entry: who stamped its completion ("transport" or "harness")
 
     def run(self, tag0: int):
@@ -223,7 +224,8 @@ class Iteration:
                 self.clock.wait_layer(last)
                 if self.on_final is not None:
                     self.on_final(ks)
-                    self.bound_at = time.perf_counter()  # check pass: no byte of these layers can land earlier
+                    now = time.perf_counter()  # check pass: no byte of these layers can land earlier
+                    self.bound_at.update({(e.pair, e.req): now for e in self.entries if e.src == self.rank})
                 if self.signal:  # tell each decode rank the layer(s) are final, in the order it posted them
                     a = time.perf_counter()
                     for s in signals:
@@ -246,7 +248,7 @@ class Iteration:
             for e, prepared in ready:
                 if self.on_final is not None and prepared:  # check pass: when the last layer was posted
                     handles[id(e)] += [t.start(p) for p in prepared[:-1]]
-                    self.bound_at = time.perf_counter()
+                    self.bound_at[(e.pair, e.req)] = time.perf_counter()
                     prepared = prepared[-1:]
                 handles[id(e)] += [t.start(p) for p in prepared]
             inside += time.perf_counter() - a

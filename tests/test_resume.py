@@ -6,7 +6,7 @@ import pytest
 from test_errors import assert_one_line
 
 ARGS = ["-t", "shm,tcp", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "2", "-w", "0",
-        "--variants", "bulk,paged"]
+        "--variants", "bulk,paged", "--rounds", "1"]
 KEYS = ["transport", "op", "variant", "block_size", "allocation", "coalesce", "rank", "iter"]
 
 

@@ -37,7 +37,7 @@ def test_loopback_and_shm_quick_table_and_meta(kvrun):
     assert set(df.op) == {"push", "pull"}
     assert int(df.nwrong.fillna(0).sum()) == 0
     meta = json.load(open(r.results.replace(".parquet", ".meta.json")))
-    assert meta["schema_version"] == 1
+    assert meta["schema_version"] == 2
     assert meta["world_size"] == 2 and meta["suite"]["axes"]["transport"] == ["loopback", "shm"]
     assert meta["status"] == "OK" and "system" in meta and "libraries" in meta and "git_commit" in meta
     # table rows: 2 transports x 2 ops x (3 block sizes + bulk)
@@ -77,7 +77,7 @@ def test_unavailable_transport_is_a_skipped_row_not_a_crash(kvrun):
 
 def test_rounds_interleave_cases_and_keep_every_iteration(kvrun):
     r = kvrun(["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "-m", "llama-3-8b", "--tokens", "256",
-               "-n", "5", "-w", "1", "--rounds", "2"])
+               "-n", "5", "-w", "1", "--rounds", "2", "--variants", "bulk,paged"])
     assert r.code == 0, r.out + r.err
     assert "rounds=2" in r.out
     ok = r.table()

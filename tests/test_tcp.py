@@ -86,8 +86,8 @@ def test_receive_wait_reports_when_the_bytes_landed():
     a.wait(a.post("push", 1, d, tag=3))
     time.sleep(1.0)  # the bytes land while nobody waits
     called = time.perf_counter()
-    landed = wait_landed(b, [h_b])
-    assert posted <= landed < called
+    landed, stamped = wait_landed(b, [h_b])
+    assert posted <= landed < called and stamped  # the receive thread's stamp, not the moment of the call
     assert memory.count_wrong(pb.array, d, 0, 1) == 0
     a.close()
     b.close()
@@ -100,9 +100,12 @@ def test_wait_landed_without_times_is_when_the_last_wait_returned():
 
     t = Sync()
     before = time.perf_counter()
-    assert wait_landed(t, [5.0, 7.0, 6.0]) == 7.0  # every handle reported: the latest
-    assert before <= wait_landed(t, [None, 2.0]) <= time.perf_counter()  # one synchronous: now
-    assert before <= wait_landed(t, []) <= time.perf_counter()
+    assert wait_landed(t, [5.0, 7.0, 6.0]) == (7.0, True)  # every handle reported: the latest, stamped
+    at, stamped = wait_landed(t, [None, 2.0])
+    assert before <= at <= time.perf_counter() and stamped  # one synchronous: now
+    at, stamped = wait_landed(t, [None])
+    assert before <= at <= time.perf_counter() and not stamped  # the harness's rule: when wait returned
+    assert before <= wait_landed(t, [])[0] <= time.perf_counter()
 
 
 def test_unknown_interface_is_one_line():
@@ -115,7 +118,7 @@ def test_unknown_interface_is_one_line():
 def test_busy_poll_receive_moves_every_byte(kvrun):
     """-O poll=spin: receives busy-poll (non-blocking reads) instead of sleeping; same bytes, push and pull."""
     r = kvrun(["-t", "tcp", "-O", "poll=spin", "--op", "push,pull", "--overlap", "serial,streaming", "--prefill-ms", "5",
-               "-m", "llama-3-8b", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2", "-w", "1"], timeout=180)
+               "-m", "llama-3-8b", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2", "-w", "1", "--variants", "bulk,paged"], timeout=180)
     assert r.code == 0, r.out + r.err
     df = r.table()
     checks = df[(df.iter == -1) & (df.role == "decode")]
@@ -166,7 +169,7 @@ def test_pull_layer_ready_socket_and_mpi_move_every_byte(kvrun):
     for ready, poll in (("socket", "control"), ("mpi", "block")):
         r = kvrun(["-t", "tcp", "-O", f"ready={ready}", "-O", f"poll={poll}", "--op", "pull", "--overlap", "serial,streaming",
                    "--prefill-ms", "5", "-m", "llama-3-8b", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2",
-                   "-w", "1"], timeout=180)
+                   "-w", "1", "--variants", "bulk,paged"], timeout=180)
         assert r.code == 0, r.out + r.err
         checks = r.table().query("iter == -1 and role == 'decode'")
         assert len(checks) == 3 and int(checks.nwrong.sum()) == 0  # bulk + serial + streaming

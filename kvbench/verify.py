@@ -34,7 +34,7 @@ def expected(rank: int, offset: int, nbytes: int, epoch: int) -> np.ndarray:
     if epoch == 0:
         return base
     mask = np.roll(_mask(epoch), -(offset % 4))
-    return base ^ np.resize(mask, nbytes)
+    return base ^ np.tile(mask, -(-nbytes // 4))[:nbytes]  # (np.resize: 6 s for 64 MiB, 30x slower)
 
 
 def write_epoch(pool: np.ndarray, descs: np.ndarray, rank: int, epoch: int) -> None:

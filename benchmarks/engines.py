@@ -304,15 +304,22 @@ def report(a, engines, kvb, nat, over, skipped, notes):
               + _verdict(hot_tool, HOT_TARGET))
         parts = []
         for op in ("push", "pull"):
-            for size in [s for s in a.sizes if s >= TARGET_SIZE]:
-                o = over.get((e, "hot", op, size), {})
-                if o:
-                    us = np.median([v[0] for v in o.values()])
-                    share = np.median([v[0] / v[1] for v in o.values() if v[1] > 0])
-                    parts.append(f"{op} {fmt_size(size)} {us:.0f} us = {100 * share:.1f}%")
+            sizes = [s for s in a.sizes if s >= TARGET_SIZE and over.get((e, "hot", op, s))]
+            if not sizes:
+                continue
+            p50 = [float(np.median([v[1] for v in over[(e, "hot", op, s)].values()])) for s in sizes]
+            fit = ""
+            if len(sizes) >= 2:  # p50 = fixed + request bytes / rate: a per-request cost, or a per-byte one?
+                slope, fixed = np.polyfit([a.layers * s for s in sizes], p50, 1)
+                fit = f"fixed {fixed:.0f} us + bytes at {1e-3 / slope:.2f} GB/s, " if slope > 0 else ""
+            harness = [f"{np.median([v[0] for v in over[(e, 'hot', op, s)].values()]):.0f} us"
+                       f" ({100 * np.median([v[0] / v[1] for v in over[(e, 'hot', op, s)].values()]):.1f}%)"
+                       f" at {fmt_size(s)}" for s in sizes]
+            parts.append(f"{op}: {fit}harness " + ", ".join(harness))
         if parts:
-            print(f"# {e}: hot, harness time outside the transport per request (sidecar harness_overhead_us, of the"
-                  " hot p50; median over repeats): " + ", ".join(parts))
+            print(f"# {e}: hot cost per request (p50 medians, least squares over sizes >= {fmt_size(TARGET_SIZE)}:"
+                  " fixed + bytes / rate) and the harness's time outside the transport (sidecar harness_overhead_us,"
+                  " % of p50): " + "; ".join(parts))
         for n in notes.get(e, []):
             print(f"# {e}: {n}")
 

@@ -42,6 +42,7 @@ def test_engines_prints_kvbench_beside_the_native_tool():
     if "unavailable" in out and "nixl push" not in out:
         pytest.skip("nixl unavailable here")
     assert "nixl_reference WRITE" in out and "# nixl: median ratio" in out and "# nixl: hot median ratio" in out
+    assert "# nixl: hot cost per request" in out and "harness" in out  # the harness's own time, measured
     assert "bulk/tool" in out.split() and "hot/tool" in out.split()
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("nixl ")]
     # engine op size unit bulk hot tool-GB/s tool-name... bulk/tool (range) hot/tool (range): both GB/s columns filled

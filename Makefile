@@ -8,7 +8,7 @@
 #   make test               the test suite (unit, property, real mpiexec runs)
 #   make bench-fidelity     tcp and mpi bulk ceilings next to plain socket / mpi4py references
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
-#   make bench-engines      nixl, ucx, mooncake bulk rows next to the engines' own tools
+#   make bench-engines      nixl, ucx, mooncake bulk and hot rows next to the engines' own tools; nixl on 4k/thp pages
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
@@ -62,7 +62,8 @@ bench-overlap: $(STAMP)
 bench-fidelity: $(STAMP)
 	$(BIN)/python benchmarks/fidelity.py --mpirun $(MPIRUN)
 
-# engines vs their own tools: nixl, ucx, mooncake bulk GB/s next to nixl_reference, ucx_perftest, transfer_engine_bench
+# engines vs their own tools: nixl, ucx, mooncake bulk and hot GB/s next to nixl_reference, ucx_perftest,
+# transfer_engine_bench; then nixl bulk vs nixl_reference on 4k and thp pages (the same scattered 1 MiB blocks)
 bench-engines: $(STAMP)
 	$(BIN)/python benchmarks/engines.py --mpirun $(MPIRUN)
 

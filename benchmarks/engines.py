@@ -1,17 +1,29 @@
-"""Engines next to their own tools: kvbench's nixl, ucx and mooncake bulk rows vs each engine's benchmark.
+"""Engines next to their own tools: kvbench's nixl, ucx and mooncake bulk and hot rows vs each engine's benchmark.
 
 For each engine that ``kvbench list`` says is available, one repeat runs
-kvbench's bulk rows (one descriptor of SIZE bytes per layer, LAYERS layers
-per request, push and pull) and the engine's own tool at the same sizes,
-back to back, kvbench first on even repeats and the tool first on odd ones:
+kvbench's bulk and hot rows (LAYERS layers per request, push and pull; bulk:
+one descriptor of SIZE bytes per layer, each at the start of its layer's span
+of the pool; hot: every layer's descriptor points at layer 0's range, one
+layer-sized buffer re-sent, as the tools below do) and the engine's own tool
+at the same sizes, back to back, kvbench first on even repeats and the tool
+first on odd ones:
 
 * nixl: ``benchmarks/nixl_reference.py`` (nixlbench's way; nixlbench is not in
   the wheel) WRITE and READ, once as nixlbench runs it (the same SIZE bytes
-  every time) and once cycling over LAYERS regions (kvbench's working set);
+  every time: against the hot row) and once cycling over LAYERS regions spread
+  over a pool of kvbench's size, where kvbench's bulk rows put their layers
+  (the same scattered blocks: against the bulk row);
 * ucx: ``ucx_perftest`` tag_bw (two-sided, what kvbench's ucx transport does),
   ucp_put_bw and ucp_get (one-sided);
 * mooncake: ``transfer_engine_bench`` write and read over tcp, batch = LAYERS
   requests of SIZE at distinct offsets (one kvbench request), 1 thread.
+
+Then, for nixl, per page size in ``--pages`` (default 4k,thp): kvbench's bulk
+rows with ``--pages P`` and nixl_reference with ``--pages P`` cycling over the
+same LAYERS scattered blocks of a pool of the same size, at ``--pages-sizes``
+(default 1 MiB), order alternating as above; the table shows the share of each
+rank's pool the kernel put on huge pages (kvbench: the sidecar's
+``transports.nixl[rank].pages``; the script: /proc/self/smaps).
 
 kvbench's nixl rows run with ``-O prep=on`` unless ``--nixl-prep off`` (lists
 prepared once, as serving engines and nixl_reference do); the other engines
@@ -24,11 +36,12 @@ per back-to-back pair, median over repeats (the machine is noisy).
 
     python benchmarks/engines.py [--mpirun .venv/bin/mpiexec] [--engines nixl,ucx,mooncake] [--repeat 3]
            [--sizes 65536,262144,1048576,4194304] [--layers 16] [-n 20] [-w 3]
+           [--pages 4k,thp] [--pages-sizes 1048576]
            [--nixl-prep on|off] [--kvbench-args "mooncake:-O notify=mpi"]
 
 This process never imports MPI or an engine; every child runs with a timeout
 and is killed (with its process tree) if it outlives it.  Exit code 0 when
-every run finished (the target is reported, not enforced), 1 otherwise.
+every run finished (the targets are reported, not enforced), 1 otherwise.
 """
 from __future__ import annotations
 
@@ -62,7 +75,10 @@ from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
 KIB = 1024
 ENGINES = ("nixl", "ucx", "mooncake")
 MODEL_YAML = "name: engines-mla512\nlayers: {layers}\nattention: mla\nkv_lora_rank: 512\nrope_dim: 0\n"
-TARGET_SIZE, TARGET_RATIO = 256 * KIB, 0.9
+TARGET_SIZE, TARGET_RATIO = 256 * KIB, 0.9  # bulk / tool
+HOT_TARGET = 0.95  # hot / tool, at >= TARGET_SIZE
+PAGES_TARGET = 0.95  # kvbench bulk / nixl_reference on the same pages and scattered blocks
+PAGE = 4096
 
 
 # ----- processes and leftovers --------------------------------------------------------------
@@ -96,18 +112,24 @@ def native_missing(engine: str) -> str | None:
 
 
 # ----- one side of a repeat -----------------------------------------------------------------
-def kvbench_run(a, kv, mpirun, engine, model, outdir):
-    """kvbench's bulk rows: {(op, size): GB/s}, and rank 0's transport info()."""
+def pool_bytes(sizes: list[int], layers: int) -> int:
+    """kvbench's pool for these bulk cases: --pool-factor 2 x the largest request, rounded up to a page."""
+    return -(-2 * max(sizes) * layers // PAGE) * PAGE
+
+
+def kvbench_run(a, kv, mpirun, engine, model, outdir, sizes, variants="bulk,hot", pages=None):
+    """kvbench's rows: {"gbps"|"p50_us"|"over_us": {(variant, op, size): value}, "infos": every rank's
+    transport info() (page shares in "pages"), "pool": pool bytes}."""
     import pandas as pd
 
     extra = [x.split(":", 1)[1] for x in a.kvbench_args if x.split(":", 1)[0] == engine]
     if engine == "nixl":
         extra.insert(0, f"-O prep={a.nixl_prep}")
     cmd = mpirun + ["-n", "2"] + kv + [
-        "run", "-t", engine, "--op", "push,pull", "--variants", "bulk", "-m", model, "--dtype", "fp16",
-        "--tokens", ",".join(str(s // KIB) for s in a.sizes), "-n", str(a.iters), "-w", str(a.warmup),
+        "run", "-t", engine, "--op", "push,pull", "--variants", variants, "-m", model, "--dtype", "fp16",
+        "--tokens", ",".join(str(s // KIB) for s in sizes), "-n", str(a.iters), "-w", str(a.warmup),
         "-c", str(a.check), "--timeout", str(a.case_timeout), "-o", outdir, "--name", f"engines-{engine}",
-    ] + [w for x in extra for w in shlex.split(x)]
+    ] + (["--pages", pages] if pages else []) + [w for x in extra for w in shlex.split(x)]
     rc, out = launch(cmd, a.launch_timeout)
     paths = glob.glob(os.path.join(outdir, "*", "*.parquet"))
     if rc != 0 or len(paths) != 1:
@@ -115,28 +137,47 @@ def kvbench_run(a, kv, mpirun, engine, model, outdir):
     with open(paths[0][: -len(".parquet")] + ".meta.json") as fh:
         meta = json.load(fh)
     st = case_stats(pd.read_parquet(paths[0]))
-    st = st[(st["status"] == "ok") & (st["variant"] == "bulk")]
-    info = next(iter(meta.get("transports", {}).values()), [{}])[0] or {}
-    return {(r.op, int(r.tokens) * KIB): float(r.gbps) for r in st.itertuples()}, info
+    st = st[(st["status"] == "ok") & st["variant"].isin(variants.split(","))]
+    over = meta.get("harness_overhead_us", {})
+    infos = [i or {} for i in next(iter(meta.get("transports", {}).values()), [{}])]
+    got: dict = {"gbps": {}, "p50_us": {}, "over_us": {}, "infos": infos,
+                 "pool": next((i.get("pool_bytes") for i in infos if i.get("pool_bytes")), None)}
+    for r in st.itertuples():
+        key = (r.variant, r.op, int(r.tokens) * KIB)
+        got["gbps"][key] = float(r.gbps)
+        got["p50_us"][key] = float(r.p50) * 1e6
+        o = over.get(str(int(r.case)), {}).get("mean_us")
+        if o is not None:
+            got["over_us"][key] = float(o)
+    return got
+
+
+def nixl_reference(a, mpirun, op, sizes, regions, pool, pages):
+    """One nixl_reference launch: ({size: GB/s}, [huge share per rank], failure note or None)."""
+    cmd = mpirun + ["-n", "2", sys.executable, os.path.join(HERE, "nixl_reference.py"),
+                    "--sizes", ",".join(map(str, sizes)), "--op", op, "--regions", str(regions),
+                    "--iters", str(a.ref_iters), "--warmup", str(max(10, a.ref_iters // 10)), "--pages", pages]
+    if regions > 1:
+        cmd += ["--pool-bytes", str(pool)]
+    rc, out = launch(cmd, a.launch_timeout)
+    rows = [ln.split(",") for ln in out.splitlines() if re.match(r"^\d+,[\d.]+$", ln.strip())]
+    shares = [float(m) for m in re.findall(r"^# pages: rank \d+ requested=\S+ huge_share=([\d.]+)", out, re.M)]
+    note = None if rc == 0 and rows else f"failed (exit {rc}): {_tail(out, 3)}"
+    return {int(size): float(g) for size, g in rows}, shares, note
 
 
 def native_run(a, mpirun, engine):
     """The engine's own tool: {(op, size, tool): GB/s}, and notes (failures)."""
     got, notes = {}, []
-    sizes = ",".join(map(str, a.sizes))
     if engine == "nixl":
         for op in ("write", "read"):
             for regions in (1, a.layers):
-                cmd = mpirun + ["-n", "2", sys.executable, os.path.join(HERE, "nixl_reference.py"), "--sizes", sizes,
-                                "--op", op, "--regions", str(regions), "--iters", str(a.ref_iters),
-                                "--warmup", str(max(10, a.ref_iters // 10))]
-                rc, out = launch(cmd, a.launch_timeout)
                 tool = f"nixl_reference {op.upper()}" + (f" x{regions}" if regions > 1 else "")
-                rows = [ln.split(",") for ln in out.splitlines() if re.match(r"^\d+,[\d.]+$", ln.strip())]
-                if rc != 0 or not rows:
-                    notes.append(f"{tool} failed (exit {rc}): {_tail(out, 3)}")
-                for size, gbps in rows:
-                    got[("push" if op == "write" else "pull", int(size), tool)] = float(gbps)
+                per, _, note = nixl_reference(a, mpirun, op, a.sizes, regions, pool_bytes(a.sizes, a.layers), "4k")
+                if note:
+                    notes.append(f"{tool} {note}")
+                for size, gbps in per.items():
+                    got[("push" if op == "write" else "pull", size, tool)] = gbps
     elif engine == "ucx":
         for op, test in (("push", "tag_bw"), ("push", "ucp_put_bw"), ("pull", "ucp_get")):
             for size in a.sizes:
@@ -172,7 +213,7 @@ def fmt_size(n: int) -> str:
     return f"{n // (1 << 20)} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n // KIB} KiB"
 
 
-# ----- the table ----------------------------------------------------------------------------
+# ----- the tables ---------------------------------------------------------------------------
 def header(a, infos, engines, load0):
     L = a.layers
     print(f"# kvbench engines vs their own tools, 2 ranks on {socket.gethostname()}; load average at start "
@@ -180,16 +221,22 @@ def header(a, infos, engines, load0):
     print(f"# repeats={a.repeat} (kvbench and tool back to back, order alternating); kvbench iterations={a.iters} "
           f"warmup={a.warmup} check={a.check}; GB = 10^9 B; size = bytes per message (per layer)")
     print("# columns: engine, op (push = initiator writes, pull = initiator reads), size;")
-    print(f"#   kvbench GB/s: payload ({L} x size) / p50 of kvbench's bulk row (--variants bulk: one descriptor per layer,"
-          f" {L} layers at distinct offsets). One request = barrier, {L} posts at once, then waits until the")
-    print("#   destination knows the last byte landed (max over both ranks); median over repeats")
-    print("#   native GB/s: the engine's own tool at the same message size, median over repeats; native tool: which;")
-    print("#   ratio: kvbench / native of each back-to-back pair, median over repeats (min..max)")
+    print(f"#   bulk GB/s: payload ({L} x size) / p50 of kvbench's bulk row (one descriptor per layer, {L} layers,"
+          f" each at the start of its layer's span of a {fmt_size(pool_bytes(a.sizes, L))} pool: scattered)."
+          f" One request = barrier, {L} posts at once, then waits until the")
+    print("#   destination knows the last byte landed (max over both ranks); median over repeats; pools on kvbench's"
+          " default pages (4k)")
+    print(f"#   hot GB/s: the same for kvbench's hot row (every layer's descriptor points at layer 0's range: one"
+          f" layer-sized buffer re-sent {L} times, as the tools re-send theirs)")
+    print("#   tool GB/s: the engine's own tool at the same message size, median over repeats; tool: which;")
+    print("#   bulk/tool, hot/tool: kvbench / tool of each back-to-back pair, median over repeats (min..max)")
     print("# what differs (native tools stream back to back; kvbench times whole requests until the destination knows):")
     if "nixl" in engines:
-        print(f"#   nixl_reference: one prepared transfer of size re-posted serially, no barrier, GB/s over the loop, ends when"
-              f" rank 1 has the last notification; same buffer every time (nixlbench's way: from 256 KiB up it sits in the"
-              f" CPU caches); 'xN': cycles over N={L} regions = kvbench's working set")
+        print("#   nixl_reference (--pages 4k): one prepared transfer of size re-posted serially, no barrier, GB/s over"
+              " the loop, ends when rank 1 has the last notification; same buffer every time (nixlbench's way: from"
+              " 256 KiB up it sits in the CPU caches; compare hot with it);")
+        print(f"#   'x{L}': cycles over {L} regions at the offsets of kvbench's bulk layers (one every pool/{L} bytes of"
+              " a pool of kvbench's size): the same scattered blocks, compare bulk with it")
         i = infos.get("nixl", {})
         print(f"#   nixl kvbench: prep={i.get('prep')} progress_thread={i.get('progress_thread')}: one WRITE/READ with a"
               " notification per layer (prep=on: make_prepped_xfer per post; nixl_reference re-posts one handle)")
@@ -205,39 +252,115 @@ def header(a, infos, engines, load0):
     if "mooncake" in engines:
         i = infos.get("mooncake", {})
         print(f"#   transfer_engine_bench: tcp, --batch_size={L} (= descriptors of one kvbench request, at distinct"
-              f" offsets: the same working set) --threads=1, {a.mc_duration} s, busy-polls each task, no notification;")
+              f" offsets, the same {L} every batch: bulk's working set) --threads=1, {a.mc_duration} s, busy-polls"
+              " each task, no notification;")
         print(f"#   mooncake kvbench: protocol={i.get('protocol')}, one batch of 1 descriptor per layer ({L} batches"
               f" submitted, then waited); notify={i.get('notify', '?').split()[0]} (socket: the initiator sends the tag"
               " per layer on a TCP socket the destination sleeps on; mpi: the harness's MPI message)")
 
 
-def report(a, engines, kvb, nat, skipped, notes):
-    """Rows, then one closing line per engine."""
-    print(f"{'engine':>8} {'op':>4} {'size':>8} {'kvbench GB/s':>12} {'native GB/s':>11}  {'native tool':<30}"
-          f" {'ratio':>5} {'(min..max)':>11}")
+def _stats(num: dict, den: dict) -> tuple[float, float, float, str]:
+    """(median of num, median of den, median ratio of pairs, 'min..max' of the ratios) over repeats."""
+    ratios = [num[r] / den[r] for r in num if r in den and den[r] > 0]
+    n = float(np.median(list(num.values()))) if num else float("nan")
+    d = float(np.median(list(den.values()))) if den else float("nan")
+    med = float(np.median(ratios)) if ratios else float("nan")
+    return n, d, med, (f"{min(ratios):.2f}..{max(ratios):.2f}" if ratios else "-")
+
+
+def _verdict(per_tool: dict, target: float) -> str:
+    return "; ".join(f"{np.median(v):.2f} vs {t} ({'meets' if np.median(v) >= target else 'MISSES'})"
+                     for t, v in per_tool.items()) or "-"
+
+
+def report(a, engines, kvb, nat, over, skipped, notes):
+    """Rows, then the closing lines per engine: bulk and hot against the tools, and the harness's own time."""
+    print(f"{'engine':>8} {'op':>4} {'size':>8} {'bulk GB/s':>9} {'hot GB/s':>8} {'tool GB/s':>9}  {'tool':<30}"
+          f" {'bulk/tool':>9} {'(min..max)':>11} {'hot/tool':>8} {'(min..max)':>11}")
     for e in engines:
         if e in skipped:
             print(f"{e:>8} unavailable: {skipped[e]}")
             continue
         tools = sorted({t for (ee, _, _, t) in nat if ee == e}, key=lambda t: (_tool_order(t), t))
-        per_tool: dict[str, list[float]] = {}
+        bulk_tool: dict[str, list[float]] = {}
+        hot_tool: dict[str, list[float]] = {}
         for t in tools:
+            hot_ok = not re.search(r" x\d+$", t)  # a tool cycling over kvbench's scattered blocks is bulk's peer
             for size in a.sizes:
                 op = next((o for (ee, o, s, tt) in nat if ee == e and tt == t), None)
-                ks, ns = kvb.get((e, op, size), {}), nat.get((e, op, size, t), {})
-                ratios = [ks[r] / ns[r] for r in ks if r in ns and ns[r] > 0]
-                k = np.median(list(ks.values())) if ks else float("nan")
-                n = np.median(list(ns.values())) if ns else float("nan")
-                med = float(np.median(ratios)) if ratios else float("nan")
-                rng = f"{min(ratios):.2f}..{max(ratios):.2f}" if ratios else "-"
-                print(f"{e:>8} {op:>4} {fmt_size(size):>8} {k:>12.3f} {n:>11.3f}  {t:<30} {med:>5.2f} {rng:>11}")
-                if size >= TARGET_SIZE and ratios:
-                    per_tool.setdefault(t, []).append(med)
-        parts = [f"{np.median(v):.2f} vs {t} ({'meets' if np.median(v) >= TARGET_RATIO else 'MISSES'})"
-                 for t, v in per_tool.items()]
-        print(f"# {e}: median ratio at >= {fmt_size(TARGET_SIZE)} (target {TARGET_RATIO}): " + ("; ".join(parts) or "-"))
+                ns = nat.get((e, op, size, t), {})
+                b, n, bmed, brng = _stats(kvb.get((e, "bulk", op, size), {}), ns)
+                h, _, hmed, hrng = _stats(kvb.get((e, "hot", op, size), {}), ns)
+                hcol = f"{hmed:>8.2f} {hrng:>11}" if hot_ok else f"{'-':>8} {'-':>11}"
+                print(f"{e:>8} {op:>4} {fmt_size(size):>8} {b:>9.3f} {h:>8.3f} {n:>9.3f}  {t:<30}"
+                      f" {bmed:>9.2f} {brng:>11} {hcol}")
+                if size >= TARGET_SIZE and not np.isnan(bmed):
+                    bulk_tool.setdefault(t, []).append(bmed)
+                if size >= TARGET_SIZE and hot_ok and not np.isnan(hmed):
+                    hot_tool.setdefault(t, []).append(hmed)
+        print(f"# {e}: median ratio at >= {fmt_size(TARGET_SIZE)} (target {TARGET_RATIO}): bulk/tool "
+              + _verdict(bulk_tool, TARGET_RATIO))
+        print(f"# {e}: hot median ratio at >= {fmt_size(TARGET_SIZE)} (target {HOT_TARGET}): hot/tool "
+              + _verdict(hot_tool, HOT_TARGET))
+        parts = []
+        for op in ("push", "pull"):
+            sizes = [s for s in a.sizes if s >= TARGET_SIZE and over.get((e, "hot", op, s))]
+            if not sizes:
+                continue
+            p50 = [float(np.median([v[1] for v in over[(e, "hot", op, s)].values()])) for s in sizes]
+            fit = ""
+            if len(sizes) >= 2:  # p50 = fixed + request bytes / rate: a per-request cost, or a per-byte one?
+                slope, fixed = np.polyfit([a.layers * s for s in sizes], p50, 1)
+                fit = f"fixed {fixed:.0f} us + bytes at {1e-3 / slope:.2f} GB/s, " if slope > 0 else ""
+            harness = [f"{np.median([v[0] for v in over[(e, 'hot', op, s)].values()]):.0f} us"
+                       f" ({100 * np.median([v[0] / v[1] for v in over[(e, 'hot', op, s)].values()]):.1f}%)"
+                       f" at {fmt_size(s)}" for s in sizes]
+            parts.append(f"{op}: {fit}harness " + ", ".join(harness))
+        if parts:
+            print(f"# {e}: hot cost per request (p50 medians, least squares over sizes >= {fmt_size(TARGET_SIZE)}:"
+                  " fixed + bytes / rate) and the harness's time outside the transport (sidecar harness_overhead_us,"
+                  " % of p50): " + "; ".join(parts))
         for n in notes.get(e, []):
             print(f"# {e}: {n}")
+
+
+def _shares(lists: list[list[float]]) -> str:
+    """Huge-page share per rank, the smallest over repeats: 'r0/r1' (the kernel may give fewer than asked)."""
+    lists = [x for x in lists if x]
+    if not lists:
+        return "-"
+    return "/".join(f"{min(x[r] for x in lists if len(x) > r):.2f}" for r in range(max(map(len, lists))))
+
+
+def pages_report(a, pg_kv, pg_ref, pg_share, pg_over, pg_notes):
+    """kvbench's nixl bulk rows against nixl_reference on the same pages and scattered blocks."""
+    L, pool = a.layers, pool_bytes(a.pages_sizes, a.layers)
+    print(f"# nixl by page size: kvbench bulk rows (--pages P: {L} layers of size, one descriptor each at the start of"
+          f" its layer's span of a {fmt_size(pool)} pool) vs nixl_reference --pages P --regions {L} --pool-bytes"
+          f" {pool} (the same {L} scattered blocks, one every {fmt_size(pool // L)});")
+    print("#   GB/s median over repeats; ratio = kvbench / script per back-to-back pair, median (min..max); huge r0/r1:"
+          " share of each rank's pool on huge pages, smallest over repeats (kvbench: sidecar"
+          " transports.nixl[rank].pages.huge_share; script: AnonHugePages in /proc/self/smaps)")
+    print(f"{'pages':>6} {'op':>4} {'size':>8} {'kvbench GB/s':>12} {'script GB/s':>11} {'ratio':>5} {'(min..max)':>11}"
+          f" {'kvbench huge r0/r1':>18} {'script huge r0/r1':>17}")
+    verdict = []
+    for pg in a.pages:
+        for op in ("push", "pull"):
+            for size in a.pages_sizes:
+                k, n, med, rng = _stats(pg_kv.get((pg, op, size), {}), pg_ref.get((pg, op, size), {}))
+                print(f"{pg:>6} {op:>4} {fmt_size(size):>8} {k:>12.3f} {n:>11.3f} {med:>5.2f} {rng:>11}"
+                      f" {_shares(pg_share.get((pg, 'kvbench'), [])):>18} {_shares(pg_share.get((pg, 'script'), [])):>17}")
+                if not np.isnan(med):
+                    o = pg_over.get((pg, op, size), {})
+                    cost = ""
+                    if med < PAGES_TARGET and o:
+                        cost = (f", harness {np.median([v[0] for v in o.values()]):.0f} us/request ="
+                                f" {100 * np.median([v[0] / v[1] for v in o.values()]):.1f}% of p50")
+                    verdict.append(f"{pg} {op} {fmt_size(size)} {med:.2f}"
+                                   f" ({'meets' if med >= PAGES_TARGET else 'MISSES'}{cost})")
+    print(f"# pages: kvbench / script (target {PAGES_TARGET}): " + ("; ".join(verdict) or "-"))
+    for n in pg_notes:
+        print(f"# pages: {n}")
 
 
 def _tool_order(t: str) -> int:
@@ -270,11 +393,19 @@ def main() -> int:
                          "nixl_reference do; off: initialize_xfer per post, kvbench's default)")
     ap.add_argument("--kvbench-args", action="append", default=[], metavar="ENGINE:ARGS",
                     help="extra kvbench run flags for one engine, e.g. \"nixl:-O prep=on\" (repeatable)")
+    ap.add_argument("--pages", default="4k,thp",
+                    help="page sizes for the nixl comparison by page size (4k, thp; empty: skip it; default 4k,thp)")
+    ap.add_argument("--pages-sizes", default="1048576",
+                    help="bytes per message (per layer) for the comparison by page size (default 1048576)")
     ap.add_argument("--keep", metavar="DIR", help="keep kvbench's result files under DIR (default: discarded)")
     a = ap.parse_args()
     a.sizes = [int(s) for s in a.sizes.split(",") if s]
-    if not a.sizes or any(s <= 0 or s % KIB for s in a.sizes):
-        ap.error("--sizes: positive multiples of 1024")
+    a.pages_sizes = [int(s) for s in a.pages_sizes.split(",") if s]
+    if not a.sizes or any(s <= 0 or s % KIB for s in a.sizes + a.pages_sizes) or not a.pages_sizes:
+        ap.error("--sizes, --pages-sizes: positive multiples of 1024")
+    a.pages = [p for p in a.pages.split(",") if p]
+    if any(p not in ("4k", "thp") for p in a.pages):
+        ap.error("--pages: 4k, thp (comma-separated)")
     engines = [e for e in a.engines.split(",") if e]
     if any(e not in ENGINES for e in engines):
         ap.error(f"--engines: {', '.join(ENGINES)}")
@@ -297,43 +428,99 @@ def main() -> int:
     for e in engines:
         if e not in skipped and native_missing(e):
             skipped[e] = f"native tool missing: {native_missing(e)}"
-    kvb: dict = {}  # (engine, op, size) -> {repeat: GB/s}
+    kvb: dict = {}  # (engine, variant, op, size) -> {repeat: GB/s}
+    over: dict = {}  # (engine, variant, op, size) -> {repeat: (harness us per request, p50 us)}
     nat: dict = {}  # (engine, op, size, tool) -> {repeat: GB/s}
+    pg_kv: dict = {}  # (pages, op, size) -> {repeat: GB/s}, kvbench's nixl bulk rows
+    pg_ref: dict = {}  # (pages, op, size) -> {repeat: GB/s}, nixl_reference
+    pg_over: dict = {}  # (pages, op, size) -> {repeat: (harness us, p50 us)}
+    pg_share: dict = {}  # (pages, "kvbench"|"script") -> [[huge share per rank], ...]
+    pg_notes: list = []
     infos: dict = {}
     notes: dict = {}
     failed = False
+
+    def note(where: list, msg: str) -> None:
+        nonlocal failed
+        failed = True
+        if msg not in where:
+            where.append(msg)
+
+    def main_pair(rep: int, e: str) -> None:
+        for what in (["kvbench", "native"] if rep % 2 == 0 else ["native", "kvbench"]):
+            if what == "kvbench":
+                try:
+                    got = kvbench_run(a, kv, mpirun, e, model, os.path.join(a.work, f"{e}-{rep}"), a.sizes)
+                except RuntimeError as exc:
+                    note(notes.setdefault(e, []), str(exc).splitlines()[0])
+                    print(f"engines: {exc}", file=sys.stderr)
+                    continue
+                infos[e] = got["infos"][0] if got["infos"] else {}
+                if e == "nixl" and got["pool"] and got["pool"] != pool_bytes(a.sizes, a.layers):
+                    note(notes.setdefault(e, []), f"kvbench's pool was {got['pool']} B, nixl_reference x{a.layers}'s"
+                         f" {pool_bytes(a.sizes, a.layers)} B: the blocks are not at the same offsets")
+                for key, g in got["gbps"].items():
+                    kvb.setdefault((e, *key), {})[rep] = g
+                    if key in got["over_us"]:
+                        over.setdefault((e, *key), {})[rep] = (got["over_us"][key], got["p50_us"][key])
+            else:
+                per, msgs = native_run(a, mpirun, e)
+                for m in msgs:
+                    note(notes.setdefault(e, []), m)
+                for (op, size, tool), g in per.items():
+                    nat.setdefault((e, op, size, tool), {})[rep] = g
+
+    def pages_pair(rep: int, pg: str) -> None:
+        pool = pool_bytes(a.pages_sizes, a.layers)
+        for what in (["kvbench", "script"] if rep % 2 == 0 else ["script", "kvbench"]):
+            if what == "kvbench":
+                try:
+                    got = kvbench_run(a, kv, mpirun, "nixl", model, os.path.join(a.work, f"pages-{pg}-{rep}"),
+                                      a.pages_sizes, variants="bulk", pages=pg)
+                except RuntimeError as exc:
+                    note(pg_notes, f"{pg}: " + str(exc).splitlines()[0])
+                    print(f"engines: {exc}", file=sys.stderr)
+                    continue
+                if got["pool"] and got["pool"] != pool:
+                    note(pg_notes, f"{pg}: kvbench's pool was {got['pool']} B, the script's {pool} B")
+                pg_share.setdefault((pg, "kvbench"), []).append(
+                    [(i.get("pages") or {}).get("huge_share") or 0.0 for i in got["infos"]])
+                for (v, op, size), g in got["gbps"].items():
+                    pg_kv.setdefault((pg, op, size), {})[rep] = g
+                    if (v, op, size) in got["over_us"]:
+                        pg_over.setdefault((pg, op, size), {})[rep] = (got["over_us"][(v, op, size)],
+                                                                        got["p50_us"][(v, op, size)])
+            else:
+                for op in ("write", "read"):
+                    per, shares, msg = nixl_reference(a, mpirun, op, a.pages_sizes, a.layers, pool, pg)
+                    if msg:
+                        note(pg_notes, f"{pg}: nixl_reference {op.upper()} x{a.layers} {msg}")
+                    pg_share.setdefault((pg, "script"), []).append(shares)
+                    for size, g in per.items():
+                        pg_ref.setdefault((pg, "push" if op == "write" else "pull", size), {})[rep] = g
+
+    live = [e for e in engines if e not in skipped]
     try:
         for rep in range(a.repeat):
-            for e in [e for e in engines if e not in skipped]:
-                steps = ["kvbench", "native"] if rep % 2 == 0 else ["native", "kvbench"]
-                for what in steps:
-                    if what == "kvbench":
-                        try:
-                            per, infos[e] = kvbench_run(a, kv, mpirun, e, model, os.path.join(a.work, f"{e}-{rep}"))
-                        except RuntimeError as exc:
-                            notes.setdefault(e, []).append(str(exc).splitlines()[0])
-                            print(f"engines: {exc}", file=sys.stderr)
-                            failed = True
-                            continue
-                        for (op, size), g in per.items():
-                            kvb.setdefault((e, op, size), {})[rep] = g
-                    else:
-                        per, msgs = native_run(a, mpirun, e)
-                        failed |= bool(msgs)
-                        for m in msgs:
-                            if m not in notes.get(e, []):
-                                notes.setdefault(e, []).append(m)
-                        for (op, size, tool), g in per.items():
-                            nat.setdefault((e, op, size, tool), {})[rep] = g
+            for e in live:
+                main_pair(rep, e)
                 print(f"# repeat {rep + 1}/{a.repeat} {e} done ({time.monotonic() - start:.0f} s)", file=sys.stderr,
                       flush=True)
+            if "nixl" in live:
+                for pg in a.pages:
+                    pages_pair(rep, pg)
+                    print(f"# repeat {rep + 1}/{a.repeat} nixl pages={pg} done ({time.monotonic() - start:.0f} s)",
+                          file=sys.stderr, flush=True)
     finally:
         _kill_live()
         if not a.keep:
             shutil.rmtree(a.work, ignore_errors=True)
 
-    header(a, infos, [e for e in engines if e not in skipped], load0)
-    report(a, engines, kvb, nat, skipped, notes)
+    header(a, infos, live, load0)
+    report(a, engines, kvb, nat, over, skipped, notes)
+    if "nixl" in live and a.pages:
+        print()
+        pages_report(a, pg_kv, pg_ref, pg_share, pg_over, pg_notes)
     load1 = os.getloadavg()
     print(f"# load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; total {time.monotonic() - start:.0f} s")
     return 1 if failed else 0

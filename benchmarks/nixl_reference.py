@@ -10,9 +10,20 @@ mpi4py only launches the pair and swaps agent metadata.
 ``--regions N`` (default 1, nixlbench's way: the same SIZE bytes every time,
 so from 256 KiB up they sit in the CPU caches) cycles the transfers over N
 distinct SIZE regions of each buffer instead; N = kvbench's layer count gives
-the working set of one kvbench bulk request.
+the working set of one kvbench bulk request.  ``--pool-bytes P`` spreads those
+regions over a pool of P bytes, one every P/N bytes (rounded down to a page):
+with kvbench's pool size that is where kvbench's bulk rows put their layers
+(one descriptor at the start of each layer's span), so both move the same
+scattered blocks.  Without it the regions lie back to back.
+
+``--pages 4k|thp`` (default 4k) chooses the pool's pages: an anonymous mmap,
+pre-faulted, marked MADV_NOHUGEPAGE (4k) or aligned to the huge page size and
+marked MADV_HUGEPAGE before the first touch (thp; the kernel may still give
+fewer).  Each rank prints the share of its pool that /proc/self/smaps shows on
+huge pages (``# pages: rank R requested=P huge_share=S``).
 
     mpiexec -n 2 python benchmarks/nixl_reference.py --sizes 65536,1048576 --iters 1000 [--op read] [--regions 16]
+           [--pool-bytes 268435456] [--pages thp]
 
 Prints ``#`` header lines, then one CSV line per size: ``size_bytes,gbps``
 (GB/s = 1e9 B/s, payload bytes over the initiator's wall time for the loop,
@@ -28,6 +39,48 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+PAGE = mmap.PAGESIZE
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
+
+
+def thp_bytes() -> int:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+def alloc(nbytes: int, pages: str):
+    """(mapping, page-aligned pre-faulted uint8 array of nbytes): 4 KiB pages, or THP aligned to a huge page."""
+    align = thp_bytes() if pages == "thp" else PAGE
+    size = -(-nbytes // align) * align
+    # private: a shared anonymous mapping (mmap's default) is shmem and ignores MADV_HUGEPAGE;
+    # thp: a spare huge page is room to start on a huge page boundary
+    mm = mmap.mmap(-1, size + (align if pages == "thp" else 0), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mm.madvise(MADV_HUGEPAGE if pages == "thp" else MADV_NOHUGEPAGE)  # before the first touch
+    except (OSError, AttributeError):
+        pass  # no THP in this kernel: 4 KiB pages either way; the share printed says so
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    off = -whole.__array_interface__["data"][0] % align
+    return mm, whole[off : off + nbytes]
+
+
+def huge_share(lo: int, nbytes: int) -> float:
+    """Share of [lo, lo + nbytes) on huge pages: AnonHugePages of the overlapping mappings in /proc/self/smaps."""
+    hi, huge, cur = lo + nbytes, 0, None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(x, 16) for x in head.split("-"))
+                cur = min(hi, end) - max(lo, start) if start < hi and end > lo else None
+            elif cur is not None and line.startswith("AnonHugePages:"):
+                huge += min(cur, int(line.split()[1]) * 1024)
+    return huge / nbytes
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,10 +90,16 @@ def main() -> int:
     ap.add_argument("--progress-thread", action="store_true", help="enable NIXL's progress thread")
     ap.add_argument("--op", choices=("write", "read"), default="write", help="WRITE into rank 1 or READ from it")
     ap.add_argument("--regions", type=int, default=1, help="distinct SIZE regions cycled over (default 1)")
+    ap.add_argument("--pool-bytes", type=int, default=0,
+                    help="pool size: the regions lie one every pool/regions bytes (default: back to back)")
+    ap.add_argument("--pages", choices=("4k", "thp"), default="4k", help="pool pages: 4k or thp (default 4k)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     if a.regions < 1:
         ap.error("--regions must be >= 1")
+    stride = a.pool_bytes // a.regions // PAGE * PAGE  # 0: back to back (one region after the other, per size)
+    if a.pool_bytes and stride < max(sizes):
+        ap.error(f"--pool-bytes {a.pool_bytes} cannot hold {a.regions} regions of {max(sizes)} bytes")
     xop = a.op.upper()
 
     if "UCX_MODULES" not in os.environ and not os.path.exists("/sys/class/infiniband"):
@@ -55,11 +114,11 @@ def main() -> int:
     if comm.Get_size() != 2:
         print("nixl_reference: run with exactly 2 ranks", file=sys.stderr)
         return 1
-    nbytes = max(sizes) * a.regions
-    mm = mmap.mmap(-1, nbytes)  # page-aligned, like every kvbench pool
-    buf = np.frombuffer(mm, dtype=np.uint8)
-    buf.fill(rank + 1)  # pre-fault
+    nbytes = max(a.pool_bytes, max(sizes) * a.regions)
+    mm, buf = alloc(nbytes, a.pages)  # page-aligned, like every kvbench pool
+    buf.fill(rank + 1)  # pre-fault (and where the kernel picks the page size)
     addr = buf.__array_interface__["data"][0]
+    shares = comm.allgather(huge_share(addr, nbytes))
     agent = nixl_agent(f"ref{rank}", nixl_agent_config(enable_prog_thread=a.progress_thread, backends=["UCX"]))
     reg = agent.register_memory(np.array([[addr, nbytes, 0]], dtype=np.uint64), "DRAM")
     mds = comm.allgather((agent.get_agent_metadata(), addr))
@@ -68,11 +127,14 @@ def main() -> int:
     comm.Barrier()
     if rank == 0:
         print(f"# nixl_reference: NIXL {xop} initiated by rank 0, 1 descriptor per transfer, GB/s = 1e9 B/s, "
-              f"iters={a.iters} warmup={a.warmup} regions={a.regions} progress_thread={a.progress_thread}")
+              f"iters={a.iters} warmup={a.warmup} regions={a.regions} stride={stride or 'size'} pool={nbytes} "
+              f"progress_thread={a.progress_thread}")
+        for r, share in enumerate(shares):
+            print(f"# pages: rank {r} requested={a.pages} huge_share={share:.4f}")
         print("size_bytes,gbps", flush=True)
     for size in sizes:
         if rank == 0:
-            offs = np.arange(a.regions, dtype=np.int64) * size
+            offs = np.arange(a.regions, dtype=np.int64) * (stride or size)
             ones = np.full(a.regions, size, dtype=np.int64)
             zeros = np.zeros(a.regions, dtype=np.int64)
             local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.stack([addr + offs, ones, zeros], 1), "DRAM")

@@ -35,9 +35,25 @@ def test_overlap_prints_a_verdict_per_row():
 
 
 def test_engines_prints_kvbench_beside_the_native_tool():
-    r = bench("engines.py", "--engines", "nixl", "--sizes", "262144", "--repeat", "1", "-n", "3", "-w", "1")
+    r = bench("engines.py", "--engines", "nixl", "--sizes", "262144", "--repeat", "1", "-n", "3", "-w", "1",
+              "--pages-sizes", "262144", "--ref-iters", "50")
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     if "unavailable" in out and "nixl push" not in out:
         pytest.skip("nixl unavailable here")
-    assert "nixl_reference WRITE" in out and "# nixl: median ratio" in out
+    assert "nixl_reference WRITE" in out and "# nixl: median ratio" in out and "# nixl: hot median ratio" in out
+    assert "# nixl: hot cost per request" in out and "harness" in out  # the harness's own time, measured
+    assert "bulk/tool" in out.split() and "hot/tool" in out.split()
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("nixl ")]
+    # engine op size unit bulk hot tool-GB/s tool-name... bulk/tool (range) hot/tool (range): both GB/s columns filled
+    assert rows and all(float(row[4]) > 0 and float(row[5]) > 0 for row in rows)
+    hot = [row for row in rows if not row[-5].startswith("x")]  # one-buffer tools: hot/tool is a number
+    assert hot and all(float(row[-2]) > 0 for row in hot)
+    # the comparison by page size: a row per page size and op, kvbench and the script, page shares per rank
+    pages = {(row[0], row[1]): row for row in (ln.split() for ln in out.splitlines()) if row[:1] in (["4k"], ["thp"])}
+    assert set(pages) == {(p, op) for p in ("4k", "thp") for op in ("push", "pull")}
+    for row in pages.values():
+        assert float(row[4]) > 0 and float(row[5]) > 0 and float(row[6]) > 0  # kvbench, script, ratio
+        assert all(0 <= float(x) <= 1 for col in row[-2:] for x in col.split("/"))  # huge shares r0/r1
+    assert pages[("4k", "push")][-2:] == ["0.00/0.00"] * 2  # MADV_NOHUGEPAGE: no huge page in either pool
+    assert "# pages: kvbench / script (target 0.95)" in out

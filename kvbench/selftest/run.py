@@ -428,7 +428,7 @@ def selftest(a, link: N.Link, outdir: str) -> int:
     env = {**MPI_ENV[a.netmod], **TCP_ENV}
     n_xfer = a.warmup + a.iters + 1
     base = ["-m", MODEL, "--dtype", DTYPE, "--tokens", str(tokens), "--op", "push", "-n", str(a.iters),
-            "-w", str(a.warmup), "--bind", "core", "--name", "selftest"]
+            "-w", str(a.warmup), "--rounds", "1", "--bind", "core", "--name", "selftest"]  # one warm-up: counted
     log(f"# kvbench selftest  run {link.run_id}: namespaces {link.ns_a} ({N.ADDR_A}/{N.PREFIX}) and {link.ns_b} "
         f"({N.ADDR_B}/{N.PREFIX}), veth {N.IFNAME} on both")
     log(f"# link: tbf rate {N.fmt_rate(a.rate_bits)} ({a.rate_bits / 8e9:.4f} GB/s) burst {link.burst:,} B "

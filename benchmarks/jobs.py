@@ -6,55 +6,19 @@ followed through /proc as a process tree instead, and killed whole.
 """
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # kvbench's process-tree helpers, from a checkout without install
+
+from kvbench.procs import descendants, remove_orphan_segments, starttime  # noqa: E402
+from kvbench.procs import mpich_segments as shm_of  # noqa: E402
+
 LIVE: set[int] = set()  # process trees (root pids) of launches in flight
-
-
-def starttime(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot): with the pid, its identity (pids are reused)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def descendants(root: int) -> dict[int, int]:
-    """root's process tree from /proc as {pid: start time} (hydra's proxies start sessions of their own,
-    so a process group misses the ranks)."""
-    kids: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(stat.split("/")[2]))
-    out, todo = {}, [root]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            if (st := starttime(c)) is not None:
-                out[c] = st
-            todo.append(c)
-    return out
-
-
-def shm_of(pids) -> set[str]:
-    """mpich_shm_* segments these processes map."""
-    got = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as fh:
-                got.update(ln.rsplit("/", 1)[-1].split()[0] for ln in fh if "/dev/shm/mpich_shm_" in ln)
-        except OSError:
-            pass
-    return got
 
 
 def kill_tree(root: int | None, tree: dict[int, int]) -> None:
@@ -102,14 +66,5 @@ def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
     rc = p.returncode if not chunks else 124
     if rc != 0:  # ranks a dead launcher left behind (the launcher itself is reaped: not by pid)
         kill_tree(None, tree)
-    left = [n for n in mine if os.path.exists(f"/dev/shm/{n}")]
-    if left:
-        time.sleep(0.3)  # let killed ranks unmap
-        busy = shm_of(int(d) for d in os.listdir("/proc") if d.isdigit())
-        for n in left:
-            if n not in busy:
-                try:
-                    os.unlink(f"/dev/shm/{n}")
-                except OSError:
-                    pass
+    remove_orphan_segments(mine)
     return rc, (out or "") + "".join(chunks)

@@ -9,7 +9,6 @@ streaming row's exposed time against the model max(0, T - P) + T/L.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -21,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ..procs import descendants, mpich_segments, remove_orphan_segments, starttime
 from . import netns as N
 
 MODEL, DTYPE = "llama-3-8b", "fp16"
@@ -126,37 +126,9 @@ def transfers(df, transport: str, warmup: int) -> int:
 
 # ---------------------------------------------------------------- processes
 
-def descendants(root: int) -> list[int]:
-    """root's process tree from /proc (hydra's proxies start sessions of their own)."""
-    kids: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(stat.split("/")[2]))
-    out, todo = [], [root]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _starttime(pid: int) -> str | None:
-    """A live process's start time (with the pid, its identity); None when gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            f = fh.read().rsplit(")", 1)[1].split()
-        return None if f[0] in "ZX" else f[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _signal_all(procs: dict[int, str | None], sig: int) -> None:
     for pid, st in procs.items():
-        if st is not None and _starttime(pid) == st:  # still the same process (pids are reused)
+        if st is not None and starttime(pid) == st:  # still the same process (pids are reused)
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -167,7 +139,7 @@ def kill_tree(p: subprocess.Popen, grace: float = 0.0) -> None:
     """End a launch and its process tree.  With ``grace``, SIGTERM first: kvbench's ranks then leave through
     their own exit path (one line, their segments removed); whatever is left after ``grace`` s is SIGKILLed.
     The tree is taken before anything is signalled: once mpiexec is gone its ranks are nobody's children."""
-    procs = {pid: _starttime(pid) for pid in [*descendants(p.pid), p.pid]}
+    procs = {pid: starttime(pid) for pid in [*descendants(p.pid), p.pid]}
     if grace > 0 and p.poll() is None:
         _signal_all(procs, signal.SIGTERM)
         try:
@@ -175,25 +147,13 @@ def kill_tree(p: subprocess.Popen, grace: float = 0.0) -> None:
         except subprocess.TimeoutExpired:
             pass
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_starttime(q) == st for q, st in procs.items() if st):
+        while time.monotonic() < deadline and any(starttime(q) == st for q, st in procs.items() if st):
             time.sleep(0.05)
     _signal_all(procs, signal.SIGKILL)
 
 
 GRACE_S = 5.0
 LIVE: list[subprocess.Popen] = []  # launches in flight, killed on the way out
-
-
-def _mpich_shm(pids) -> set[str]:
-    """/dev/shm/mpich_shm_* segments these processes map."""
-    got = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as fh:
-                got.update(ln.rsplit("/", 1)[-1].split()[0] for ln in fh if "/dev/shm/mpich_shm_" in ln)
-        except OSError:
-            pass
-    return got
 
 
 def launch(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
@@ -213,8 +173,8 @@ def launch(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int
     deadline, tail = time.monotonic() + timeout, ""
     try:
         while True:
-            tree.update({q: _starttime(q) for q in descendants(p.pid) if q not in tree})
-            mine |= _mpich_shm(tree)
+            tree.update({q: starttime(q) for q in descendants(p.pid) if q not in tree})
+            mine |= mpich_segments(tree)
             try:
                 out, _ = p.communicate(timeout=0.25)
                 rc = p.returncode
@@ -232,16 +192,7 @@ def launch(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int
         LIVE.remove(p)
         if p.returncode != 0:
             _signal_all(tree, signal.SIGKILL)  # what a dead launcher left behind (no longer its children)
-        left = [n for n in mine if os.path.exists(f"/dev/shm/{n}")]
-        if left:
-            time.sleep(0.3)  # let killed ranks unmap
-            busy = _mpich_shm(int(d) for d in os.listdir("/proc") if d.isdigit())
-            for n in left:
-                if n not in busy:
-                    try:
-                        os.unlink(f"/dev/shm/{n}")
-                    except OSError:
-                        pass
+        remove_orphan_segments(mine)
     return rc, (out or "") + tail
 
 

@@ -368,6 +368,9 @@ class Harness:
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
                     m["warm"] = True
                     self.sample(m["case"]["transport"], "warm", m["no"])
+                if k + 1 == warmup + iters // 2 and not m.get("mid"):  # half-way: the steady state's start
+                    m["mid"] = True
+                    self.sample(m["case"]["transport"], "mid", m["no"])
         finally:
             GUARD.disarm()
         self.sample(m["case"]["transport"], "end", m["no"])

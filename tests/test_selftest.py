@@ -215,7 +215,7 @@ def test_sigint_tears_down():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     p = subprocess.Popen([sys.executable, "-m", "kvbench.selftest", "--no-iperf", "--transports", "tcp",
                           "--streaming", "none"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=env)
+                         env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
     run_id = None
     try:
         deadline = time.monotonic() + 20

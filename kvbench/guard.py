@@ -213,7 +213,7 @@ class Guard:
         sys.stderr.flush()
         if self.comm is not None and self.size > 1:
             try:
-                self.comm.world.Abort(code)
+                self.comm.abort(code)
             except Exception:
                 pass
         os._exit(code)  # Abort can return (PLATFORM pitfall 11)

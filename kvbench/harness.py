@@ -87,7 +87,6 @@ class Harness:
         self.rank = comm.rank
         self.run_id = comm.bcast(secrets.token_hex(4) if self.rank == 0 else None)
         self.token = comm.bcast(secrets.token_bytes(16) if self.rank == 0 else None)
-        self.total_wrong = 0
         self.case_no = 0
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
@@ -517,7 +516,6 @@ class Harness:
         everything = self.comm.gather(rows)
         if self.rank == 0:
             flat = [r for part in everything for r in part]
-            self.total_wrong += sum(r["nwrong"] or 0 for r in flat)
             if self.sink:
                 self.sink(flat)
 

@@ -76,6 +76,7 @@ class LoadHarness(Harness):
         super().__init__(comm, opts)
         self.wl = workload
         self.extra_meta: dict = {"load": {}}  # for the sidecar: occupancy timelines, clock sync, check time
+        self.violations = 0  # rank 0: writes into blocks nobody granted (they fail the run like wrong elements)
         self._seen: list[dict] = []
         self._pairs: list = []
 
@@ -416,7 +417,7 @@ class LoadHarness(Harness):
     # ----- summary (rank 0) ----------------------------------------------------------
     def _summary(self, case, cap, rows, infos) -> None:
         st = W.summarize(rows, infos)
-        self.total_wrong += st["violations"]  # a write into a block nobody granted fails the run like a wrong byte
+        self.violations += st["violations"]  # a write into a block nobody granted fails the run like a wrong byte
         if not self.extra_meta["load"]:
             print(W.SUMMARY_HEADER, flush=True)
         print(W.summary_line(self.case_no, case, cap, st, self.opts.check), flush=True)

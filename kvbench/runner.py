@@ -221,7 +221,7 @@ def footer(cfg, writer, printer, h) -> int:
     st = summarize(df) if df is not None else None
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())
-    wrong = 0 if df is None else int(df["nwrong"].fillna(0).sum())
+    wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong)
     print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
     print(f"# results: {writer.path}")

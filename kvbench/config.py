@@ -52,6 +52,8 @@ class RunConfig(BaseModel):
 
 def block_sweep(a) -> list[int] | None:
     """-b/-e/-f (nccl-tests style) -> block sizes in tokens, checked before the sweep is built."""
+    if a.stepfactor < 2:  # checked even when -f has no sweep to step: a typo is never ignored
+        raise ConfigError(f"-f {a.stepfactor}: the step factor must be 2 or more")
     if a.minblock is None and a.maxblock is None:
         return None
     lo = a.minblock if a.minblock is not None else a.maxblock
@@ -61,8 +63,6 @@ def block_sweep(a) -> list[int] | None:
             M.check_block_size(b)
         except ValueError as exc:
             raise ConfigError(f"{flag} {b}: {exc}") from None
-    if a.stepfactor < 2:
-        raise ConfigError(f"-f {a.stepfactor}: the step factor must be 2 or more")
     if lo > hi:
         raise ConfigError(f"-b {lo} is larger than -e {hi}")
     out, b = [], lo

@@ -121,3 +121,9 @@ def test_pool_that_does_not_fit_in_memory(kvrun, tmp_path):
 
 def test_odd_number_of_ranks_pairwise(kvrun):
     assert_one_line(kvrun(["-t", "shm", *SMALL], n=3), "even number of ranks (got 3)")
+
+
+def test_a_step_factor_without_a_sweep_is_still_checked(kvrun, tmp_path):
+    """Found by the fuzzer: -f -1 alone was ignored (no -b/-e to step), a silent substitution."""
+    assert_one_line(kvrun(["-t", "shm", *SMALL, "-f", "-1"]), "-f -1", "2 or more")
+    assert_nothing_written(tmp_path)

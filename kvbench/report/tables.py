@@ -9,7 +9,7 @@ import os
 
 import pandas as pd
 
-from .results import SCHEMA_VERSION, case_stats, upgrade
+from ..results import SCHEMA_VERSION, case_stats, upgrade
 
 # (header, width, formatter of a case_stats line)
 COLUMNS = [
@@ -181,7 +181,7 @@ class LivePrinter:
         self.pending: list[int] = []
 
     def add(self, rows: list[dict]) -> None:
-        from .results import ROW_COLUMNS
+        from ..results import ROW_COLUMNS
 
         if rows:
             self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))

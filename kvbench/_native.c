@@ -13,6 +13,12 @@
  *     posted) goes out on fd under wlock, else pending[tag] = None marks the signal early.
  *     Returns only with a header that is not a layer-ready signal (raises on a socket error).
  *
+ * call_copies(fn, dst, src, descs, stream)  fn(dst + D, src + S, L, stream) for every row, stopping
+ *     at the first non-zero return (returned with the row's index); fn is the address of a function
+ *     with cuMemcpyAsync's signature (CUdeviceptr, CUdeviceptr, size_t, CUstream) -> int: one
+ *     driver call per descriptor without a Python loop.  Addresses are not bounds-checked here
+ *     (device memory): the caller checks the descriptors against both pools first.
+ *
  * descs is a C-contiguous int64 buffer of shape (n, 3).  Every range is bounds-checked
  * before any byte moves, so a bad descriptor raises instead of corrupting memory.
  * The GIL is released while bytes move, so other threads (progress, a peer's socket)
@@ -250,7 +256,32 @@ static PyObject *relay(PyObject *self, PyObject *args) {
     }
 }
 
+typedef int (*copy_fn)(uint64_t, uint64_t, size_t, void *);
+
+static PyObject *call_copies(PyObject *self, PyObject *args) {
+    unsigned long long fn, dst, src, stream;
+    PyObject *d_o;
+    if (!PyArg_ParseTuple(args, "KKKOK", &fn, &dst, &src, &d_o, &stream)) return NULL;
+    Py_buffer dv;
+    Py_ssize_t n;
+    if (get_descs(d_o, &dv, &n) < 0) return NULL;
+    const int64_t *d = (const int64_t *)dv.buf;
+    copy_fn f = (copy_fn)(uintptr_t)fn;
+    int rc = 0;
+    Py_ssize_t i = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < n; i++) {
+        rc = f((uint64_t)(dst + (uint64_t)d[3 * i + 1]), (uint64_t)(src + (uint64_t)d[3 * i]), (size_t)d[3 * i + 2],
+               (void *)(uintptr_t)stream);
+        if (rc != 0) break;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&dv);
+    return Py_BuildValue("(in)", rc, rc != 0 ? i : (Py_ssize_t)-1);
+}
+
 static PyMethodDef methods[] = {
+    {"call_copies", call_copies, METH_VARARGS, "call_copies(fn, dst, src, descs, stream): fn(dst+D, src+S, L, stream) per row; (rc, failing row or -1)."},
     {"copy_batch", copy_batch, METH_VARARGS, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."},
     {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd); the perf_counter time the last byte left."},
     {"recvv", recvv, METH_VARARGS, "recvv(fd, buf, descs, col[, expect[, spin]]): read and compare a header, then readv into every row's range of buf (blocking fd); returns the header read if it differs, else the perf_counter time the last byte landed."},

@@ -114,6 +114,11 @@ def build_parser() -> Parser:
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
     r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}")
+    r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "
+                   "CPU tensors: the device layer without a GPU), pinned (page-locked host), cuda (GPU memory); "
+                   "docs/gpu.md")
+    r.add_argument("--copy", type=csv(str), help="copy engine for device bytes: memcpy (one cuMemcpyAsync per "
+                   "descriptor), kernel (one gather/scatter launch), batch (cuMemcpyBatchAsync; default)")
     r.add_argument("--scheme", help="pairing of ranks: " + SCHEME_HELP)
     r.add_argument("--inflight", type=csv(int), help="requests of each pair in flight at once (default 1)")
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")

@@ -19,7 +19,7 @@ from . import suite as S
 from .schedule import SchemeError, make_pairs
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
-             "inflight", "overlap", "prefill_ms", "handshake", "arrival")
+             "inflight", "overlap", "prefill_ms", "handshake", "arrival", "memory", "copy")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
@@ -162,6 +162,9 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     make_pairs(suite.scheme, world)
     cases = S.expand(suite)
     topts = O.parse(a.option or [], suite.axes.transport)
+    if "staged" in suite.axes.transport and suite.axes.memory == ["host"]:
+        raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
+                          "bounce buffer (use --memory torch-cpu, pinned or cuda)")
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts,
                      results=results_dir(a.results), name=a.name or suite.name, bind=a.bind,

@@ -18,6 +18,7 @@ from itertools import groupby
 import numpy as np
 
 from . import clocks, faults, memory, preflight, transports, verify
+from .memory import device
 from . import model as M
 from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
 from .guard import GUARD
@@ -118,7 +119,9 @@ class Harness:
         except SchemeError as exc:
             raise UserError(str(exc)) from None
         for name, group in groupby(cases, key=lambda c: c["transport"]):
-            self.run_transport(name, list(group), pairs)
+            # one pool and one transport per (memory kind, copy engine): the pool's kind is fixed at allocation
+            for _, sub in groupby(group, key=lambda c: (c.get("memory", "host"), c.get("copy", "batch"))):
+                self.run_transport(name, list(sub), pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
         self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
@@ -139,6 +142,8 @@ class Harness:
                 reason = "needs 2 ranks or more (mpirun -np 2 kvbench run ...)"
             elif all(c["op"] not in cls.caps.ops for c in cases):
                 reason = f"supports only {', '.join(cls.caps.ops)}"
+            else:
+                reason = device_reason(cls, cases[0])
         reasons = [r for r in self.comm.allgather(reason) if r]
         if reasons:
             for case in cases:
@@ -148,7 +153,8 @@ class Harness:
         my_pairs = [(0, 0)] if local else pairs
         token = self.token if not faults.armed("token", self.rank) else bytes(16)
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
-                      dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages)
+                      dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
+                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         GUARD.case = f"setup of {name}"
@@ -159,7 +165,7 @@ class Harness:
         try:
             active = not local or self.rank == 0
             if active:
-                pools.append(self._alloc(t, nbytes))
+                pools.append(self._alloc(t, nbytes, ctx.memory))
                 if local:
                     pools.append(Pool(memory.alloc_host(nbytes, pages=self.opts.pages)))
                 r0 = time.perf_counter()
@@ -211,7 +217,7 @@ class Harness:
     def pages_of(self, t, pools: list[Pool]) -> dict:
         """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
         got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=self.opts.pages)
-               for p in pools]
+               if p.array is not None else {"applied": p.kind, "note": "device memory: no host pages"} for p in pools]
         out = {"requested": self.opts.pages, **(got[0] if got else {})}
         if len(got) > 1:
             out["more_pools"] = got[1:]
@@ -221,7 +227,15 @@ class Harness:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
         return pool_bytes(cases, self.opts.pool_factor, entries)
 
-    def _alloc(self, t, nbytes: int) -> Pool:
+    def _alloc(self, t, nbytes: int, kind: str = "host") -> Pool:
+        if kind != "host":  # a device pool, filled where it lives (memory/device.py)
+            try:
+                pool = device.alloc(nbytes, kind, pages=self.opts.pages)
+            except device.DeviceMemoryError as exc:
+                raise UserError(str(exc)) from None
+            device.fill(pool.tensor, self.rank)
+            device.sync(pool)
+            return pool
         buf = t.alloc(nbytes)
         if buf is not None:
             pool = Pool(buf.array, "host", buf.release)
@@ -357,6 +371,7 @@ class Harness:
                 t0 = time.perf_counter()
                 done, inside, hs, offset = self._once(m, m["next"])
                 total = time.perf_counter() - t0
+                stages = s["t"].take_stages() if hasattr(s["t"], "take_stages") else None  # staged: per-stage seconds
                 m["next"] += 1  # tags stay distinct across rounds
                 starts = itr.exchange_clock(offset) if itr.handshake == "serial" else {}
                 if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
@@ -364,6 +379,7 @@ class Harness:
                                for d, e in zip(done, itr.order)]
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
                     m.setdefault("t0s", []).append(t0)
+                    m.setdefault("stages", []).append(stages)
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
                     m["warm"] = True
                     self.sample(m["case"]["transport"], "warm", m["no"])
@@ -388,7 +404,8 @@ class Harness:
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
-        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries])
+        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
+                  m.get("stages"))
 
     def one_clock(self, m: dict) -> dict[int, tuple]:
         """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
@@ -412,11 +429,12 @@ class Harness:
         destination copies them aside the moment it believes them complete; wrong elements per entry."""
         case, entries, itr = m["case"], m["entries"], m["itr"]
         epoch = 1 + (m["no"] * 40503) % 0xFFFF
-        src_pool, dst_pool = (s["pools"][0].array, s["pools"][-1].array) if s["pools"] else (None, None)
+        src_pool, dst_pool = (device.buf(s["pools"][0]), device.buf(s["pools"][-1])) if s["pools"] else (None, None)
+        chk = device.checker(s["pools"][-1]) if s["pools"] else verify  # device pools: the same rules, on the device
         mine = [e for e in entries if e.dst == self.rank]
         for e in mine:
             for d in e.layers:
-                verify.poison(dst_pool, d, e.src, epoch)
+                chk.poison(dst_pool, d, e.src, epoch)
         copies: dict[int, tuple] = {}
         landed: dict[int, float] = {}
 
@@ -424,10 +442,10 @@ class Harness:
             for e in entries:
                 if e.src == self.rank:
                     for k in ks:
-                        verify.write_epoch(src_pool, e.layers[k], self.rank, epoch)
+                        chk.write_epoch(src_pool, e.layers[k], self.rank, epoch)
 
         itr.on_final = final
-        itr.on_landed = lambda e, at: (copies.setdefault(id(e), verify.snapshot(dst_pool, e.layers)),
+        itr.on_landed = lambda e, at: (copies.setdefault(id(e), chk.snapshot(dst_pool, e.layers)),
                                        landed.setdefault(id(e), at))
         self.comm.barrier()
         try:
@@ -439,7 +457,7 @@ class Harness:
             copy = copies[id(mine[0])][0]
             copy[: self.opts.inject_corruption] ^= 0xFF
         elem = M.dtype_bytes(case["dtype"])
-        return [verify.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == self.rank else 0 for e in entries]
+        return [chk.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == self.rank else 0 for e in entries]
 
     def landed_after_posted(self, m: dict, mine: list, landed: dict, bounds: dict) -> None:
         """A destination's completion stamp cannot precede the moment its source posted the request's last layer
@@ -466,7 +484,8 @@ class Harness:
         bulk = case.get("variant", "paged") != "paged"
         return {
             "case": self.case_no if no is None else no, "variant": case.get("variant", "paged"), "transport": case["transport"],
-            "op": case["op"], "memory": "host", "model": case["model"], "tokens": case["tokens"],
+            "op": case["op"], "memory": case.get("memory", "host"), "copy": case.get("copy", "batch"),
+            "model": case["model"], "tokens": case["tokens"],
             "prefix_hit": case["prefix_hit"], "block_size": 0 if bulk else case["block_size"],
             "block_bytes": CHUNKS.get(case.get("variant"), 0) if bulk or g is None else g["block_bytes"],
             "layout": case["layout"],
@@ -478,7 +497,7 @@ class Harness:
             "pages": self.opts.pages,
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str]) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], stages=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -492,7 +511,8 @@ class Harness:
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
             for it, (done, over, hs, exposed, rnd) in enumerate(rec):
                 skew = float(skews[it]) if skews is not None else 0.0
-                rows.append(dict(base, iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
+                rows.append(dict(base, **stage_columns(stages[it] if stages else None),
+                                 iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off))
@@ -518,6 +538,25 @@ class Harness:
             flat = [r for part in everything for r in part]
             if self.sink:
                 self.sink(flat)
+
+
+def device_reason(cls, case: dict) -> str | None:
+    """Why a transport cannot run a case's memory kind and copy engine here, or None."""
+    kind = case.get("memory", "host")
+    if kind not in cls.caps.memory:
+        if cls.name == "staged" and kind == "host":
+            return "staged: --memory host has nothing to stage (use torch-cpu, pinned or cuda)"
+        return f"{cls.name} moves {', '.join(cls.caps.memory)} memory, not {kind}"
+    from . import copy
+
+    return device.probe(kind) or copy.probe(case.get("copy", "batch"), "cuda" if kind == "cuda" else "cpu")
+
+
+def stage_columns(stages: dict | None) -> dict:
+    """A row's per-stage seconds (staged: gather, wire, scatter on this rank in this iteration; else empty)."""
+    nan = float("nan")
+    stages = stages or {}
+    return {f"{k}_s": float(stages.get(k, nan)) for k in ("gather", "wire", "scatter")}
 
 
 def case_label(no: int, case: dict) -> str:

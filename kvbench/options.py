@@ -75,9 +75,17 @@ class MooncakeOptions(_Net):
     notify: Literal["socket", "mpi"] = Field("socket", description="how the destination learns a write landed")
 
 
+class StagedOptions(_Opts):
+    inner: Literal["tcp", "ucx", "mpi"] = Field("tcp", description="two-sided host transport between the bounce "
+                                                "buffers (mpi: its sendrecv mode)")
+    pipeline: OnOff = Field("on", description="off: each layer whole, gather then wire then scatter (the comparison)")
+    chunk_kib: int = Field(1024, ge=4, le=1 << 20, description="KiB per pipelined chunk")
+    slots: int = Field(2, ge=1, le=64, description="chunks in flight per peer and direction (2: double buffering)")
+
+
 SCHEMAS: dict[str, type[_Opts]] = {
     "tcp": TcpOptions, "mpi": MpiOptions, "mpi-sendrecv": MpiSendRecvOptions, "nixl": NixlOptions,
-    "ucx": UcxOptions, "mooncake": MooncakeOptions,
+    "ucx": UcxOptions, "mooncake": MooncakeOptions, "staged": StagedOptions,
 }
 
 

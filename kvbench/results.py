@@ -19,8 +19,9 @@ import sys
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 2  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
-READS = (1, 2)  # schema versions the readers (report, compare) upgrade to this one
+SCHEMA_VERSION = 3  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+# 3: the GPU columns below (2 reads as 3 with them at their defaults: upgrade())
+READS = (1, 2, 3)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -39,6 +40,13 @@ ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "s
 # its source's; completion: who stamped the landing,
 # "transport" (its own receive or progress thread) or "harness" (the moment its wait or notification returned)
 
+# --- v3, GPU issue: copy = the copy engine of device bytes (copy.py; "batch" for host rows, where it is unused);
+# gather_s / wire_s / scatter_s = seconds this rank spent in each stage of the staged transport in this iteration
+# (device -> bounce, the inner transport, bounce -> device; NaN for every other transport)
+GPU_DEFAULTS = {"copy": "batch", "gather_s": np.nan, "wire_s": np.nan, "scatter_s": np.nan}
+CASE_COLUMNS += ["copy"]
+ROW_COLUMNS += ["copy", "gather_s", "wire_s", "scatter_s"]
+
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
     """Rows of an older schema as this one's (the columns it lacked, empty)."""
@@ -46,7 +54,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         raise ValueError(f"schema version {version} (this kvbench reads {', '.join(map(str, READS))})")
     for col in ROW_COLUMNS:
         if col not in df.columns:
-            df[col] = {"completion": "", "pages": "4k"}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+            df[col] = {"completion": "", "pages": "4k", **GPU_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

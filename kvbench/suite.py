@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,6 +46,9 @@ def parse_arrival(spec: str) -> tuple[str, float]:
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
+warnings.filterwarnings("ignore", message='Field name "copy"', category=UserWarning)  # the axis is named copy
+
+
 class Axes(BaseModel):
     """Sweep axes; each is a list of values, none twice."""
 
@@ -66,6 +70,10 @@ class Axes(BaseModel):
     prefill_ms: list[float | Literal["auto"]] = Field(default=[0.0], min_length=1)
     handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
     arrival: list[str] = Field(default=["none"], min_length=1)
+    # GPU issue: where the pools live (host: numpy; torch-cpu, pinned, cuda: torch tensors, memory/device.py)
+    # and which copy engine moves device bytes (copy.py); host transports take memory host only
+    memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
+    copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)
 
     @field_validator("*")
     @classmethod
@@ -244,7 +252,7 @@ def list_suites() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(SUITE_DIR) if f.endswith(".yaml"))
 
 
-CASE_KEYS = ("transport", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
+CASE_KEYS = ("transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
              "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival")
 
 

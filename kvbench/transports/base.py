@@ -107,6 +107,8 @@ class Context:
     token: bytes = b""  # per-run secret, generated on rank 0, for listeners
     options: dict[str, Any] = field(default_factory=dict)
     pages: str = "4k"  # page size asked for pools: memory.PAGE_KINDS (a transport's own pool: where it can)
+    memory: str = "host"  # the pools' memory kind (memory/device.py): host, torch-cpu, pinned, cuda
+    copy: str = "batch"  # copy engine for device bytes (copy.py): memcpy, kernel, batch
 
 
 @dataclass

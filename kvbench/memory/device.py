@@ -1,0 +1,227 @@
+"""Device pools: the memory kinds ``torch-cpu``, ``pinned`` and ``cuda`` as torch tensors, filled and verified
+on the device.
+
+* ``torch-cpu``: a page-aligned, pre-faulted host mapping (memory.alloc_host) seen as a CPU tensor: the device
+  layer's code on a machine without a GPU (tests, a user checking a setup).  Its bytes are host memory, so
+  copies may also take the native batched copy by pointer (a torch index copy ran ~1 GB/s here, the native
+  copy ~5).
+* ``pinned``: page-locked host memory (cudaHostAlloc through torch); needs a CUDA build and a GPU.
+* ``cuda``: one device allocation per rank, a uint8 tensor; refused before allocating when it exceeds the
+  device's free memory.
+
+Fill and check follow memory/pattern.py and verify.py to the bit (the same 32-bit words of (rank, word
+index), the same epoch mix, poison = the complement of what must land), computed with torch ops where the
+pool lives, so a multi-GB device pool is never copied to the host to be filled or checked.  Not on a timed
+path: the index tensors here are built once per check.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..pool import Pool
+from . import host
+from .pattern import POISON
+
+KINDS = ("host", "torch-cpu", "pinned", "cuda")
+DEVICE_KINDS = KINDS[1:]
+_MUL = 2654435761  # pattern.py's multiplier
+_RANK = 0x9E3779B9
+_CHUNK = 1 << 22  # words per fill step: bounds the int64 temporaries at 32 MiB
+
+
+class DeviceMemoryError(RuntimeError):
+    """A pool that cannot be had on this device (one line, with the numbers)."""
+
+
+def _torch():
+    import torch  # lazily: only device memory kinds need it
+
+    return torch
+
+
+def probe(kind: str) -> str | None:
+    """Why memory ``kind`` cannot be had here (one line), or None."""
+    if kind not in KINDS:
+        return f"memory '{kind}' is not one of: {', '.join(KINDS)}"
+    if kind == "host":
+        return None
+    try:
+        torch = _torch()
+    except ImportError:
+        return "torch is not installed (pip install 'kvbench[gpu]', or torch==2.13.0 for the CPU build)"
+    if kind == "torch-cpu":
+        return None
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        what = "page-locked host memory needs a CUDA device" if kind == "pinned" else "no CUDA device"
+        return f"{what} ({build}; torch.cuda.is_available() is False)"
+    return None
+
+
+class DevicePool(Pool):
+    """A pool held by a torch tensor; ``array`` is its numpy view where the bytes are host memory (else None)."""
+
+    def __init__(self, tensor, kind: str, keep=None):
+        self.tensor, self.kind, self._keep = tensor, kind, keep  # keep: the host mapping under a torch-cpu tensor
+        self.nbytes = int(tensor.numel())
+        self.addr = int(tensor.data_ptr())
+        self.array = tensor.numpy() if tensor.device.type == "cpu" else None
+        self._release = None
+        self.own_pages = False
+
+    @property
+    def device(self):
+        return self.tensor.device
+
+    def release(self) -> None:
+        self.tensor = self.array = self._keep = None
+
+
+def free_bytes(kind: str, device: int = 0) -> tuple[int, int]:
+    """(free, total) bytes where a pool of ``kind`` would live."""
+    if kind == "cuda":
+        free, total = _torch().cuda.mem_get_info(device)
+        return int(free), int(total)
+    mi = host.meminfo()
+    return host.available_bytes(), mi.get("MemTotal", 0)
+
+
+def check_fits(nbytes: int, kind: str, device: int = 0) -> None:
+    """Refuse, before allocating, a pool larger than the free memory it would take (DeviceMemoryError)."""
+    free, total = free_bytes(kind, device)
+    if nbytes > free:
+        where = f"cuda:{device}" if kind == "cuda" else "host memory"
+        raise DeviceMemoryError(f"--memory {kind}: a pool of {nbytes / 2**30:.2f} GiB does not fit: {where} has "
+                                f"{free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB (lower --pool-factor or "
+                                f"--tokens)")
+
+
+def alloc(nbytes: int, kind: str, pages: str = "4k", device: int | None = None) -> DevicePool:
+    """A pool of ``kind`` (one of DEVICE_KINDS), pre-faulted, not yet filled."""
+    why = probe(kind)
+    if why:
+        raise DeviceMemoryError(f"--memory {kind}: {why}")
+    torch = _torch()
+    dev = torch.cuda.current_device() if device is None and kind == "cuda" else (device or 0)
+    check_fits(nbytes, kind, dev)
+    if kind == "torch-cpu":
+        arr = host.alloc_host(nbytes, pages=pages)  # page-aligned (PLATFORM pitfall 1), pre-faulted
+        return DevicePool(torch.from_numpy(arr), kind, keep=arr)
+    if kind == "pinned":
+        t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    else:
+        t = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dev}")
+    t.zero_()  # pre-fault (host) / first-touch mapping (device) before any timing
+    return DevicePool(t, kind)
+
+
+# ----- the pattern, on the device ---------------------------------------------------------------
+def _s32(x: int) -> int:
+    """A 32-bit word as the signed int32 with the same bits."""
+    x &= 0xFFFFFFFF
+    return x - (1 << 32) if x >= 1 << 31 else x
+
+
+def _words(torch, idx, rank: int, epoch: int = 0):
+    """pattern.pattern_at(rank, idx) ^ verify._mix(epoch) as int32 (the same bits), for int64 word indices.
+
+    int32 products wrap like the uint32 ones of pattern.py (torch has no uint32 arithmetic on every build);
+    int32 runs about 4x faster here than int64 with masks."""
+    w = (idx & 0xFFFFFFFF).to(torch.int32)  # wraps: the word index modulo 2^32, as pattern.py's astype
+    w.mul_(_s32(_MUL))
+    w.bitwise_xor_(_s32((rank + 1) * _RANK) ^ (_s32(epoch * 0x85EBCA6B) if epoch else 0))
+    return w
+
+
+def fill(tensor, rank: int) -> None:
+    """pattern.fill on a uint8 tensor: ``rank``'s words over the whole pool, the tail bytes POISON."""
+    torch = _torch()
+    n = int(tensor.numel()) // 4
+    words = tensor[: n * 4].view(torch.int32)
+    for start in range(0, n, _CHUNK):
+        k = min(_CHUNK, n - start)
+        idx = torch.arange(start, start + k, dtype=torch.int64, device=tensor.device)
+        words[start : start + k] = _words(torch, idx, rank)
+    if tensor.numel() % 4:
+        tensor[n * 4 :] = POISON
+
+
+def _positions(torch, descs: np.ndarray, col: int, device):
+    """Byte positions of column ``col``'s ranges, back to back (one index per byte; for the check only)."""
+    lens = descs[:, 2]
+    starts = descs[:, col] - (np.cumsum(lens) - lens)
+    rep = torch.repeat_interleave(torch.as_tensor(starts, device=device), torch.as_tensor(lens, device=device))
+    return rep + torch.arange(int(lens.sum()), dtype=torch.int64, device=device)
+
+
+def expected(torch, rank: int, descs: np.ndarray, epoch: int, device):
+    """What ``rank``'s pool holds at the SRC ranges of ``descs`` in ``epoch``, back to back, as uint8."""
+    pos = _positions(torch, descs, 0, device)
+    w = _words(torch, pos >> 2, rank, epoch)
+    return ((w >> ((pos & 3) * 8).to(torch.int32)) & 0xFF).to(torch.uint8)
+
+
+def write_epoch(tensor, descs: np.ndarray, rank: int, epoch: int) -> None:
+    """verify.write_epoch: the source's ranges take ``epoch``'s pattern."""
+    if len(descs):
+        torch = _torch()
+        tensor[_positions(torch, descs, 0, tensor.device)] = expected(torch, rank, descs, epoch, tensor.device)
+
+
+def poison(tensor, descs: np.ndarray, src_rank: int, epoch: int) -> None:
+    """verify.poison: every destination byte becomes the complement of what it must hold."""
+    if len(descs):
+        torch = _torch()
+        tensor[_positions(torch, descs, 1, tensor.device)] = ~expected(torch, src_rank, descs, epoch, tensor.device)
+
+
+def snapshot(tensor, layers: list[np.ndarray]):
+    """verify.snapshot: the destination ranges gathered aside at once; (copy, descriptors of the copy)."""
+    torch = _torch()
+    descs = np.concatenate(layers) if layers else np.zeros((0, 3), np.int64)
+    copy = tensor[_positions(torch, descs, 1, tensor.device)] if len(descs) else tensor[:0].clone()
+    where = descs.copy()
+    where[:, 1] = np.cumsum(descs[:, 2]) - descs[:, 2]
+    return copy, where
+
+
+def count_wrong(copy, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: int) -> int:
+    """verify.count_wrong: elements of ``elem_bytes`` that differ (bytes, in a range not a whole number of them)."""
+    torch = _torch()
+    wrong = 0
+    whole = descs[:, 2] % elem_bytes == 0
+    for sel, per_elem in ((whole, True), (~whole, False)):
+        d = descs[sel]
+        if not len(d):
+            continue
+        got = copy[_positions(torch, d, 1, copy.device)]
+        diff = got != expected(torch, src_rank, d, epoch, copy.device)
+        wrong += int(diff.view(-1, elem_bytes).any(dim=1).sum()) if per_elem else int(diff.sum())
+    return wrong
+
+
+def on_device(pool) -> bool:
+    """The pool's bytes are not host memory (a CUDA tensor): the check runs there, with torch."""
+    return isinstance(pool, DevicePool) and pool.array is None
+
+
+def buf(pool):
+    """The object the check reads and writes: a CUDA pool's tensor, else the host bytes' numpy array."""
+    return pool.tensor if on_device(pool) else pool.array
+
+
+def checker(pool):
+    """The module whose poison/write_epoch/snapshot/count_wrong fit ``pool``: this one for CUDA pools, verify.py
+    for host bytes (torch-cpu and pinned pools are host memory: numpy checks them ~10x faster than torch's
+    byte indexing on a CPU; tests/test_device.py holds the two to the same bytes)."""
+    import sys
+
+    from .. import verify
+
+    return sys.modules[__name__] if on_device(pool) else verify
+
+
+def sync(pool) -> None:
+    """Wait for the device's queued work on ``pool`` (a no-op on the host)."""
+    if isinstance(pool, DevicePool) and pool.tensor is not None and pool.tensor.device.type == "cuda":
+        _torch().cuda.synchronize(pool.tensor.device)

@@ -1,0 +1,317 @@
+"""staged: device -> bounce buffer (gather) -> an inner host transport -> bounce buffer -> device (scatter).
+
+The host-staged fallback for GPU pairs with no peer-to-peer or GPUDirect path.  Each layer is cut into chunks
+of ``chunk_kib``; per peer and direction a ring of ``slots`` chunk-sized slots in one bounce buffer (page-locked
+on CUDA; on CPU tensors plain page-aligned host memory, since nothing can page-lock it without CUDA), which the
+inner transport registers once.  Pipelined (default): a gather thread copies chunk k+1 from the device pool into
+its slot while a send thread has chunk k on the wire, and the destination scatters chunk k while chunk k+1
+lands; ``-O pipeline=off`` moves each layer whole, one stage after the other (the comparison).
+
+Both ends number a peer's chunks in the same order (the harness posts and serves a peer's layers in one order),
+so chunk n uses slot n % slots on both.  A source reuses a slot once the inner transport's send from it is
+complete; a destination hands a slot back to the inner transport (its next receive) only after scattering it,
+which is why the inner transport must be two-sided (tcp, ucx, mpi with mode=sendrecv): a one-sided write would
+land in a slot still being scattered.  Rows carry the seconds each rank spent gathering, on the wire and
+scattering (gather_s, wire_s, scatter_s).
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+
+import numpy as np
+
+from .. import copy as C
+from .. import memory
+from ..memory import device
+from ..pool import Pool
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+
+INNER = {"tcp": {}, "ucx": {}, "mpi": {"mode": "sendrecv"}}  # two-sided host transports and the options they need
+
+
+def split(descs: np.ndarray, chunk: int) -> list[np.ndarray]:
+    """A layer's descriptors cut at every ``chunk`` bytes of payload: per chunk, (src, offset in chunk, len)."""
+    if not len(descs):
+        return []
+    ends = np.cumsum(descs[:, LEN])
+    total = int(ends[-1])
+    cuts = np.union1d(np.concatenate(([0], ends[:-1])), np.arange(0, total, chunk))  # piece starts
+    which = np.searchsorted(ends, cuts, side="right")  # the descriptor holding each piece
+    within = cuts - (ends[which] - descs[which, LEN])
+    lens = np.diff(np.append(cuts, total))
+    pieces = np.stack([descs[which, SRC] + within, descs[which, DST] + within, lens, cuts % chunk], axis=1)
+    bounds = np.searchsorted(cuts, np.arange(chunk, total, chunk))
+    return np.split(pieces, bounds)
+
+
+class _Job:
+    __slots__ = ("op", "peer", "chunks", "tag", "done", "error", "at")
+
+    def __init__(self, op, peer, chunks, tag):
+        self.op, self.peer, self.chunks, self.tag = op, peer, chunks, tag
+        self.done, self.error, self.at = threading.Event(), None, None
+
+
+class StagedTransport(Transport):
+    name = "staged"
+    caps = Caps(memory=("torch-cpu", "pinned", "cuda"), ops=("push", "pull"), one_sided=False, multi_node=True,
+                notifies=True, network=True, stamps=True)
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        o = ctx.options
+        self.inner_name = str(o.get("inner", "tcp"))
+        if self.inner_name not in INNER:
+            raise TransportError(f"staged: inner '{self.inner_name}' is not one of {', '.join(INNER)} (two-sided "
+                                 "host transports: a one-sided write would land in a slot still being scattered)")
+        self.pipeline = o.get("pipeline", "on") == "on"
+        self.chunk = int(o.get("chunk_kib", 1024)) << 10
+        self.slots = int(o.get("slots", 2)) if self.pipeline else 1
+        self.engine = ctx.copy
+        from . import load
+
+        try:
+            cls = load(self.inner_name)
+        except Unavailable as exc:
+            raise TransportError(f"staged: inner transport {self.inner_name}: {exc}") from None
+        self.inner = cls(Context(ctx.rank, ctx.world_size, ctx.hostname, ctx.run_id + "s", ctx.token,
+                                 dict(INNER[self.inner_name]), pages=ctx.pages))
+        self.stats = collections.Counter()
+        self.lock = threading.Lock()
+        self.error: Exception | None = None
+        self.live: set[_Job] = set()  # posted and not yet waited for: failed at once when a thread fails
+        self.threads: list[threading.Thread] = []
+        self.queues: dict[tuple[int, str], queue.SimpleQueue] = {}
+        self.bounce = None
+
+    @classmethod
+    def probe(cls) -> str | None:
+        return device.probe("torch-cpu") and "no device memory kind here: " + device.probe("torch-cpu")
+
+    # ----- setup --------------------------------------------------------------------------
+    def _ring(self, rank: int, peer: int, sending: bool) -> int:
+        """Offset in ``rank``'s bounce buffer of its ring towards (sending) or from ``peer``."""
+        j = peer if peer < rank else peer - 1
+        return (2 * j + (0 if sending else 1)) * self.per
+
+    def register(self, pool) -> bytes:
+        self.pool, self.dev = pool, device.buf(pool)
+        # pipeline off: a layer moves whole, so a ring is one slot as large as the pool (a layer fits in it)
+        self.per = self.slots * self.chunk if self.pipeline else pool.nbytes
+        if not self.pipeline:
+            self.chunk = self.per
+        nbytes = 2 * self.per * max(1, self.ctx.world_size - 1)
+        buf = self.inner.alloc(nbytes)
+        if buf is not None:
+            self.bounce = Pool(buf.array, "host", buf.release)
+        elif pool.kind in ("cuda", "pinned"):
+            import torch
+
+            t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)  # page-locked: DMA without a bounce of its own
+            self.bounce = Pool(t.numpy(), "pinned")
+            self._keep = t
+        else:
+            self.bounce = Pool(memory.alloc_host(nbytes, pages=self.ctx.pages))
+        self.btensor = _tensor(self.bounce.array)
+        return self.inner.register(self.bounce)
+
+    def connect(self, peers: dict[int, bytes]) -> None:
+        self.peer_nbytes = {p: None for p in peers}
+        self.inner.connect(peers)
+        for p in peers:
+            for role, target in (("src", self._gather_loop), ("dst", self._dst_loop)):
+                self.queues[(p, role)] = queue.SimpleQueue()
+                if role == "src":
+                    self.queues[(p, "send")] = queue.SimpleQueue()
+                    self._start(self._send_loop, p)
+                self._start(target, p)
+
+    def ready(self) -> None:
+        self.inner.ready()
+
+    def _start(self, fn, peer: int) -> None:
+        th = threading.Thread(target=self._guard, args=(fn, peer), daemon=True)
+        th.start()
+        self.threads.append(th)
+
+    # ----- the protocol -------------------------------------------------------------------
+    def _job(self, op: str, peer: int, descs: np.ndarray, tag: int, source: bool) -> _Job:
+        if self.error is not None:
+            raise TransportError(f"staged: {self.error}")
+        big = 1 << 62  # the peer's side is checked there
+        check_descs(descs, self.pool.nbytes if source else big, big if source else self.pool.nbytes)
+        job = _Job(op, peer, split(descs, self.chunk), tag)
+        self.live.add(job)
+        return job
+
+    def post(self, op, peer, descs, tag=0):
+        job = self._job(op, peer, descs, tag, op == "push")
+        self.queues[(peer, "src" if op == "push" else "dst")].put(job)
+        return job
+
+    def serve(self, op, peer, descs, tag=0):
+        job = self._job(op, peer, descs, tag, op == "pull")
+        if op == "push":
+            self.queues[(peer, "dst")].put(job)
+        return job
+
+    def answer(self, handle) -> None:
+        """Pull source: the layer is final: gather and send it as its destination asks for it."""
+        self.queues[(handle.peer, "src")].put(handle)
+
+    def wait(self, handle) -> float | None:
+        handle.done.wait()
+        self.live.discard(handle)
+        if handle.error is not None:
+            raise TransportError(f"staged: {handle.error}")
+        return handle.at
+
+    def take_stages(self) -> dict:
+        """Seconds spent per stage on this rank since the last call (the harness takes them per iteration)."""
+        with self.lock:
+            out = {k: self.stats[k] for k in ("gather", "wire", "scatter")}
+            self.stats.clear()
+        return out
+
+    # ----- threads ------------------------------------------------------------------------
+    def _add(self, stage: str, since: float) -> float:
+        now = time.perf_counter()
+        with self.lock:
+            self.stats[stage] += now - since
+        return now
+
+    def _guard(self, fn, peer: int) -> None:
+        try:
+            fn(peer)
+        except Exception as exc:  # fail every job of this transport: both ends stop instead of hanging
+            self.error = self.error or exc
+            for job in list(self.live):
+                job.error = job.error or exc
+                job.done.set()
+            for q in self.queues.values():
+                q.put(None)
+
+    def _copy(self, descs: np.ndarray, to_bounce: bool) -> None:
+        dst, src = (self.btensor, self.dev) if to_bounce else (self.dev, self.btensor)
+        C.copy(self.engine, dst, src, np.ascontiguousarray(descs))
+        C.sync(dst, src)
+
+    def _gather_loop(self, peer: int) -> None:
+        free, n = threading.Semaphore(self.slots), 0
+        self.free = getattr(self, "free", {})
+        self.free[peer] = free
+        base = self._ring(self.ctx.rank, peer, True)
+        while (job := self._next((peer, "src"))) is not None:
+            for i, ch in enumerate(job.chunks):
+                slot = base + (n % self.slots) * self.chunk
+                n += 1
+                free.acquire()
+                t = time.perf_counter()
+                g = np.stack([ch[:, 0], slot + ch[:, 3], ch[:, 2]], axis=1)
+                self._copy(g, True)
+                self._add("gather", t)
+                self.queues[(peer, "send")].put((job, i, slot - base, int(ch[:, 2].sum())))
+
+    def _send_loop(self, peer: int) -> None:
+        there = self._ring(peer, self.ctx.rank, False)
+        base = self._ring(self.ctx.rank, peer, True)
+        while (item := self._next((peer, "send"))) is not None:
+            job, i, off, nbytes = item
+            d = np.array([[base + off, there + off, nbytes]], dtype=np.int64)
+            t = time.perf_counter()
+            if job.op == "push":
+                h = self.inner.post("push", peer, d, _tag(job.tag, i))
+            else:
+                h = self.inner.serve("pull", peer, d, _tag(job.tag, i))
+                self.inner.answer(h)
+            self.inner.wait(h)
+            self._add("wire", t)
+            self.free[peer].release()
+            if i == len(job.chunks) - 1:
+                job.done.set()
+        self._fail_pending()
+
+    def _dst_loop(self, peer: int) -> None:
+        """Keep ``slots`` receives out; as the oldest lands, scatter it and give its slot back."""
+        here, there = self._ring(self.ctx.rank, peer, False), self._ring(peer, self.ctx.rank, True)
+        window, pending, n = collections.deque(), collections.deque(), 0
+        while True:
+            while len(window) < self.slots:
+                if not pending:
+                    job = self._next((peer, "dst"), block=not window)
+                    if job is None:
+                        if not window:
+                            return self._fail_pending()
+                        break
+                    if not job.chunks:
+                        job.done.set()
+                        continue
+                    pending.extend((job, i) for i in range(len(job.chunks)))
+                job, i = pending.popleft()
+                off = (n % self.slots) * self.chunk
+                n += 1
+                ch = job.chunks[i]
+                d = np.array([[there + off, here + off, int(ch[:, 2].sum())]], dtype=np.int64)
+                op = "push" if job.op == "push" else "pull"
+                h = (self.inner.serve if op == "push" else self.inner.post)(op, peer, d, _tag(job.tag, i))
+                window.append((job, i, off, h, time.perf_counter()))
+            job, i, off, h, t = window.popleft()
+            self.inner.wait(h)
+            t = self._add("wire", t)
+            ch = job.chunks[i]
+            self._copy(np.stack([here + off + ch[:, 3], ch[:, 1], ch[:, 2]], axis=1), False)
+            job.at = self._add("scatter", t)
+            if i == len(job.chunks) - 1:
+                job.done.set()
+
+    def _next(self, key, block: bool = True):
+        try:
+            item = self.queues[key].get(block=block)
+        except queue.Empty:
+            return None
+        if item is None:
+            self.queues[key].put(None)  # every loop of this key sees the end
+        return item
+
+    def _fail_pending(self) -> None:
+        """After an error or close: jobs still queued fail instead of leaving their waiters hanging."""
+        for q in self.queues.values():
+            while True:
+                try:
+                    job = q.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(job, _Job):
+                    job.error = job.error or self.error or "closed"
+                    job.done.set()
+            q.put(None)
+
+    def info(self) -> dict:
+        kind = "page-locked" if self.bounce is not None and self.bounce.kind == "pinned" else \
+            "pageable (page-locking needs CUDA)"
+        return {"inner": self.inner_name, "pipeline": "on" if self.pipeline else "off", "chunk_bytes": self.chunk,
+                "slots": self.slots, "copy": self.engine, "bounce": kind, "inner_info": self.inner.info()}
+
+    def close(self) -> None:
+        for q in self.queues.values():
+            q.put(None)
+        for th in self.threads:
+            th.join(timeout=5)
+        self.inner.close()
+        if self.bounce is not None:
+            self.bounce.release()
+            self.bounce = None
+
+
+def _tag(tag: int, chunk: int) -> int:
+    """The inner transport's tag of a layer's chunk (both ends compute the same)."""
+    return (tag << 8) | (chunk & 0xFF)
+
+
+def _tensor(array: np.ndarray):
+    import torch
+
+    return torch.from_numpy(array)

@@ -3,9 +3,8 @@
 The host-staged fallback for GPU pairs with no peer-to-peer or GPUDirect path.  Each layer is cut into chunks
 of ``chunk_kib``; per peer and direction a ring of ``slots`` chunk-sized slots in one bounce buffer (page-locked
 on CUDA; on CPU tensors plain page-aligned host memory, since nothing can page-lock it without CUDA), which the
-inner transport registers once.  Pipelined (default): a gather thread copies chunk k+1 from the device pool into
-its slot while a send thread has chunk k on the wire, and the destination scatters chunk k while chunk k+1
-lands; ``-O pipeline=off`` moves each layer whole, one stage after the other (the comparison).
+inner transport registers once.  Pipelined (default): the source's thread copies chunk k+1 from the device pool into
+its slot while chunk k is on the wire, and the destination's thread scatters chunk k while chunk k+1 lands; ``-O pipeline=off`` moves each layer whole, one stage after the other (the comparison).
 
 Both ends number a peer's chunks in the same order (the harness posts and serves a peer's layers in one order),
 so chunk n uses slot n % slots on both.  A source reuses a slot once the inner transport's send from it is
@@ -122,11 +121,8 @@ class StagedTransport(Transport):
         self.peer_nbytes = {p: None for p in peers}
         self.inner.connect(peers)
         for p in peers:
-            for role, target in (("src", self._gather_loop), ("dst", self._dst_loop)):
+            for role, target in (("src", self._src_loop), ("dst", self._dst_loop)):
                 self.queues[(p, role)] = queue.SimpleQueue()
-                if role == "src":
-                    self.queues[(p, "send")] = queue.SimpleQueue()
-                    self._start(self._send_loop, p)
                 self._start(target, p)
 
     def ready(self) -> None:
@@ -170,7 +166,9 @@ class StagedTransport(Transport):
         return handle.at
 
     def take_stages(self) -> dict:
-        """Seconds spent per stage on this rank since the last call (the harness takes them per iteration)."""
+        """Seconds this rank's threads spent per stage since the last call (the harness takes them per iteration):
+        gather and scatter copying, wire posting and waiting for the inner transport.  Stages overlap in time, so
+        they add up to more than the transfer when the pipeline works and to about it when it does not."""
         with self.lock:
             out = {k: self.stats[k] for k in ("gather", "wire", "scatter")}
             self.stats.clear()
@@ -199,40 +197,46 @@ class StagedTransport(Transport):
         C.copy(self.engine, dst, src, np.ascontiguousarray(descs))
         C.sync(dst, src)
 
-    def _gather_loop(self, peer: int) -> None:
-        free, n = threading.Semaphore(self.slots), 0
-        self.free = getattr(self, "free", {})
-        self.free[peer] = free
-        base = self._ring(self.ctx.rank, peer, True)
-        while (job := self._next((peer, "src"))) is not None:
+    def _src_loop(self, peer: int) -> None:
+        """Gather chunk n into slot n % slots once that slot's previous send is complete, and post it; the wire
+        (the kernel's socket buffers, the inner transport's threads) carries chunk n while chunk n+1 is gathered.
+        One thread: a hand-off between threads per chunk cost more than a chunk's copy on a busy 2-core VM."""
+        base, there = self._ring(self.ctx.rank, peer, True), self._ring(peer, self.ctx.rank, False)
+        window, n = collections.deque(), 0
+        while True:
+            job = self._next((peer, "src"), block=not window)
+            if job is None and window:  # nothing new to gather: finish the oldest send
+                self._retire(window)
+                continue
+            if job is None:
+                return self._fail_pending()
             for i, ch in enumerate(job.chunks):
-                slot = base + (n % self.slots) * self.chunk
+                if len(window) == self.slots:
+                    self._retire(window)
+                off = (n % self.slots) * self.chunk
                 n += 1
-                free.acquire()
                 t = time.perf_counter()
-                g = np.stack([ch[:, 0], slot + ch[:, 3], ch[:, 2]], axis=1)
-                self._copy(g, True)
-                self._add("gather", t)
-                self.queues[(peer, "send")].put((job, i, slot - base, int(ch[:, 2].sum())))
-
-    def _send_loop(self, peer: int) -> None:
-        there = self._ring(peer, self.ctx.rank, False)
-        base = self._ring(self.ctx.rank, peer, True)
-        while (item := self._next((peer, "send"))) is not None:
-            job, i, off, nbytes = item
-            d = np.array([[base + off, there + off, nbytes]], dtype=np.int64)
-            t = time.perf_counter()
-            if job.op == "push":
-                h = self.inner.post("push", peer, d, _tag(job.tag, i))
-            else:
-                h = self.inner.serve("pull", peer, d, _tag(job.tag, i))
-                self.inner.answer(h)
-            self.inner.wait(h)
-            self._add("wire", t)
-            self.free[peer].release()
-            if i == len(job.chunks) - 1:
+                self._copy(np.stack([ch[:, 0], base + off + ch[:, 3], ch[:, 2]], axis=1), True)
+                t = self._add("gather", t)
+                d = np.array([[base + off, there + off, int(ch[:, 2].sum())]], dtype=np.int64)
+                if job.op == "push":
+                    h = self.inner.post("push", peer, d, _tag(job.tag, i))  # tcp: the bytes go out in this call
+                else:
+                    h = self.inner.serve("pull", peer, d, _tag(job.tag, i))
+                    self.inner.answer(h)
+                self._add("wire", t)
+                window.append((job, i, h))
+            if not job.chunks:
                 job.done.set()
-        self._fail_pending()
+
+    def _retire(self, window) -> None:
+        """The oldest send of a source's window is complete: its slot is free (and its layer, if last, done)."""
+        job, i, h = window.popleft()
+        t = time.perf_counter()
+        self.inner.wait(h)
+        self._add("wire", t)
+        if i == len(job.chunks) - 1:
+            job.done.set()
 
     def _dst_loop(self, peer: int) -> None:
         """Keep ``slots`` receives out; as the oldest lands, scatter it and give its slot back."""
@@ -257,8 +261,9 @@ class StagedTransport(Transport):
                 d = np.array([[there + off, here + off, int(ch[:, 2].sum())]], dtype=np.int64)
                 op = "push" if job.op == "push" else "pull"
                 h = (self.inner.serve if op == "push" else self.inner.post)(op, peer, d, _tag(job.tag, i))
-                window.append((job, i, off, h, time.perf_counter()))
-            job, i, off, h, t = window.popleft()
+                window.append((job, i, off, h))
+            job, i, off, h = window.popleft()
+            t = time.perf_counter()  # wire: the time this thread waits for bytes (not the time they are in flight)
             self.inner.wait(h)
             t = self._add("wire", t)
             ch = job.chunks[i]

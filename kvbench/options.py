@@ -83,9 +83,16 @@ class StagedOptions(_Opts):
     slots: int = Field(2, ge=1, le=64, description="chunks in flight per peer and direction (2: double buffering)")
 
 
+class VerbsOptions(_Opts):
+    device: str | None = Field(None, description="RDMA device, e.g. mlx5_0 (default: the first)")
+    port: int = Field(1, ge=1, le=255, description="port number on the device")
+    qps: int = Field(1, ge=1, le=64, description="RC queue pairs per peer")
+
+
 SCHEMAS: dict[str, type[_Opts]] = {
     "tcp": TcpOptions, "mpi": MpiOptions, "mpi-sendrecv": MpiSendRecvOptions, "nixl": NixlOptions,
     "ucx": UcxOptions, "mooncake": MooncakeOptions, "staged": StagedOptions,
+    "verbs": VerbsOptions,
 }
 
 

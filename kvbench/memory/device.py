@@ -45,16 +45,31 @@ def probe(kind: str) -> str | None:
         return f"memory '{kind}' is not one of: {', '.join(KINDS)}"
     if kind == "host":
         return None
-    try:
-        torch = _torch()
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # without importing it: torch takes seconds to import
         return "torch is not installed (pip install 'kvbench[gpu]', or torch==2.13.0 for the CPU build)"
     if kind == "torch-cpu":
         return None
+    why = driver_reason()
+    if why:
+        return f"{'page-locked host memory needs a CUDA device' if kind == 'pinned' else 'no CUDA device'} ({why})"
+    torch = _torch()
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
         what = "page-locked host memory needs a CUDA device" if kind == "pinned" else "no CUDA device"
         return f"{what} ({build}; torch.cuda.is_available() is False)"
+    return None
+
+
+def driver_reason() -> str | None:
+    """Why no CUDA driver is usable here (PLATFORM: a GPU is there when libcuda.so.1 loads), or None."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver: libcuda.so.1 does not load"
     return None
 
 

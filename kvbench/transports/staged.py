@@ -88,7 +88,8 @@ class StagedTransport(Transport):
 
     @classmethod
     def probe(cls) -> str | None:
-        return device.probe("torch-cpu") and "no device memory kind here: " + device.probe("torch-cpu")
+        why = device.probe("torch-cpu")  # every device kind needs torch; cuda and pinned are checked per case
+        return f"no device memory here: {why}" if why else None
 
     # ----- setup --------------------------------------------------------------------------
     def _ring(self, rank: int, peer: int, sending: bool) -> int:

@@ -143,11 +143,12 @@ def index_copy(dst, src, descs: np.ndarray) -> None:
         rows = part[:, 2] // gv
         first = np.cumsum(rows) - rows
         k = torch.arange(int(rows.sum()), device=d.device)
-        at = lambda col: torch.repeat_interleave(  # noqa: E731
-            torch.as_tensor(part[:, col] // gv - first, device=d.device), torch.as_tensor(rows, device=d.device)) + k
+        reps = torch.as_tensor(rows, device=d.device)
+        at_src = torch.repeat_interleave(torch.as_tensor(part[:, 0] // gv - first, device=d.device), reps) + k
+        at_dst = torch.repeat_interleave(torch.as_tensor(part[:, 1] // gv - first, device=d.device), reps) + k
         sv = s[: _nbytes(s) // gv * gv].view(-1, gv)
         dv = d[: _nbytes(d) // gv * gv].view(-1, gv)
-        dv.index_copy_(0, at(1), sv.index_select(0, at(0)))
+        dv.index_copy_(0, at_dst, sv.index_select(0, at_src))
 
 
 def _stream(stream) -> int:

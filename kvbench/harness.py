@@ -18,10 +18,10 @@ from itertools import groupby
 import numpy as np
 
 from . import clocks, faults, memory, preflight, transports, verify
-from .memory import device
 from . import model as M
 from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
 from .guard import GUARD
+from .memory import device
 from .pool import BlockAllocator, Layout, Pool
 from .schedule import (
     TAG_FINAL,

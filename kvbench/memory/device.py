@@ -92,6 +92,16 @@ class DevicePool(Pool):
         self.tensor = self.array = self._keep = None
 
 
+def local_device() -> int:
+    """This rank's GPU: its rank on the node (MPICH, Open MPI, Slurm) modulo the GPUs it sees."""
+    import os
+
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var]) % max(1, _torch().cuda.device_count())
+    return _torch().cuda.current_device()
+
+
 def free_bytes(kind: str, device: int = 0) -> tuple[int, int]:
     """(free, total) bytes where a pool of ``kind`` would live."""
     if kind == "cuda":
@@ -117,7 +127,7 @@ def alloc(nbytes: int, kind: str, pages: str = "4k", device: int | None = None) 
     if why:
         raise DeviceMemoryError(f"--memory {kind}: {why}")
     torch = _torch()
-    dev = torch.cuda.current_device() if device is None and kind == "cuda" else (device or 0)
+    dev = local_device() if device is None and kind == "cuda" else (device or 0)
     check_fits(nbytes, kind, dev)
     if kind == "torch-cpu":
         arr = host.alloc_host(nbytes, pages=pages)  # page-aligned (PLATFORM pitfall 1), pre-faulted

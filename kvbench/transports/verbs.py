@@ -147,8 +147,8 @@ class VerbsTransport(Transport):
         return pickle.dumps({"addr": pool.addr, "rkey": self.mr.rkey, "qps": self._make_qps()})
 
     def _make_qps(self) -> dict:
-        from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
         from pyverbs.enums import IBV_QPT_RC
+        from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
         cap = QPCap(max_send_wr=1024, max_recv_wr=1024, max_send_sge=min(self.attr.max_sge, 30),
                     max_recv_sge=1)
@@ -163,7 +163,7 @@ class VerbsTransport(Transport):
         return out
 
     def connect(self, peers: dict[int, bytes]) -> None:
-        from pyverbs.addr import AHAttr, GID, GlobalRoute
+        from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.qp import QPAttr
 
         for peer, blob in peers.items():

@@ -13,6 +13,8 @@
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
 #   make lint               ruff
+#   make bench-staged       staged over tcp on torch-cpu pools: the pipeline against pipeline=off
+#   make gpu-check          (a GPU machine) device pools, copy engines, host<->device, cuda_ipc, staged: ~5 min
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -21,15 +23,19 @@ NP      ?= 2
 MPI     ?= wheel
 ARGS    ?=
 ENGINES ?= 1
+# torch for the device layer: the CPU build where no CUDA driver loads (PLATFORM: this pinned version resolves to
+# the CPU wheel; an unpinned torch is a multi-GB CUDA build); TORCH_INDEX=<url> picks the index it comes from
+TORCH_CPU ?= 2.13.0
+TORCH_INDEX ?=
 BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help
+.PHONY: gpu-check bench-staged install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help
 
 help:
-	@sed -n '2,16p' Makefile
+	@sed -n '2,18p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +52,14 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	  $(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1 && \
 	  $(BIN)/python -m pip install -q ucxx-cu12 mooncake-transfer-engine-non-cuda || \
 	  echo "warning: an engine did not install; its rows will say unavailable" >&2; \
+	fi
+	@if $(BIN)/python -c "import ctypes; ctypes.CDLL('libcuda.so.1')" 2>/dev/null; then \
+	  echo "CUDA driver found: installing kvbench[gpu] (torch, cupy)"; \
+	  $(BIN)/python -m pip install -q -e '.[gpu]' || echo "warning: kvbench[gpu] did not install" >&2; \
+	else \
+	  echo "no CUDA driver: installing CPU torch==$(TORCH_CPU) so the device layer's tests run on CPU tensors"; \
+	  $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==$(TORCH_CPU) || \
+	  echo "warning: torch did not install; the device tests will skip" >&2; \
 	fi
 	@touch $@
 
@@ -88,3 +102,14 @@ lint: $(STAMP)
 
 clean-results:
 	@echo "results are never deleted by make; remove results/<machine>/ files by hand if you must"
+
+# the GPU half on a GPU machine, bare or not: that machine's own python with the packages a CUDA image ships
+# (torch; cupy when present), the C extension built in place, no network; MPI only for the harness rows.
+# Without a GPU it stops at once with one line (exit 2).
+gpu-check:
+	$(PYTHON) setup.py -q build_ext --inplace
+	$(PYTHON) -m kvbench.gpucheck $(ARGS)
+
+# staged over tcp on torch-cpu pools: the pipeline against -O pipeline=off, alternating launches, per-stage times
+bench-staged: $(STAMP)
+	$(BIN)/python benchmarks/staged.py --mpirun $(MPIRUN) $(ARGS)

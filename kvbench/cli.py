@@ -258,6 +258,7 @@ def cmd_list(a) -> int:
 
 
 def cmd_env(a) -> int:
+    from . import hwfacts
     from .results import library_versions, system_description
 
     sysd = system_description()
@@ -277,6 +278,8 @@ def cmd_env(a) -> int:
     print(f"{'GPUs':<16} {', '.join(sysd['gpus']) or 'none (nvidia-smi absent or no devices)'}")
     print(f"{'RDMA devices':<16} {', '.join(sysd['rdma_devices']) or 'none (/sys/class/infiniband absent)'}")
     print(f"{'NICs':<16} {', '.join(sysd['nics']) or '-'}")
+    for line in hwfacts.lines(sysd.get("gpu_rdma") or hwfacts.facts()):  # GPU issue: GPUs, RDMA ports, GPUDirect
+        print(line)
     for k, v in library_versions().items():
         print(f"{k:<16} {v}")
     return 0

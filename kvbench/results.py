@@ -226,6 +226,9 @@ def system_description() -> dict:
     info["rdma_devices"] = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
     info["nics"] = sorted(n for n in os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
     info["gpus"] = gpu_names()
+    from . import hwfacts
+
+    info["gpu_rdma"] = hwfacts.facts()  # GPU issue: GPUs, RDMA ports, GPUDirect, memlock, topology
     info["argv0"] = os.path.basename(sys.argv[0])
     return info
 

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from kvbench.transports.staged import split  # noqa: E402
+from kvbench.transports.staging import split  # noqa: E402
 
 # 256 tokens of llama-3-8b: 1 MiB per layer; 256 KiB chunks make 4 per layer, so slots are reused within a layer
 SMALL = ["-t", "staged", "--memory", "torch-cpu", "-m", "llama-3-8b", "--tokens", "256", "-n", "3", "-w", "1",

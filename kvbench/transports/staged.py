@@ -23,35 +23,11 @@ import time
 import numpy as np
 
 from .. import copy as C
-from .. import memory
 from ..memory import device
-from ..pool import Pool
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+from .base import Caps, Context, Transport, TransportError, Unavailable, check_descs
+from .staging import _Job, _tag, _tensor, bounce_buffer, split
 
 INNER = {"tcp": {}, "ucx": {}, "mpi": {"mode": "sendrecv"}}  # two-sided host transports and the options they need
-
-
-def split(descs: np.ndarray, chunk: int) -> list[np.ndarray]:
-    """A layer's descriptors cut at every ``chunk`` bytes of payload: per chunk, (src, offset in chunk, len)."""
-    if not len(descs):
-        return []
-    ends = np.cumsum(descs[:, LEN])
-    total = int(ends[-1])
-    cuts = np.union1d(np.concatenate(([0], ends[:-1])), np.arange(0, total, chunk))  # piece starts
-    which = np.searchsorted(ends, cuts, side="right")  # the descriptor holding each piece
-    within = cuts - (ends[which] - descs[which, LEN])
-    lens = np.diff(np.append(cuts, total))
-    pieces = np.stack([descs[which, SRC] + within, descs[which, DST] + within, lens, cuts % chunk], axis=1)
-    bounds = np.searchsorted(cuts, np.arange(chunk, total, chunk))
-    return np.split(pieces, bounds)
-
-
-class _Job:
-    __slots__ = ("op", "peer", "chunks", "tag", "done", "error", "at")
-
-    def __init__(self, op, peer, chunks, tag):
-        self.op, self.peer, self.chunks, self.tag = op, peer, chunks, tag
-        self.done, self.error, self.at = threading.Event(), None, None
 
 
 class StagedTransport(Transport):
@@ -104,22 +80,11 @@ class StagedTransport(Transport):
         if not self.pipeline:
             self.chunk = self.per
         nbytes = 2 * self.per * max(1, self.ctx.world_size - 1)
-        buf = self.inner.alloc(nbytes)
-        if buf is not None:
-            self.bounce = Pool(buf.array, "host", buf.release)
-        elif pool.kind in ("cuda", "pinned"):
-            import torch
-
-            t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)  # page-locked: DMA without a bounce of its own
-            self.bounce = Pool(t.numpy(), "pinned")
-            self._keep = t
-        else:
-            self.bounce = Pool(memory.alloc_host(nbytes, pages=self.ctx.pages))
+        self.bounce, self._keep = bounce_buffer(self.inner, nbytes, pool.kind, self.ctx.pages)
         self.btensor = _tensor(self.bounce.array)
         return self.inner.register(self.bounce)
 
     def connect(self, peers: dict[int, bytes]) -> None:
-        self.peer_nbytes = {p: None for p in peers}
         self.inner.connect(peers)
         for p in peers:
             for role, target in (("src", self._src_loop), ("dst", self._dst_loop)):
@@ -310,14 +275,3 @@ class StagedTransport(Transport):
         if self.bounce is not None:
             self.bounce.release()
             self.bounce = None
-
-
-def _tag(tag: int, chunk: int) -> int:
-    """The inner transport's tag of a layer's chunk (both ends compute the same)."""
-    return (tag << 8) | (chunk & 0xFF)
-
-
-def _tensor(array: np.ndarray):
-    import torch
-
-    return torch.from_numpy(array)

@@ -70,3 +70,16 @@ def test_host_transports_skip_device_memory_and_staged_skips_host_rows(kvrun):
     ran = df[(df["status"] == "ok") & (df["iter"] == -1) & (df["role"] == "decode")]
     assert set(zip(ran["transport"], ran["memory"])) == {("tcp", "host"), ("staged", "torch-cpu")}
     assert (ran["nwrong"] == 0).all()
+
+
+def test_cuda_memory_rows_are_skipped_with_the_reason_here(kvrun):
+    from kvbench.memory import device
+
+    if device.probe("cuda") is None:
+        pytest.skip("a GPU is present")
+    r = kvrun(["-t", "staged,cuda_ipc", "--memory", "cuda", "--tokens", "256", "-n", "1", "-w", "0",
+               "--variants", "paged", "--rounds", "1"], timeout=60)
+    assert r.code == 3, r.out + r.err  # nothing measured
+    reasons = r.table().set_index("transport")["reason"]
+    assert reasons["staged"] == "unavailable: no CUDA device (no CUDA driver: libcuda.so.1 does not load)"
+    assert reasons["cuda_ipc"] == "unavailable: no CUDA device (no CUDA driver: libcuda.so.1 does not load)"

@@ -77,7 +77,7 @@ def format_line(r: dict, columns=None) -> str:
     return " ".join(f"{f(r):>{w}}" for _, w, f in columns)
 
 
-BULK_KEYS = ["transport", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme", "world_size",
+BULK_KEYS = ["transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme", "world_size",
              "inflight"]
 
 

@@ -1,17 +1,15 @@
 """staged: device -> bounce buffer (gather) -> an inner host transport -> bounce buffer -> device (scatter).
 
-The host-staged fallback for GPU pairs with no peer-to-peer or GPUDirect path.  Each layer is cut into chunks
-of ``chunk_kib``; per peer and direction a ring of ``slots`` chunk-sized slots in one bounce buffer (page-locked
-on CUDA; on CPU tensors plain page-aligned host memory, since nothing can page-lock it without CUDA), which the
-inner transport registers once.  Pipelined (default): the source's thread copies chunk k+1 from the device pool into
-its slot while chunk k is on the wire, and the destination's thread scatters chunk k while chunk k+1 lands; ``-O pipeline=off`` moves each layer whole, one stage after the other (the comparison).
+The host-staged fallback for GPU pairs without peer-to-peer or GPUDirect.  A layer is cut into chunks of
+``chunk_kib``; per peer and direction a ring of ``slots`` chunk-sized slots in one bounce buffer (page-locked
+beside a GPU; plain page-aligned memory on CPU tensors: nothing page-locks without CUDA), registered once by the
+inner transport.  Pipelined (default): the source gathers chunk k+1 while chunk k is on the wire, the destination
+scatters chunk k while chunk k+1 lands; ``-O pipeline=off`` moves each layer whole, one stage after the other.
 
-Both ends number a peer's chunks in the same order (the harness posts and serves a peer's layers in one order),
-so chunk n uses slot n % slots on both.  A source reuses a slot once the inner transport's send from it is
-complete; a destination hands a slot back to the inner transport (its next receive) only after scattering it,
-which is why the inner transport must be two-sided (tcp, ucx, mpi with mode=sendrecv): a one-sided write would
-land in a slot still being scattered.  Rows carry the seconds each rank spent gathering, on the wire and
-scattering (gather_s, wire_s, scatter_s).
+Both ends number a peer's chunks alike (the harness handles a peer's layers in one order): chunk n uses slot
+n % slots on both.  A source reuses a slot once its send is complete; a destination gives a slot back (its next
+receive) only after scattering it, so the inner transport must be two-sided (tcp, ucx, mpi in sendrecv mode): a
+one-sided write could land in a slot still being scattered.  Rows carry gather_s, wire_s and scatter_s.
 """
 from __future__ import annotations
 

@@ -83,3 +83,15 @@ def test_cuda_memory_rows_are_skipped_with_the_reason_here(kvrun):
     reasons = r.table().set_index("transport")["reason"]
     assert reasons["staged"] == "unavailable: no CUDA device (no CUDA driver: libcuda.so.1 does not load)"
     assert reasons["cuda_ipc"] == "unavailable: no CUDA device (no CUDA driver: libcuda.so.1 does not load)"
+
+
+def test_the_check_computed_with_torch_ops_holds_through_the_harness(kvrun):
+    """The path a CUDA pool's check takes (memory/device.py's poison, epoch, snapshot, count), forced on CPU
+    tensors: clean, then one flipped byte counted."""
+    args = ["-t", "staged", "--memory", "torch-cpu", "--tokens", "64", "-n", "1", "-w", "0", "--variants", "paged",
+            "--rounds", "1", "--op", "push,pull"]
+    env = {"KVBENCH_CHECK_ON_DEVICE": "1"}
+    r = kvrun(args, env=env, timeout=120)
+    assert r.code == 0 and r.meta()["total_wrong"] == 0, r.out + r.err
+    r = kvrun([*args, "--inject-corruption", "1"], env=env, timeout=120)
+    assert r.code == 2 and r.meta()["total_wrong"] == 2  # one element in each of the two checked cases

@@ -226,8 +226,12 @@ def count_wrong(copy, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: 
 
 
 def on_device(pool) -> bool:
-    """The pool's bytes are not host memory (a CUDA tensor): the check runs there, with torch."""
-    return isinstance(pool, DevicePool) and pool.array is None
+    """The pool's bytes are not host memory (a CUDA tensor): the check runs there, with torch.
+    KVBENCH_CHECK_ON_DEVICE=1 (tests) sends CPU-tensor pools the same way, so that path runs without a GPU."""
+    import os
+
+    forced = os.environ.get("KVBENCH_CHECK_ON_DEVICE") == "1"
+    return isinstance(pool, DevicePool) and (pool.array is None or forced)
 
 
 def buf(pool):

@@ -86,6 +86,8 @@ def run(a, argv: list[str]) -> int:
             names += S.load(a.suite).axes.transport
         except S.SuiteError:
             pass  # rank 0 reports it below
+    if "staged" in names and any(o in ("inner=ucx", "staged.inner=ucx") for o in a.option or []):
+        names.append("ucx")  # staged over ucx: ucxx's UCX loads before MPI's as well
     comm.preload(names)
     with GUARD.deadline("start-up (MPI, validation on rank 0)", STARTUP_S):
         c = comm.get()

@@ -57,6 +57,19 @@ def runs_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+KEY_COLUMNS = ("run", "transport", "op", "memory", "model", "tokens", "dtype", "alloc", "overlap", "handshake",
+               "layers", "arrival")  # a key column with one value in every row moves into the caption
+
+
+def compact(caption: str, table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    """Say a column that is the same in every row once, in the caption, and keep the table narrow."""
+    same = [c for c in table.columns if c in KEY_COLUMNS and len(table) > 1 and table[c].astype(str).nunique() == 1]
+    if not same:
+        return caption, table
+    return (f"{caption} (every row: {', '.join(f'{c} {table[c].iloc[0]}' for c in same)})",
+            table.drop(columns=same))
+
+
 def _wrong(r) -> str:
     return "-" if pd.isna(r["nwrong_checked"]) else str(int(r["nwrong_checked"]))
 
@@ -130,7 +143,7 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
             "hosts (nominal), a rate the transport or device layer reported (nominal), or, when they share a host, "
             "the best host copy of the same payload measured in the same run (measured, not nominal); "
             "--link-gbps overrides; 'unknown' where kvbench cannot tell."],
-            tables=[("bandwidth rows", bandwidth_table(bw))])
+            tables=[compact("bandwidth rows", bandwidth_table(bw))])
         for cap, fig in (plots.bandwidth_vs_block(bw) + plots.descriptors_vs_bandwidth(bw)
                          + plots.latency_percentiles(bw)):
             s.add_figure(cap, fig)
@@ -139,7 +152,7 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
             "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
             "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
             "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s."],
-            tables=[("exposed-time rows", exposed_table(ex))])
+            tables=[compact("exposed-time rows", exposed_table(ex))])
         for cap, fig in plots.exposed_vs_prompt(ex):
             s.add_figure(cap, fig)
     if wl is not None:
@@ -147,7 +160,7 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
             "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
             "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
             "arrival to KV landed. No GB/s here: these times include the queue."],
-            tables=[("workload rows", workload_table(wl))])
+            tables=[compact("workload rows", workload_table(wl))])
         for cap, fig in plots.workload_tails(wl):
             s.add_figure(cap, fig)
     skipped = st[st["status"] == "skipped"]

@@ -9,7 +9,7 @@ import pandas as pd
 from .page import Page, slug
 
 CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1200px;
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1500px;
        color: #222; line-height: 1.4; padding: 0 1em; }
 h1 { border-bottom: 2px solid #345; padding-bottom: .2em; }
 h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
@@ -23,6 +23,7 @@ figure { margin: 1em 0 2em; }
 figcaption { font-style: italic; color: #444; }
 img { max-width: 100%; border: 1px solid #ddd; }
 .scroll { overflow-x: auto; }
+table.kv td, table.kv th { text-align: left; white-space: normal; max-width: 1100px; }
 nav li { margin: 2px 0; }
 """
 
@@ -31,18 +32,19 @@ def _cell(v) -> str:
     return "-" if v is None or (isinstance(v, float) and pd.isna(v)) else html.escape(str(v))
 
 
-def html_table(df: pd.DataFrame, caption: str = "") -> str:
+def html_table(df: pd.DataFrame, caption: str = "", cls: str = "") -> str:
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     rows = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r) + "</tr>" for r in df.itertuples(index=False))
-    return f'<div class="scroll"><table>{cap}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
+    klass = f' class="{cls}"' if cls else ""
+    return f'<div class="scroll"><table{klass}>{cap}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
 
 
 def to_html(page: Page) -> str:
     """One file a browser opens offline: no external style, script or image."""
     parts = [f"<h1>{html.escape(page.title)}</h1>"]
     for cap, t in page.head:
-        parts.append(html_table(t, cap))
+        parts.append(html_table(t, cap, "kv"))
     if page.sections:
         parts.append("<nav><ul>" + "".join(f'<li><a href="#{slug(s.title)}">{html.escape(s.title)}</a></li>'
                                             for s in page.sections if s.level == 2) + "</ul></nav>")

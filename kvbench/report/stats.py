@@ -84,6 +84,8 @@ class Run:
 
 def load_run(path: str, override: LinkOverride | None = None) -> Run:
     """Read a result file (upgrading a known older schema, refusing others) and compute its statistics."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such result file")
     df, meta = read(path)
     st = summarize(df)
     st["kind"] = kind_of(st)

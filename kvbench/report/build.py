@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from itertools import chain
 
 import pandas as pd
 
@@ -144,8 +145,8 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
             "the best host copy of the same payload measured in the same run (measured, not nominal); "
             "--link-gbps overrides; 'unknown' where kvbench cannot tell."],
             tables=[compact("bandwidth rows", bandwidth_table(bw))])
-        for cap, fig in (plots.bandwidth_vs_block(bw) + plots.descriptors_vs_bandwidth(bw)
-                         + plots.latency_percentiles(bw)):
+        for cap, fig in chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),
+                              plots.latency_percentiles(bw)):
             s.add_figure(cap, fig)
     if len(ex):
         s = page.add_section("Exposed time", [

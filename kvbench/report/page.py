@@ -98,11 +98,7 @@ def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots") -> str:
         for cap, t in s.tables:
             out += [f"*{cap}*", "", md_table(t), ""]
         for cap, png in s.figures:
-            name = slug(f"{s.title}-{cap}")[:80]
-            n, base = 1, name
-            while name in used:
-                n += 1
-                name = f"{base}-{n}"
+            name = f"fig{len(used) + 1:02d}-{slug(f'{s.title}-{cap}')[:60]}"  # numbered: names stay unique
             used.add(name)
             with open(os.path.join(img_dir, name + ".png"), "wb") as fh:
                 fh.write(png)

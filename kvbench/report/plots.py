@@ -1,5 +1,8 @@
-"""The report's plots (matplotlib, Agg): each returns (caption, Figure) pairs; units on every axis."""
+"""The report's plots (matplotlib, Agg): each yields (caption, Figure) pairs, one open figure at a time; units on
+every axis."""
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -17,7 +20,7 @@ def _plt():
     return plt
 
 
-def _panels(n: int, title: str, w: float = 5.2, h: float = 3.8):
+def _panels(n: int, title: str, w: float = 5.2, h: float = 4.8):
     plt = _plt()
     cols = min(n, 3)
     rows = -(-n // cols)
@@ -50,14 +53,28 @@ def _varying(df: pd.DataFrame, keys: list[str]) -> list[str]:
 def _group_title(key: tuple) -> str:
     d = dict(zip(GROUP_KEYS, key))
     return (f"{d['model']}, {d['tokens']} tokens, {d['dtype']}, tp={d['tp']} pp={d['pp']}, "
-            f"{d['world_size']} ranks")
+            f"{d['world_size']} ranks") + (f", {key[-1]}" if len(key) > len(GROUP_KEYS) else "")
 
 
-def bandwidth_vs_block(bw: pd.DataFrame) -> list:
+def _groups(d: pd.DataFrame):
+    """One figure per payload; per payload and run when more than two runs measured it (lines stay readable)."""
+    for key, g in d.groupby(GROUP_KEYS):
+        if g["run"].nunique() > 2:
+            for run, gr in g.groupby("run"):
+                yield (*key, run), gr
+        else:
+            yield key, g
+
+
+def _legend(ax) -> None:
+    """Below the panel, so that no line is hidden behind it."""
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+
+
+def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
     """Paged GB/s against block size per transport and op, with the bulk (dashed) and ceiling (dotted) lines."""
-    out = []
     paged = bw[(bw["variant"] == "paged") & bw["gbps"].notna()]
-    for key, g in paged.groupby(GROUP_KEYS):
+    for key, g in _groups(paged):
         transports = list(dict.fromkeys(g["transport"]))
         fig, axes = _panels(len(transports), "Achieved bandwidth against block size: " + _group_title(key))
         vary = _varying(g, LINE_KEYS)
@@ -80,17 +97,16 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> list:
             ax.set_ylim(bottom=0)
             ax.set_title(t)
             ax.grid(alpha=.3)
-            ax.legend(fontsize=7)
-        out.append((f"GB/s against block size, {_group_title(key)}: lines = paged block tables; dashed = bulk (one "
-                    "descriptor per layer); dotted = ceiling (best of bulk and contiguous chunks)", fig))
-    return out
+            _legend(ax)
+        yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables; dashed = bulk (one "
+                    "descriptor per layer); dotted = ceiling (best of bulk and contiguous chunks)", fig)
 
 
-def descriptors_vs_bandwidth(bw: pd.DataFrame) -> list:
+def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
     """Achieved GB/s against descriptors per request, every bandwidth row, per transport and op."""
     d = bw[bw["gbps"].notna() & (bw["descriptors"] > 0)]
     if d.empty:
-        return []
+        return
     fig, (ax,) = _panels(1, "Descriptors per request against achieved bandwidth", w=7.5, h=4.5)
     for i, ((t, op), g) in enumerate(d.groupby(["transport", "op"])):
         ax.scatter(g["descriptors"], g["gbps"], color=f"C{i}", marker="os^vD<>"[i % 7], label=f"{t} {op}", s=22)
@@ -99,15 +115,14 @@ def descriptors_vs_bandwidth(bw: pd.DataFrame) -> list:
     ax.set_ylabel("GB/s (10^9 B/s)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=.3)
-    ax.legend(fontsize=7)
-    return [("GB/s against descriptors per request (all payloads; more descriptors = smaller copies)", fig)]
+    _legend(ax)
+    yield ("GB/s against descriptors per request (all payloads; more descriptors = smaller copies)", fig)
 
 
-def latency_percentiles(bw: pd.DataFrame) -> list:
+def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
     """p50, p95 and p99 request time (ms) against block size, per transport; colour = op."""
     paged = bw[(bw["variant"] == "paged") & bw["p50"].notna()]
-    out = []
-    for key, g in paged.groupby(GROUP_KEYS):
+    for key, g in _groups(paged):
         transports = list(dict.fromkeys(g["transport"]))
         fig, axes = _panels(len(transports), "Request time percentiles: " + _group_title(key))
         vary = _varying(g, LINE_KEYS)
@@ -123,17 +138,15 @@ def latency_percentiles(bw: pd.DataFrame) -> list:
             ax.set_ylabel("time per request (ms)")
             ax.set_title(t)
             ax.grid(alpha=.3)
-            ax.legend(fontsize=7)
-        out.append((f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}", fig))
-    return out
+            _legend(ax)
+        yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}", fig)
 
 
-def exposed_vs_prompt(ex: pd.DataFrame) -> list:
+def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
     """Exposed ms (p50, bar to p95) against prompt length, with the model's line (dashed), per transport."""
     d = ex[ex["exposed_ms"].notna()]
     if d.empty:
-        return []
-    out = []
+        return
     for (model, dtype), g in d.groupby(["model", "dtype"]):
         transports = list(dict.fromkeys(g["transport"]))
         fig, axes = _panels(len(transports), f"Exposed time against prompt length: {model}, {dtype}")
@@ -156,17 +169,16 @@ def exposed_vs_prompt(ex: pd.DataFrame) -> list:
             ax.set_ylim(bottom=0)
             ax.set_title(t)
             ax.grid(alpha=.3)
-            ax.legend(fontsize=7)
-        out.append((f"Exposed ms p50 (bar to p95) against prompt length, {model} {dtype}; dashed = the model "
-                    "max(0, T - P) + T/L streaming, T serial", fig))
-    return out
+            _legend(ax)
+        yield (f"Exposed ms p50 (bar to p95) against prompt length, {model} {dtype}; dashed = the model "
+                    "max(0, T - P) + T/L streaming, T serial", fig)
 
 
-def workload_tails(wl: pd.DataFrame) -> list:
+def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
     """Exposed and queue tails (ms) against arrival rate (req/s), per transport and op; drops annotated."""
     d = wl[wl["rate_rps"].notna()]
     if d.empty:
-        return []
+        return
     keys = list(dict.fromkeys(zip(d["transport"], d["op"], d["overlap"])))
     fig, axes = _panels(len(keys), "Workload tails against arrival rate")
     for ax, k in zip(axes, keys):
@@ -189,6 +201,6 @@ def workload_tails(wl: pd.DataFrame) -> list:
         ax.set_ylabel("time (ms)")
         ax.set_title(" ".join(k))
         ax.grid(alpha=.3, which="both")
-        ax.legend(fontsize=7)
-    return [("Exposed time (prefill end to KV landed) and queue wait (for decode blocks) of admitted requests "
-             "against arrival rate", fig)]
+        _legend(ax)
+    yield ("Exposed time (prefill end to KV landed) and queue wait (for decode blocks) of admitted requests "
+             "against arrival rate", fig)

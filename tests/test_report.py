@@ -11,11 +11,11 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import _launch, kvbench_cli, leftovers_of, mpiexec
+
 from kvbench.report.link import LinkOverride, add_line_rate
 from kvbench.report.page import Page, to_markdown, write
-from kvbench.results import ROW_COLUMNS, ResultWriter, SCHEMA_VERSION
+from kvbench.results import ROW_COLUMNS, SCHEMA_VERSION, ResultWriter
 
 # llama-3-8b at tp 8: 16 KiB per token, so every run here moves a few MiB and takes seconds
 SMALL = ["-m", "llama-3-8b", "--tp", "8", "-w", "1", "--rounds", "1"]

@@ -183,10 +183,10 @@ def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
     fig, axes = _panels(len(keys), "Workload tails against arrival rate")
     for ax, k in zip(axes, keys):
         panel = d[(d["transport"] == k[0]) & (d["op"] == k[1]) & (d["overlap"] == k[2])]
-        multi = panel["run"].nunique() > 1
+        multi, shapes = panel["run"].nunique() > 1, panel[["model", "tokens"]].drop_duplicates().shape[0] > 1
         for i, ((run, model, tokens), g) in enumerate(panel.groupby(["run", "model", "tokens"], sort=False)):
             g = g.sort_values("rate_rps")
-            tag = f"{run} " if multi else ""
+            tag = (f"{run} " if multi else "") + (f"{model} {tokens} tok " if shapes else "")
             for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
                 ax.plot(g["rate_rps"], g[f"exposed_{q}_ms"], ls, marker="o", ms=4, color=f"C{i}",
                         label=f"{tag}exposed {q}")

@@ -76,6 +76,22 @@ def test_report_writes_markdown_html_and_csv(real, page_dir):
     meta = json.load(open(real["bw"].replace(".parquet", ".meta.json")))
     assert html.index("Machine A") < html.index('id="bandwidth"')
     assert f"{meta['system']['cpus']} cores" in html
+    assert "nic_speed_mbps" in meta["system"] and "lo" in meta["system"]["nic_speed_mbps"]  # recorded at run time
+
+
+def test_report_on_the_committed_reference_results(tmp_path):
+    """The result files kept in the repository (any schema the readers upgrade) make a page."""
+    from kvbench.report.build import main
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    files = sorted(glob.glob(os.path.join(root, "**", "*.parquet"), recursive=True))
+    if not files:
+        pytest.skip("no result files committed under results/")
+    said = []
+    assert main(files, str(tmp_path), say=said.append) == 0
+    assert [os.path.basename(s.split()[-1]) for s in said] == ["report.md", "report.html", "report.csv"]
+    csv = pd.read_csv(tmp_path / "report.csv")
+    assert csv["run"].nunique() == len(files) and len(os.listdir(tmp_path / "plots")) > 0
 
 
 def test_without_o_the_terminal_table_is_printed(real):
@@ -200,6 +216,17 @@ def test_page_api_renders_added_sections(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "## Link model" in md and "| tcp | 1.5 |" in md and "a\\|b" in md and "![pred vs measured](plots/" in md
     assert to_markdown(page, str(tmp_path / "p2")).count("![") == 1
+
+
+def test_registered_sections_join_every_report(monkeypatch, tmp_path):
+    from kvbench.report import build as B
+
+    path = synth(tmp_path / "a", "a")
+    monkeypatch.setattr(B, "EXTRA_SECTIONS", [lambda page, runs: page.add_section(
+        "Extra", f"{len(runs)} run(s), {len(runs[0].st)} cases")])
+    page, _ = B.build([path])
+    assert [s.title for s in page.sections] == ["Runs", "Bandwidth", "Exposed time", "Extra"]
+    assert page.sections[-1].text == ["1 run(s), 2 cases"]
 
 
 # ----- the page in a browser ---------------------------------------------------------------------------------------

@@ -118,6 +118,11 @@ CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "exposed_p50": "ex
               "ceil_gbps": "ceil_gbps_1e9", "link_gbps": "link_gbps_1e9", "link": "link_source"}
 
 
+# more sections of the page: callables (page, runs) -> None, run in order after the built-in ones and before
+# Skipped (e.g. the link model: ``EXTRA_SECTIONS.append(linkmodel.add_section)``)
+EXTRA_SECTIONS: list = []
+
+
 def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page, list[Run]]:
     """Read every file and lay out the page (callers may add sections before writing it)."""
     runs = [load_run(p, override) for p in paths]
@@ -164,6 +169,8 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
             tables=[compact("workload rows", workload_table(wl))])
         for cap, fig in plots.workload_tails(wl):
             s.add_figure(cap, fig)
+    for extra in EXTRA_SECTIONS:
+        extra(page, runs)
     skipped = st[st["status"] == "skipped"]
     if len(skipped):
         page.add_section("Skipped", "Cases that did not run here, with the reason (never a number).",

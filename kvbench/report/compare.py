@@ -84,7 +84,10 @@ def min_p(n1: int, n2: int) -> float:
 
 def join(a: list[Run], b: list[Run], threshold: float = 5.0, alpha: float = 0.05) -> tuple[pd.DataFrame, int, int]:
     """The joined table (one row per case in both sets), and the counts of cases only in A and only in B."""
-    from scipy.stats import mannwhitneyu
+    try:
+        from scipy.stats import mannwhitneyu
+    except ImportError:
+        raise ValueError("kvbench compare tests significance with scipy: pip install 'kvbench[report]'") from None
 
     sa = _pool(pd.concat([samples(r) for r in a], ignore_index=True))
     sb = _pool(pd.concat([samples(r) for r in b], ignore_index=True))

@@ -15,8 +15,9 @@ import pandas as pd
 
 def png_of(fig) -> bytes:
     """A matplotlib figure as PNG bytes (closed afterwards: a report makes many)."""
-    import matplotlib.pyplot as plt
+    from .plots import _plt
 
+    plt = _plt()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -12,7 +12,10 @@ LINE_KEYS = ["run", "op", "allocation", "coalesce", "layout", "inflight", "memor
 
 
 def _plt():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("kvbench report -o draws its plots with matplotlib: pip install 'kvbench[report]'") from None
 
     matplotlib.use("Agg")  # no display: a report is written, never shown
     import matplotlib.pyplot as plt

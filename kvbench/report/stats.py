@@ -23,7 +23,8 @@ KINDS = ("bandwidth", "exposed", "workload")
 
 def kind_of(st: pd.DataFrame) -> pd.Series:
     """Per summary line: bandwidth, exposed or workload."""
-    prefill = pd.to_numeric(st["prefill_ms_set"], errors="coerce").fillna(1.0)  # 'auto' is a prefill
+    # 'auto' (a prefill from FLOPs) and an absent setting fall back on the prefill time the rows carry
+    prefill = pd.to_numeric(st["prefill_ms_set"], errors="coerce").fillna(st["prefill_s"].fillna(0) * 1e3)
     timed_alone = (st["overlap"] == "serial") & (prefill == 0) & (st["handshake"].fillna("off") == "off")
     out = pd.Series("exposed", index=st.index)
     out[timed_alone] = "bandwidth"

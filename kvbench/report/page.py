@@ -88,6 +88,9 @@ def md_table(df: pd.DataFrame) -> str:
 def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots") -> str:
     """The page as Markdown; figures are written as PNG files under ``img_dir`` and linked."""
     os.makedirs(img_dir, exist_ok=True)
+    for old in os.listdir(img_dir):  # a report written here before: its numbered plots would linger unlinked
+        if re.fullmatch(r"fig\d{2,}-[a-z0-9-]*\.png", old):
+            os.remove(os.path.join(img_dir, old))
     out = [f"# {page.title}", ""]
     for cap, t in page.head:
         out += [f"**{cap}**", "", md_table(t), ""]

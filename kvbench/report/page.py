@@ -19,7 +19,7 @@ def png_of(fig) -> bytes:
 
     plt = _plt()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
 

@@ -27,7 +27,8 @@ def _panels(n: int, title: str, w: float = 5.2, h: float = 4.8):
     plt = _plt()
     cols = min(n, 3)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False)
+    # constrained: room for the legends below the panels, drawn once (bbox_inches="tight" draws twice)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False, layout="constrained")
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
@@ -71,7 +72,7 @@ def _groups(d: pd.DataFrame):
 
 def _legend(ax) -> None:
     """Below the panel, so that no line is hidden behind it."""
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, handlelength=3.5)
 
 
 def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:

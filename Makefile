@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	else \
 	  $(BIN)/python -m pip install -q mpi4py mpich; \
 	fi
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,report]'
 	@if [ "$(ENGINES)" = "1" ]; then \
 	  echo "installing engines: nixl (no deps: no CUDA torch), ucxx, mooncake (non-CUDA build)"; \
 	  $(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1 && \

@@ -164,8 +164,23 @@ def build_parser() -> Parser:
     sub.add_parser("env", help="what this machine is: CPU, memory, MPI, GPUs, NICs, library versions")
     sub.add_parser("selftest", help="(root) kvbench's tcp/mpi rates and exposed time against a tc-shaped veth "
                    "between two network namespaces; options: kvbench selftest --help")
-    rep = sub.add_parser("report", help="print the table of a result file")
-    rep.add_argument("files", nargs="+", help="results/<machine>/<stamp>_<suite>.parquet")
+    rep = sub.add_parser("report", help="print the table of result files, or (-o DIR) write a report: Markdown, "
+                         "one self-contained HTML page with plots, and CSV")
+    rep.add_argument("files", nargs="+", help="results/<machine>/<stamp>_<suite>.parquet (any mix of bandwidth, "
+                     "exposed-time and workload results)")
+    rep.add_argument("-o", "--out", metavar="DIR", help="write DIR/report.md (+ DIR/plots/), DIR/report.html and "
+                     "DIR/report.csv instead of printing the table (docs/report.md)")
+    rep.add_argument("--link-gbps", metavar="GBPS|TRANSPORT=GBPS,...", help="the link rate %%line divides by, in "
+                     "GB/s (10^9 B/s), for every row or per transport; default: the NIC's reported speed across "
+                     "hosts, the best host copy measured in the run within a host, 'unknown' otherwise")
+    cmp_ = sub.add_parser("compare", help="the same cases in two result sets: p50/p95 ratio, a Mann-Whitney test "
+                          "over the iterations, regressions flagged; exit 2 with --fail-above when one is beyond it")
+    cmp_.add_argument("a", metavar="A", help="baseline: a result file (.parquet) or a folder of them")
+    cmp_.add_argument("b", metavar="B", help="candidate: a result file or a folder of them")
+    cmp_.add_argument("--fail-above", metavar="PCT", help="exit 2 when a case of B is slower than A at p50 by more "
+                      "than PCT percent (e.g. 5%%) and the difference is significant (for CI); default: report only")
+    cmp_.add_argument("--alpha", type=float, default=0.05, help="significance level of the Mann-Whitney U test "
+                      "(default 0.05)")
     return p
 
 
@@ -188,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             from .runner import run
 
             return run(a, argv)
-        return {"size": cmd_size, "list": cmd_list, "env": cmd_env, "report": cmd_report}[a.cmd](a)
+        return {"size": cmd_size, "list": cmd_list, "env": cmd_env, "report": cmd_report,
+                "compare": cmd_compare}[a.cmd](a)
     except (ValueError, S.SuiteError, OSError) as exc:
         return say_error(str(exc))
 
@@ -278,13 +294,12 @@ def cmd_env(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from . import report
+    from .report.build import main as report_main
 
-    for path in a.files:
-        df, meta = report.read(path)
-        print(f"# {path}  suite={meta.get('suite', {}).get('name', '?')}  commit={meta.get('git_commit', '?')}")
-        for line in report.header_lines():
-            print(line)
-        for _, r in report.summarize(df).iterrows():
-            print(report.format_line(r.to_dict()))
-    return 0
+    return report_main(a.files, a.out, a.link_gbps)
+
+
+def cmd_compare(a) -> int:
+    from .report.compare import main as compare_main
+
+    return compare_main(a.a, a.b, a.fail_above, a.alpha)

@@ -26,7 +26,7 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help
+.PHONY: sysdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help
 
 help:
 	@sed -n '2,16p' Makefile
@@ -80,8 +80,22 @@ soak: $(STAMP)
 selftest: $(STAMP)
 	$(BIN)/python -m kvbench.selftest --rate $(or $(RATE),1gbit) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# system packages that tests and benches use where present: chromium (the report page's rendering test),
+# iperf3 (selftest's reference), iproute2 (selftest's namespaces and tc). Installed when root with apt-get;
+# otherwise the tests that need them skip and say which package is missing.
+SYSPKGS ?= chromium iperf3 iproute2
+sysdeps:
+	@missing=$$(for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done 2>/dev/null); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing system packages: $$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1; } || \
+	  echo "warning: could not install $$missing; the tests that need them will skip, saying so" >&2; \
+	else echo "note: not installed: $$missing (needs root and apt-get); the tests that need them will skip" >&2; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvbench tests

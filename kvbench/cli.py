@@ -107,6 +107,9 @@ def build_parser() -> Parser:
                    help="interleave: a transport's cases take turns R times, iters/R iterations each, so a slow "
                         "phase of a shared machine hits every row alike (default min(5, iterations); 1: each case "
                         "runs to the end)")
+    r.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="progress bar on rank 0's stderr: auto (when it is a terminal; MPI launchers usually give "
+                   "ranks pipes, so say on), on, off")
     r.add_argument("-c", "--check", type=int, choices=(0, 1), help="verify every byte after timing (default 1)")
     r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
@@ -345,10 +348,10 @@ def cmd_fit(a) -> int:
         if a.predict:
             shape = M.get_model(a.model)
             print(f"# predicted: {shape.name} {a.tokens} tokens {a.dtype}, one descriptor per block")
-            for fit in fits:
+            for fit in (f for f in fits if f.path.get("kind") == "paged"):  # a request moves as paged blocks
                 for b in a.predict:
                     p = linkmodel.predict_request(fit, shape, a.tokens, M.check_block_size(b), a.dtype)
-                    print(f"  {fit.label():<20} blk {b:>5} tok  {p['descriptors']:>8} descs  {p['bytes']:>14,} B  "
+                    print(f"  {fit.label():<26} blk {b:>5} tok  {p['descriptors']:>8} descs  {p['bytes']:>14,} B  "
                           f"{p['seconds'] * 1e3:>10.2f} ms  {p['gbps']:>7.2f} GB/s")
     return 0
 

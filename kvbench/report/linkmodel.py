@@ -16,8 +16,10 @@ import pandas as pd
 
 from .. import model as M
 
-# what makes two rows the same path: the link, the direction and everything that changes its costs
-PATH_KEYS = ["transport", "op", "memory", "scheme", "world_size", "inflight", "codec", "pages"]
+# what makes two rows the same path: the link, the direction and everything that changes its costs; "kind"
+# keeps the paged rows apart from the references (bulk, chunks), which transports often move another way
+# (mpi: a layer of at most -O split descriptors as contiguous Puts, more as one hindexed datatype)
+PATH_KEYS = ["transport", "op", "memory", "scheme", "world_size", "inflight", "codec", "pages", "kind"]
 TERMS = ("gamma", "alpha", "beta")  # per layer, per descriptor, bandwidth
 
 
@@ -44,12 +46,12 @@ class LinkFit:
 
     def label(self) -> str:
         p = self.path
-        return f"{p.get('transport')} {p.get('op')} {p.get('memory')}"
+        return f"{p.get('transport')} {p.get('op')} {p.get('memory')} {p.get('kind', '')}".strip()
 
     def summary(self) -> str:
         """One line: the three costs with units and the fit quality."""
         beta = "inf" if math.isinf(self.beta_bps) else f"{self.beta_bps / 1e9:.3f}"
-        return (f"{self.label():<20} γ = {self.gamma_s * 1e6:8.2f} us/layer   α = {self.alpha_s * 1e6:7.3f} "
+        return (f"{self.label():<26} γ = {self.gamma_s * 1e6:8.2f} us/layer   α = {self.alpha_s * 1e6:7.3f} "
                 f"us/descriptor   β = {beta:>7} GB/s   points {self.points:3d}   R² {self.r2:.4f}   "
                 f"rms err {100 * self.rms_rel:.1f}%   max {100 * self.max_rel:.1f}%"
                 + (f"   ({'; '.join(self.notes)})" if self.notes else ""))
@@ -107,7 +109,8 @@ def usable(st: pd.DataFrame) -> pd.DataFrame:
     """Cases a link model can use: measured single requests sent after prefill, not cache-resident (hot)."""
     ok = st[(st["status"] == "ok") & st["p50"].notna() & st["layers"].notna() & (st["variant"] != "hot")]
     ok = ok[(ok["workload"].fillna("none") == "none") & (ok["overlap"].fillna("serial") == "serial")
-            & (ok["prefill_s"].fillna(0) == 0) & (ok["handshake"].fillna("off") == "off")]
+            & (ok["prefill_s"].fillna(0) == 0) & (ok["handshake"].fillna("off") == "off")].copy()
+    ok["kind"] = np.where(ok["variant"] == "paged", "paged", "reference")
     return ok
 
 

@@ -191,6 +191,8 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
     if st.empty:
         raise ValueError(f"plan: --fabric {path}: no measured single-request rows to take a bandwidth from")
     host = meta.get("system", {}).get("hostname", "?")
+    if (st["kind"] == "paged").any():  # a request moves as paged blocks: the references only stand in without them
+        st = st[st["kind"] == "paged"]
     out = []
     for _, rows in st.groupby([k for k in PATH_KEYS if k in st], dropna=False, sort=False):
         fit = fit_cases(rows)[0][0]

@@ -197,6 +197,8 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
     for _, rows in st.groupby([k for k in PATH_KEYS if k in st], dropna=False, sort=False):
         fit = fit_cases(rows)[0][0]
         paged = rows[rows["variant"] == "paged"]
+        plain = paged[(paged["allocation"] == "random") & (paged["coalesce"] == "off")]
+        paged = plain if len(plain) else paged  # scattered, uncoalesced blocks: what a busy pool gives
         name = f"{fit.path['transport']} {fit.path['op']} ({host})"
         if not paged.empty:
             near = paged.iloc[(np.log2(paged["block_size"].astype(float)) - math.log2(block_size)).abs().argsort()]

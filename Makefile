@@ -83,9 +83,11 @@ selftest: $(STAMP)
 	$(BIN)/python -m kvbench.selftest --rate $(or $(RATE),1gbit) $(ARGS)
 
 # the buyer's sweep: suites/procurement.yaml (bandwidth) and procurement-overlap.yaml (exposed time), one launch
-# each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches
+# each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
+# machine in words) heads the report and the plan
 procurement: $(STAMP)
-	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)")
+	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
+	  $(if $(LABEL),--label "$(LABEL)")
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

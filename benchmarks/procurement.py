@@ -19,8 +19,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITES = ("procurement", "procurement-overlap")
 MODELS = "llama-3-70b,llama-3-8b,deepseek-v3"
-# a chat-like prompt mix for the plan: median 1k, tail 8k and 32k (edit for your traffic, or --histogram)
-PROMPTS = "50:1024,95:8192,99:32768"
+# a chat-like prompt mix for the plan: median 1k, tail 4k and 8k (edit for your traffic, or use --histogram)
+PROMPTS = "50:1024,95:4096,99:8192"
 NOMINAL = ("100GbE", "400G IB NDR")
 
 
@@ -51,11 +51,11 @@ def free_name(stem: str, suffix: str) -> str:
     return cand
 
 
-def write(cmd: list[str], path: str) -> int:
-    """Run a reader and keep what it printed in ``path``."""
+def write(cmd: list[str], path: str, label: str) -> int:
+    """Run a reader and keep what it printed in ``path``, under the machine's label."""
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     with open(path, "w") as fh:
-        fh.write(f"# {' '.join(['kvbench', *cmd[3:]])}\n{r.stdout}")
+        fh.write((f"# machine: {label}\n" if label else "") + f"# {' '.join(['kvbench', *cmd[3:]])}\n{r.stdout}")
     if r.returncode:
         print(f"# make procurement: {' '.join(cmd[3:])} failed: {r.stderr.strip()}", file=sys.stderr)
     return r.returncode
@@ -68,6 +68,8 @@ def main() -> int:
     ap.add_argument("--progress", choices=("on", "off"), default="on" if sys.stderr.isatty() else "off")
     ap.add_argument("--kvbench-args", default="", help="extra `kvbench run` flags for both launches, e.g. "
                     "'--tokens 4096 -n 20' on a cluster pair")
+    ap.add_argument("--label", default="", help="what the machine is, in words, written at the top of the report "
+                    "and the plan (e.g. '2 x H100 nodes, 400G NDR, rail-optimized')")
     a = ap.parse_args()
     t0, files = time.monotonic(), []
     for suite in SUITES:
@@ -79,9 +81,9 @@ def main() -> int:
     stem = os.path.join(os.path.dirname(files[0]), os.path.basename(files[0]).removesuffix(".parquet"))
     report = free_name(stem, ".report.txt")
     plan = free_name(stem, ".plan.txt")
-    bad = write(kvbench("report", *files), report)
+    bad = write(kvbench("report", *files), report, a.label)
     bad |= write(kvbench("plan", "-m", MODELS, "--percentiles", PROMPTS, "--dtype", "fp16,fp8-e4m3",
-                         "--fabric", files[0], *[x for n in NOMINAL for x in ("--fabric", n)]), plan)
+                         "--fabric", files[0], *[x for n in NOMINAL for x in ("--fabric", n)]), plan, a.label)
     print(f"# make procurement: {time.monotonic() - t0:.0f} s; results {', '.join(files)}\n"
           f"# report {report}\n# plan {plan}")
     return 1 if bad else 0

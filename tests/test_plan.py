@@ -36,11 +36,12 @@ def test_a_measured_result_file_gives_its_bandwidth_and_says_so(tmp_path):
 
 
 def test_percentiles_from_a_sample_and_from_a_histogram(tmp_path):
-    assert plan.prompts_from([100, 200, 300, 400], None, None)[0] == {"p50": 200, "p95": 400, "p99": 400}
+    assert plan.prompts_from([100, 200, 300, 400], None, None)[::2] == ({"p50": 200, "p95": 400, "p99": 400}, 250)
     h = tmp_path / "h.csv"
     h.write_text("tokens,count\n512,50\n2048,45\n8192,4\n32768,1\n")
-    p, desc = plan.prompts_from(None, None, str(h))
+    p, desc, mean = plan.prompts_from(None, None, str(h))
     assert p == {"p50": 512, "p95": 2048, "p99": 8192} and "100 requests" in desc
+    assert mean == (512 * 50 + 2048 * 45 + 8192 * 4 + 32768) / 100
     assert plan.prompts_from(None, "50:1000,95:4000,99:9000", None)[0] == {"p50": 1000, "p95": 4000, "p99": 9000}
     r = kvbench_cli("plan", "-m", "llama-3-8b", "--histogram", str(h), "--fabric", "25GbE")
     assert [row[2:4] for row in data_rows(r.stdout)] == [["p50", "512"], ["p95", "2048"], ["p99", "8192"]]
@@ -53,20 +54,28 @@ def test_break_even_is_where_net_gain_is_zero():
         assert plan.break_even_s(p_s, layers, s, "serial") == pytest.approx(s * p_s)
 
 
-def row(net, saved, busy=0.1, ttft_pct=50, **kw):
+def row(net, saved, ttft_pct=50, **kw):
     return dict(pct="p50", tokens=1024, exposed_ms=saved - net, transfer_ms=1, gbps=10, saved_ms=saved, net_ms=net,
-                breakeven_gbps=1, need_gbps=1, busy=busy, ttft_pct=ttft_pct, prefill_ms=2 * saved) | kw
+                breakeven_gbps=1, ttft_pct=ttft_pct, prefill_ms=2 * saved) | kw
 
 
-def test_verdicts_and_their_reasons():
+def load(busy):
+    return dict(label="mean", tokens=2000, rate=10, busy=busy, need_gbps=10 * busy, gbps=10)
+
+
+def test_verdicts_lead_with_their_reason():
     assert plan.verdict([row(60, 100)])[0] == "pays"
     assert plan.verdict([row(60, 100), row(20, 100, pct="p99")])[0] == "marginal"  # the tail decides
     word, why = plan.verdict([row(-5, 100)])
-    assert word == "does not pay" and "net -5.00 ms" in why
-    assert plan.verdict([row(60, 100, busy=1.2)])[0] == "does not pay"  # the fabric cannot carry the rate
-    assert plan.verdict([row(60, 100, busy=0.8)])[0] == "marginal"
+    assert word == "does not pay" and why.startswith("p50 (1024 tokens): streaming exposes 105.00 ms")
+    assert "net -5.00 ms" in why
+    word, why = plan.verdict([row(60, 100)], load=load(1.2))  # the fabric cannot carry the rate
+    assert word == "does not pay" and why.startswith("10 req/s of mean prompts (2000 tokens) need 12.000 GB/s")
+    assert plan.verdict([row(60, 100)], load=load(0.8))[0] == "marginal"
     word, why = plan.verdict([row(60, 100, ttft_pct=120)], ttft_ms=500)
-    assert word == "marginal" and "pushes it past the 500 ms budget" in why
+    assert word == "marginal" and why.startswith("TTFT 240.0 ms at p50 (the transfer pushes it past the 500 ms")
+    word, why = plan.verdict([row(60, 100, ttft_pct=120)], ttft_ms=100)  # prefill (200 ms) alone is too long
+    assert word == "pays" and "prefill alone exceeds the 100 ms budget" in why
 
 
 def test_fp8_halves_the_bytes_and_the_time():

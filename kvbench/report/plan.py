@@ -32,6 +32,7 @@ class PlanInput(BaseModel):
     dtypes: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2"]] = Field(min_length=1)
     prompts: dict[str, int] = Field(min_length=1)  # percentile label -> prompt tokens
     prompt_desc: str
+    mean_tokens: float | None = Field(None, gt=0)  # the mean prompt when the distribution gives one (load)
     prefill_tflops: float = Field(gt=0)
     ttft_ms: float = Field(gt=0)
     rate: float = Field(ge=0)  # requests per second per prefill rank
@@ -89,9 +90,11 @@ def _weighted_percentiles(lengths, weights) -> dict[str, int]:
     return {k: int(x[min(np.searchsorted(cdf, q / 100 - 1e-12), len(x) - 1)]) for k, q in QUANTILES.items()}
 
 
-def prompts_from(tokens: list[int] | None, percentiles: str | None, histogram: str | None) -> tuple[dict, str]:
+def prompts_from(tokens: list[int] | None, percentiles: str | None,
+                 histogram: str | None) -> tuple[dict, str, float | None]:
     """The p50/p95/p99 prompt lengths from exactly one of: --tokens (one = fixed, several = a sample),
-    --percentiles 50:N,95:N,99:N, --histogram FILE (lines 'tokens count', comma or space separated)."""
+    --percentiles 50:N,95:N,99:N, --histogram FILE (lines 'tokens count', comma or space separated); with a
+    description and the mean prompt (None for percentiles: they do not give one)."""
     given = [x for x in (tokens, percentiles, histogram) if x]
     if len(given) > 1:
         raise ValueError("plan: give the prompt lengths one way: --tokens, --percentiles or --histogram")
@@ -106,16 +109,17 @@ def prompts_from(tokens: list[int] | None, percentiles: str | None, histogram: s
                 out[label] = int(n)
             except ValueError:
                 raise ValueError(f"plan: --percentiles: '{part}' is not PERCENTILE:TOKENS (e.g. 50:1024)") from None
-        return out, "percentiles " + ", ".join(f"{k} {v}" for k, v in out.items())
+        return out, "percentiles " + ", ".join(f"{k} {v}" for k, v in out.items()), None
     tokens = tokens or [4096]
     if any(t <= 0 for t in tokens):
         raise ValueError(f"plan: --tokens: {min(tokens)} is not a positive prompt length")
     if len(set(tokens)) == 1:
-        return {"all": tokens[0]}, f"fixed {tokens[0]} tokens"
-    return _weighted_percentiles(tokens, [1] * len(tokens)), f"a sample of {len(tokens)} prompt lengths"
+        return {"all": tokens[0]}, f"fixed {tokens[0]} tokens", float(tokens[0])
+    return (_weighted_percentiles(tokens, [1] * len(tokens)), f"a sample of {len(tokens)} prompt lengths",
+            float(np.mean(tokens)))
 
 
-def _histogram(path: str) -> tuple[dict, str]:
+def _histogram(path: str) -> tuple[dict, str, float]:
     if not os.path.exists(path):
         raise ValueError(f"plan: --histogram: {path} does not exist")
     lengths, counts = [], []
@@ -136,7 +140,8 @@ def _histogram(path: str) -> tuple[dict, str]:
             counts.append(c)
     if not lengths:
         raise ValueError(f"plan: --histogram {path}: no 'tokens count' lines")
-    return _weighted_percentiles(lengths, counts), f"histogram {os.path.basename(path)} ({sum(counts):g} requests)"
+    return (_weighted_percentiles(lengths, counts), f"histogram {os.path.basename(path)} ({sum(counts):g} requests)",
+            float(np.average(lengths, weights=counts)))
 
 
 # ---- fabrics ---------------------------------------------------------------------------------------------
@@ -253,33 +258,54 @@ def rows(inp: PlanInput, fabrics: list[Fabric]) -> list[dict]:
     return out
 
 
-def verdict(group: list[dict], overlap: str = "streaming", ttft_ms: float = math.inf) -> tuple[str, str]:
-    """pays / marginal / does not, decided by the worst prompt percentile, with the reason in numbers.
+def load_of(inp: PlanInput, fab: Fabric, name: str, dtype: str) -> dict:
+    """The fabric's load at ``inp.rate``: rate x the mean request's transfer time (p50 when no mean is known)."""
+    tokens = inp.mean_tokens or inp.prompts.get("p50") or next(iter(inp.prompts.values()))
+    shape = M.shard(M.get_model(name), inp.tp, inp.pp)
+    ntok = max(1, round(tokens) - inp.prefix_hit)
+    t_s, _ = fab.transfer_s(shape, ntok, dtype, inp.block_size)
+    nbytes = M.bytes_per_token(shape, dtype) * ntok
+    return dict(label="mean" if inp.mean_tokens else "p50", tokens=tokens, rate=inp.rate, busy=inp.rate * t_s,
+                need_gbps=inp.rate * nbytes / 1e9, gbps=nbytes / t_s / 1e9)
 
-    does not pay: the exposed transfer costs more than disaggregation saves (net < 0), or the request rate
-    needs more than the fabric moves.  marginal: net below half the saving, the fabric over 70% busy (its
-    queue grows the tail), or the exposed transfer pushes a request past its TTFT budget.  pays: otherwise.
+
+def verdict(group: list[dict], overlap: str = "streaming", ttft_ms: float = math.inf,
+            load: dict | None = None) -> tuple[str, str]:
+    """pays / marginal / does not pay, with the deciding reason first, in numbers.
+
+    does not pay: at some prompt percentile the exposed transfer costs more than disaggregation saves
+    (net < 0), or the request rate needs more than the fabric moves.  marginal: net below half the saving,
+    the fabric over 70% busy (its queue grows the tail), or the exposed transfer pushes a request past
+    its TTFT budget.  pays: otherwise.
     """
-    worst = min(group, key=lambda r: (r["net_ms"] - PAYS_MARGIN * r["saved_ms"], -r["busy"]))
-    busiest = max(group, key=lambda r: r["busy"])
-    late = [r for r in group if r["ttft_pct"] > 100]
+    worst = min(group, key=lambda r: (r["net_ms"] - PAYS_MARGIN * r["saved_ms"]))
     pct = "" if worst["pct"] == "all" else f"{worst['pct']} ({worst['tokens']} tokens): "
-    why = (f"{pct}{overlap} exposes {worst['exposed_ms']:.2f} ms (T = {worst['transfer_ms']:.2f} ms at "
+    net = (f"{pct}{overlap} exposes {worst['exposed_ms']:.2f} ms (T = {worst['transfer_ms']:.2f} ms at "
            f"{worst['gbps']:.2f} GB/s) against {worst['saved_ms']:.2f} ms of prefill saved (net "
-           f"{worst['net_ms']:+.2f} ms); break-even {worst['breakeven_gbps']:.3f} GB/s")
-    if busiest["busy"] > 0:
-        why += f"; {busiest['need_gbps']:.3f} GB/s needed at the rate keeps it {100 * busiest['busy']:.0f}% busy"
+           f"{worst['net_ms']:+.2f} ms; break-even {worst['breakeven_gbps']:.3f} GB/s)")
+    busy = 0.0 if load is None else load["busy"]
+    rate = "" if not busy else (f"{load['rate']:g} req/s of {load['label']} prompts ({load['tokens']:.0f} tokens) "
+                                f"need {load['need_gbps']:.3f} GB/s: the fabric {100 * busy:.0f}% busy")
+    late = [r for r in group if r["ttft_pct"] > 100]
+    pushed = [r for r in late if r["prefill_ms"] <= ttft_ms]  # prefill alone fits, prefill + exposed does not
+    ttft = ""
     if late:
-        r = max(late, key=lambda r: r["ttft_pct"])
-        over = "prefill alone exceeds" if r["prefill_ms"] > ttft_ms else "the transfer pushes it past"
-        why += (f"; TTFT {r['prefill_ms'] + r['exposed_ms']:.1f} ms at {r['pct']} ({over} the {ttft_ms:g} ms "
-                "budget)")
-    if worst["net_ms"] < 0 or busiest["busy"] >= 1:
-        return "does not pay", why
-    pushed = any(r["prefill_ms"] <= ttft_ms for r in late)
-    if worst["net_ms"] < PAYS_MARGIN * worst["saved_ms"] or busiest["busy"] > BUSY_LIMIT or pushed:
-        return "marginal", why
-    return "pays", why
+        r = max(pushed or late, key=lambda r: r["ttft_pct"])
+        over = "the transfer pushes it past" if pushed else "prefill alone exceeds"
+        ttft = f"TTFT {r['prefill_ms'] + r['exposed_ms']:.1f} ms at {r['pct']} ({over} the {ttft_ms:g} ms budget)"
+    if busy >= 1:
+        word, lead = "does not pay", rate
+    elif worst["net_ms"] < 0:
+        word, lead = "does not pay", net
+    elif worst["net_ms"] < PAYS_MARGIN * worst["saved_ms"]:
+        word, lead = "marginal", net
+    elif busy > BUSY_LIMIT:
+        word, lead = "marginal", rate
+    elif pushed:
+        word, lead = "marginal", ttft
+    else:
+        word, lead = "pays", net
+    return word, "; ".join([lead] + [x for x in (net, rate, ttft) if x and x != lead])
 
 
 def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
@@ -317,7 +343,7 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
         for name in inp.models:
             for dtype in inp.dtypes:
                 group = [r for r in table if (r["fabric"], r["model"], r["dtype"]) == (fab.name, name, dtype)]
-                word, why = verdict(group, inp.overlap, inp.ttft_ms)
+                word, why = verdict(group, inp.overlap, inp.ttft_ms, load_of(inp, fab, name, dtype))
                 tag = "nominal" if not fab.measured else "measured"
                 out.append(f"{fab.name} [{tag}] {name} {dtype}: {word.upper()}: {why}")
     return out
@@ -325,10 +351,10 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
 
 def build(a) -> PlanInput:
     """PlanInput from the parsed `kvbench plan` flags (one-line ValueError on bad input)."""
-    prompts, desc = prompts_from(a.tokens, a.percentiles, a.histogram)
+    prompts, desc, mean = prompts_from(a.tokens, a.percentiles, a.histogram)
     try:
         return PlanInput(models=a.model or ["llama-3-70b"], dtypes=a.dtype or ["fp16"], prompts=prompts,
-                         prompt_desc=desc, prefill_tflops=a.prefill_tflops, ttft_ms=a.ttft_ms, rate=a.rate,
+                         prompt_desc=desc, mean_tokens=mean, prefill_tflops=a.prefill_tflops, ttft_ms=a.ttft_ms, rate=a.rate,
                          saving=a.saving, block_size=a.block_size, tp=(a.tp or [1])[0], pp=(a.pp or [1])[0],
                          prefix_hit=(a.prefix_hit or [0])[0], fabrics=a.fabric or list(M.LINKS),
                          overlap=a.overlap)

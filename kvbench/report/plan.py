@@ -231,6 +231,15 @@ def break_even_s(p_s: float, layers: int, saving: float, overlap: str = "streami
     return p_s * (1 + saving) / (1 + 1 / layers)
 
 
+def prefill_s(name: str, tokens: int, inp: PlanInput) -> float:
+    """P from the model's FLOPs at the achieved rate (TP and PP ranks share them)."""
+    try:
+        return M.prefill_ms(M.get_model(name), tokens, inp.prefill_tflops * inp.tp * inp.pp) / 1e3
+    except ValueError:
+        raise ValueError(f"plan: model '{name}' has no parameter count for its prefill time: use a preset, or a "
+                         "model YAML file with params_b (and q_heads)") from None
+
+
 def rows(inp: PlanInput, fabrics: list[Fabric]) -> list[dict]:
     """One dict per (model, dtype, fabric, prompt percentile) with every number the table shows."""
     out = []
@@ -242,7 +251,7 @@ def rows(inp: PlanInput, fabrics: list[Fabric]) -> list[dict]:
                     ntok = M.transferred_tokens(tokens, min(inp.prefix_hit, tokens - 1))
                     nbytes = M.bytes_per_token(shape, dtype) * ntok
                     t_s, how = fab.transfer_s(shape, ntok, dtype, inp.block_size)
-                    p_s = M.prefill_ms(M.get_model(name), tokens, inp.prefill_tflops * inp.tp * inp.pp) / 1e3
+                    p_s = prefill_s(name, tokens, inp)
                     stream = max(0.0, t_s - p_s) + t_s / shape.layers
                     be = break_even_s(p_s, shape.layers, inp.saving, inp.overlap)
                     exposed = stream if inp.overlap == "streaming" else t_s

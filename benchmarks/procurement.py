@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -55,7 +56,7 @@ def write(cmd: list[str], path: str, label: str) -> int:
     """Run a reader and keep what it printed in ``path``, under the machine's label."""
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     with open(path, "w") as fh:
-        fh.write((f"# machine: {label}\n" if label else "") + f"# {' '.join(['kvbench', *cmd[3:]])}\n{r.stdout}")
+        fh.write((f"# machine: {label}\n" if label else "") + f"# {shlex.join(['kvbench', *cmd[3:]])}\n{r.stdout}")
     if r.returncode:
         print(f"# make procurement: {' '.join(cmd[3:])} failed: {r.stderr.strip()}", file=sys.stderr)
     return r.returncode

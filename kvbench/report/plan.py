@@ -21,6 +21,7 @@ from .. import model as M
 
 RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GB/s|Gb/s|Gbps|Gbit)\s*$")
 PAYS_MARGIN = 0.5  # pays: the exposed transfer costs at most half of what disaggregation saves
+MIN_R2 = 0.8  # a link model that explains less of its own sweep than this is not trusted to extrapolate
 BUSY_LIMIT = 0.7  # a fabric busier than this at the request rate queues transfers (the tail grows)
 
 
@@ -184,8 +185,8 @@ def fabrics_from(specs: list[str], block_size: int) -> list[Fabric]:
 
 
 def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
-    """One fabric per measured path of a result file: its link model when the sweep separates all three terms,
-    else the median GB/s of its paged rows at the block size nearest ``block_size``."""
+    """One fabric per measured path of a result file: its link model when the sweep separates all three terms
+    and the fit explains it (R² >= 0.8), else the median GB/s of its paged rows at the block size nearest ``block_size``."""
     from .linkmodel import PATH_KEYS, fit_cases, usable
     from .tables import read, summarize
 
@@ -212,7 +213,7 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
             desc = f"{blk}-token paged rows"
         else:
             gbps, desc = float(rows["gbps"].median()), "bulk rows"
-        good = fit.separable and fit.points >= 4
+        good = fit.separable and fit.points >= 4 and fit.r2 >= MIN_R2
         src = (f"measured: link model of {os.path.basename(path)} (R² {fit.r2:.3f}, {fit.points} cases)" if good
                else f"measured: median GB/s of {desc} in {os.path.basename(path)}")
         out.append(Fabric(name, gbps, src, fit if good else None))

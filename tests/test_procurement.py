@@ -32,7 +32,7 @@ def test_driver_writes_report_and_plan_beside_the_results(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (folder,) = os.listdir(tmp_path)
     names = sorted(os.listdir(tmp_path / folder))
-    assert [n.split("_", 1)[1] for n in names] == [
+    assert sorted(n.split("_", 1)[1] for n in names) == [
         "procurement-overlap.meta.json", "procurement-overlap.parquet", "procurement.meta.json",
         "procurement.parquet", "procurement.plan.txt", "procurement.report.txt"]
     report = (tmp_path / folder / next(n for n in names if n.endswith("report.txt"))).read_text()

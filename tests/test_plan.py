@@ -92,6 +92,7 @@ def test_fp8_halves_the_bytes_and_the_time():
     (["--tokens", "10", "--percentiles", "50:10"], "give the prompt lengths one way"),
     (["--block-size", "24"], "not a positive power of two"),
     (["-m", "gpt-9"], "model 'gpt-9' is not one of"),
+    (["--tp", "2,4"], "plan: --tp takes one value, not 2,4"),
 ])
 def test_bad_input_is_one_line(args, msg):
     r = kvbench_cli("plan", *args)

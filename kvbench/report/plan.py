@@ -361,6 +361,9 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
 
 def build(a) -> PlanInput:
     """PlanInput from the parsed `kvbench plan` flags (one-line ValueError on bad input)."""
+    for flag, v in (("--tp", a.tp), ("--pp", a.pp), ("--prefix-hit", a.prefix_hit)):
+        if v and len(v) > 1:
+            raise ValueError(f"plan: {flag} takes one value, not {','.join(map(str, v))}")
     prompts, desc, mean = prompts_from(a.tokens, a.percentiles, a.histogram)
     try:
         return PlanInput(models=a.model or ["llama-3-70b"], dtypes=a.dtype or ["fp16"], prompts=prompts,

@@ -13,6 +13,8 @@
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
 #   make lint               ruff
+#   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
+#                           then its report and plan in results/<machine>/ (about 10 min on a 2-core VM)
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -26,10 +28,10 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: sysdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help
+.PHONY: sysdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement
 
 help:
-	@sed -n '2,16p' Makefile
+	@sed -n '2,18p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -79,6 +81,13 @@ soak: $(STAMP)
 # one rank in each; bulk GB/s against iperf3 and the shaped rate, a streaming row against the model
 selftest: $(STAMP)
 	$(BIN)/python -m kvbench.selftest --rate $(or $(RATE),1gbit) $(ARGS)
+
+# the buyer's sweep: suites/procurement.yaml (bandwidth) and procurement-overlap.yaml (exposed time), one launch
+# each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
+# machine in words) heads the report and the plan
+procurement: $(STAMP)
+	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
+	  $(if $(LABEL),--label "$(LABEL)")
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -107,6 +107,9 @@ def build_parser() -> Parser:
                    help="interleave: a transport's cases take turns R times, iters/R iterations each, so a slow "
                         "phase of a shared machine hits every row alike (default min(5, iterations); 1: each case "
                         "runs to the end)")
+    r.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="progress bar on rank 0's stderr: auto (when it is a terminal; MPI launchers usually give "
+                   "ranks pipes, so say on), on, off")
     r.add_argument("-c", "--check", type=int, choices=(0, 1), help="verify every byte after timing (default 1)")
     r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
@@ -181,6 +184,9 @@ def build_parser() -> Parser:
                       "than PCT percent (e.g. 5%%) and the difference is significant (for CI); default: report only")
     cmp_.add_argument("--alpha", type=float, default=0.05, help="significance level of the Mann-Whitney U test "
                       "(default 0.05)")
+    from .cli_plan import add_parsers  # kvbench fit, kvbench plan
+
+    add_parsers(sub)
     return p
 
 
@@ -203,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             from .runner import run
 
             return run(a, argv)
+        if a.cmd in ("fit", "plan"):
+            from .cli_plan import COMMANDS
+
+            return COMMANDS[a.cmd](a)
         return {"size": cmd_size, "list": cmd_list, "env": cmd_env, "report": cmd_report,
                 "compare": cmd_compare}[a.cmd](a)
     except (ValueError, S.SuiteError, OSError) as exc:

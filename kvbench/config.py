@@ -42,6 +42,7 @@ class RunConfig(BaseModel):
     results: str
     name: str
     bind: Literal["none", "core"] = "none"
+    progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/progress.py)
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
     argv: list[str] = []
@@ -165,6 +166,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts,
                      results=results_dir(a.results), name=a.name or suite.name, bind=a.bind,
+                     progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
 
 

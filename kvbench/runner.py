@@ -6,7 +6,7 @@ import sys
 import time
 from collections import Counter
 
-from . import __version__, cleanup, comm, config
+from . import __version__, cleanup, comm, config, progress
 from . import model as M
 from . import status as ST
 from . import suite as S
@@ -132,15 +132,20 @@ def run(a, argv: list[str]) -> int:
         err = c.bcast(err)
     if err:
         return finish(c, ST.INPUT_ERROR, err)
-    writer = printer = None
+    writer = printer = bar = None
     done: list[str] = []
     if c.rank == 0:
         writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h)
         GUARD.writer = writer
+        bar = progress.start(cfg.progress, [k for k in cases if k["transport"] not in done], suite.variants)
+        if bar:  # table lines go above the bar
+            printer.out = bar.write
 
         def sink(rows):  # stored before printed: a case on the screen is a case on disk
             writer.add(rows)
             printer.add(rows)
+            if bar and rows:
+                bar.tick(f"{rows[0]['transport']} {rows[0]['op']}")
 
         def group_done(name):  # every case of a transport is stored: print them, with their references
             writer.group_done(name)
@@ -155,6 +160,8 @@ def run(a, argv: list[str]) -> int:
         GUARD.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
     code = 0
     if c.rank == 0:
+        if bar:
+            bar.close()
         code = footer(cfg, writer, printer, h)
     with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
         code = c.bcast(code)

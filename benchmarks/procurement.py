@@ -6,7 +6,8 @@
    is one);
 2. `kvbench report` over both result files and `kvbench plan` for the three models on the measured
    paths and on nominal 100GbE / 400G IB NDR, written into the results' folder (results/<machine>/)
-   as <stamp>_procurement.report.txt and <stamp>_procurement.plan.txt (never overwriting).
+   as <stamp>_procurement.report.txt, the page <stamp>_procurement.report/ (report.md with plots/, a
+   self-contained report.html, report.csv) and <stamp>_procurement.plan.txt (never overwriting).
 """
 from __future__ import annotations
 
@@ -83,10 +84,12 @@ def main() -> int:
     report = free_name(stem, ".report.txt")
     plan = free_name(stem, ".plan.txt")
     bad = write(kvbench("report", *files), report, a.label)
+    page = free_name(stem, ".report")  # the page: report.md (+ plots/), a self-contained report.html, report.csv
+    bad |= subprocess.run(kvbench("report", *files, "-o", page), cwd=ROOT).returncode
     bad |= write(kvbench("plan", "-m", MODELS, "--percentiles", PROMPTS, "--dtype", "fp16,fp8-e4m3",
                          "--fabric", files[0], *[x for n in NOMINAL for x in ("--fabric", n)]), plan, a.label)
     print(f"# make procurement: {time.monotonic() - t0:.0f} s; results {', '.join(files)}\n"
-          f"# report {report}\n# plan {plan}")
+          f"# report {report} and {page}/report.html\n# plan {plan}")
     return 1 if bad else 0
 
 

@@ -123,6 +123,15 @@ CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "exposed_p50": "ex
 EXTRA_SECTIONS: list = []
 
 
+def _link_model(page, runs) -> None:
+    from .fitsection import add_section  # the link model's section, when a run sweeps enough block sizes
+
+    add_section(page, runs)
+
+
+EXTRA_SECTIONS.append(_link_model)
+
+
 def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page, list[Run]]:
     """Read every file and lay out the page (callers may add sections before writing it)."""
     runs = [load_run(p, override) for p in paths]

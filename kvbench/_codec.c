@@ -1,0 +1,176 @@
+/* exp-split's hot loops in C (one pass over a layer); kvbench/codecs/exp_split.py holds the numpy
+ * reference they must match bit for bit, and documents the frame.
+ *
+ * encode(kind, data, lut, streams, counts, pos, val, chunk_log2) -> escapes, or -1 when more than
+ *     len(val) escapes (the caller then sends the layer raw).  kind 0 bf16, 1 fp16, 2 fp8-e5m2.
+ * decode(kind, streams, counts, pos, val, exps, out, chunk_log2) -> None; ValueError on any slack bit
+ *     that is not what the encoder writes (padding, an escape's code slot, positions, table exponents).
+ * The GIL is released while the loops run.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static Py_ssize_t stream_len(int kind, Py_ssize_t n) {
+    if (kind == 0) return (n + 1) / 2 + n;
+    return (kind == 1 ? n : 0) + 7 * ((n + 7) / 8);
+}
+
+static PyObject *encode(PyObject *self, PyObject *args) {
+    int kind, clog;
+    Py_buffer d, l, s, c, p, v;
+    if (!PyArg_ParseTuple(args, "iy*y*w*w*w*w*i", &kind, &d, &l, &s, &c, &p, &v, &clog)) return NULL;
+    Py_ssize_t width = kind == 2 ? 1 : 2, n = d.len / width, cap = v.len, nesc = 0;
+    Py_ssize_t nchunks = (n + ((Py_ssize_t)1 << clog) - 1) >> clog;
+    PyObject *ret = NULL;
+    if (kind < 0 || kind > 2 || l.len != 256 || s.len != stream_len(kind, n) || c.len != 2 * nchunks ||
+        p.len < 2 * cap || clog < 1 || clog > 16) {
+        PyErr_SetString(PyExc_ValueError, "encode: buffer sizes do not match the layer");
+        goto out;
+    }
+    const uint8_t *in = d.buf, *lut = l.buf;
+    uint8_t *st = s.buf, *val = v.buf;
+    uint16_t *cnt = c.buf, *pos = p.buf;
+    uint16_t mask = (uint16_t)((1u << clog) - 1);
+    int over = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memset(cnt, 0, 2 * nchunks);
+    if (kind == 0) {
+        uint8_t *nib = st, *sm = st + (n + 1) / 2;
+        for (Py_ssize_t i = 0; i < n; i += 2) {
+            /* two elements per nibble byte; a missing odd last element codes as 0 (checked padding) */
+            uint8_t lo0 = in[2 * i], hi0 = in[2 * i + 1];
+            uint8_t e0 = (uint8_t)((hi0 << 1) | (lo0 >> 7)), c0 = lut[e0];
+            sm[i] = (hi0 & 0x80) | (lo0 & 0x7F);
+            uint8_t c1 = 0, e1 = 0;
+            int two = i + 1 < n;
+            if (two) {
+                uint8_t lo1 = in[2 * i + 2], hi1 = in[2 * i + 3];
+                e1 = (uint8_t)((hi1 << 1) | (lo1 >> 7)); c1 = lut[e1];
+                sm[i + 1] = (hi1 & 0x80) | (lo1 & 0x7F);
+            }
+            if (__builtin_expect((c0 | c1) & 0x10, 0)) {
+                if (c0 & 0x10) {
+                    if (nesc >= cap) { over = 1; break; }
+                    pos[nesc] = (uint16_t)(i & mask); val[nesc++] = e0; cnt[i >> clog]++; c0 = 0;
+                }
+                if (c1 & 0x10) {
+                    if (nesc >= cap) { over = 1; break; }
+                    pos[nesc] = (uint16_t)((i + 1) & mask); val[nesc++] = e1; cnt[(i + 1) >> clog]++; c1 = 0;
+                }
+            }
+            nib[i >> 1] = (uint8_t)(c0 | (c1 << 4));
+        }
+    } else {
+        uint8_t *low = st, *p7 = st + (kind == 1 ? n : 0);
+        for (Py_ssize_t g = 0; g < n && !over; g += 8) {
+            uint64_t acc = 0;
+            for (int k = 0; k < 8; k++) {
+                Py_ssize_t i = g + k;
+                if (i >= n) break;
+                uint8_t hi = kind == 1 ? in[2 * i + 1] : in[i];
+                if (kind == 1) low[i] = in[2 * i];
+                uint8_t e = (hi >> 2) & 0x1F, code = lut[e];
+                if (__builtin_expect(code & 0x10, 0)) {
+                    if (nesc >= cap) { over = 1; break; }
+                    pos[nesc] = (uint16_t)(i & mask); val[nesc++] = e; cnt[i >> clog]++; code = 0;
+                }
+                acc |= (uint64_t)((code << 3) | ((hi >> 5) & 4) | (hi & 3)) << (7 * k);
+            }
+            memcpy(p7 + 7 * (g / 8), &acc, 7);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    ret = PyLong_FromSsize_t(over ? -1 : nesc);
+out:
+    PyBuffer_Release(&d); PyBuffer_Release(&l); PyBuffer_Release(&s); PyBuffer_Release(&c);
+    PyBuffer_Release(&p); PyBuffer_Release(&v);
+    return ret;
+}
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    int kind, clog;
+    Py_buffer s, c, p, v, x, o;
+    if (!PyArg_ParseTuple(args, "iy*y*y*y*y*w*i", &kind, &s, &c, &p, &v, &x, &o, &clog)) return NULL;
+    Py_ssize_t width = kind == 2 ? 1 : 2, n = o.len / width, nesc = v.len;
+    Py_ssize_t nchunks = (n + ((Py_ssize_t)1 << clog) - 1) >> clog;
+    const char *err = NULL;
+    if (kind < 0 || kind > 2 || x.len != 16 || s.len != stream_len(kind, n) || c.len != 2 * nchunks ||
+        p.len != 2 * nesc || clog < 1 || clog > 16) {
+        PyBuffer_Release(&s); PyBuffer_Release(&c); PyBuffer_Release(&p); PyBuffer_Release(&v);
+        PyBuffer_Release(&x); PyBuffer_Release(&o);
+        PyErr_SetString(PyExc_ValueError, "frame streams have the wrong length for the layer");
+        return NULL;
+    }
+    const uint8_t *st = s.buf, *val = v.buf, *exps = x.buf;
+    const uint16_t *cnt = c.buf, *pos = p.buf;
+    uint8_t *out = o.buf;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t intable[256] = {0};
+    for (int k = 0; k < 16; k++) intable[exps[k]] = 1;
+    if (kind == 0) {
+        const uint8_t *nib = st, *sm = st + (n + 1) / 2;
+        if (n % 2 && (nib[n / 2] >> 4)) err = "nibble stream padding is not zero";
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint8_t code = (nib[i >> 1] >> ((i & 1) * 4)) & 0xF, e = exps[code], m = sm[i];
+            out[2 * i + 1] = (m & 0x80) | (e >> 1);
+            out[2 * i] = (uint8_t)(e << 7) | (m & 0x7F);
+        }
+    } else {
+        const uint8_t *low = st, *p7 = st + (kind == 1 ? n : 0);
+        for (Py_ssize_t g = 0; g < n; g += 8) {
+            uint64_t acc = 0;
+            memcpy(&acc, p7 + 7 * (g / 8), 7);
+            for (int k = 0; k < 8; k++, acc >>= 7) {
+                Py_ssize_t i = g + k;
+                uint8_t r = acc & 0x7F;
+                if (i >= n) { if (r) err = "7-bit stream padding is not zero"; continue; }
+                uint8_t hi = (uint8_t)(((r & 4) << 5) | (exps[r >> 3] << 2) | (r & 3));
+                if (kind == 1) { out[2 * i] = low[i]; out[2 * i + 1] = hi; } else out[i] = hi;
+            }
+        }
+    }
+    /* escapes: positions ascending inside their chunk, code slot 0, exponent not in the table */
+    Py_ssize_t j = 0, last = -1;
+    for (Py_ssize_t ch = 0; ch < nchunks && !err; ch++) {
+        for (uint16_t k = 0; k < cnt[ch]; k++, j++) {
+            if (j >= nesc) { err = "escape counts exceed the escapes"; break; }
+            Py_ssize_t i = (ch << clog) + pos[j];
+            if (pos[j] >> clog || i <= last || i >= n) { err = "escape positions out of order or out of range"; break; }
+            last = i;
+            uint8_t e = val[j];
+            if (intable[e]) { err = "an escape carries an exponent that has a code"; break; }
+            uint8_t code;
+            if (kind == 0) {
+                code = (st[i >> 1] >> ((i & 1) * 4)) & 0xF;
+                out[2 * i + 1] = (out[2 * i + 1] & 0x80) | (e >> 1);
+                out[2 * i] = (uint8_t)(e << 7) | (out[2 * i] & 0x7F);
+            } else {
+                const uint8_t *p7 = st + (kind == 1 ? n : 0);
+                uint64_t acc = 0;
+                memcpy(&acc, p7 + 7 * (i / 8), 7);
+                code = (uint8_t)((acc >> (7 * (i % 8) + 3)) & 0xF);
+                uint8_t *hp = kind == 1 ? &out[2 * i + 1] : &out[i];
+                *hp = (uint8_t)((*hp & 0x83) | (e << 2));
+            }
+            if (code) { err = "an escape's code slot is not zero"; break; }
+        }
+    }
+    if (!err && j != nesc) err = "escape counts do not add up to the escapes";
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&s); PyBuffer_Release(&c); PyBuffer_Release(&p); PyBuffer_Release(&v);
+    PyBuffer_Release(&x); PyBuffer_Release(&o);
+    if (err) { PyErr_SetString(PyExc_ValueError, err); return NULL; }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"encode", encode, METH_VARARGS, "encode(kind, data, lut, streams, counts, pos, val, chunk_log2) -> escapes or -1"},
+    {"decode", decode, METH_VARARGS, "decode(kind, streams, counts, pos, val, exps, out, chunk_log2)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_codec", "exp-split encode/decode loops.", -1, methods};
+
+PyMODINIT_FUNC PyInit__codec(void) { return PyModule_Create(&moddef); }

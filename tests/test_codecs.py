@@ -179,8 +179,8 @@ def test_cast_within_stated_tolerance(fmt, dtype):
     # half an ulp of fp8, half an ulp of the pool dtype (two roundings), and their product
     assert rel == pytest.approx(2.0 ** -{"fp8-e4m3": 4, "fp8-e5m2": 3}[fmt] + 2.0 ** -{"bf16": 8, "fp16": 11}[dtype], rel=0.02)
     assert len(x) / len(f) == pytest.approx(2 * 128 / 132, rel=0.01)  # fp8 values + one fp32 scale per 128
-    # the check can fail: values off by 10% are counted outside
-    assert outside(x.view(t), (out.view(t).astype(np.float32) * 0.9).astype(t), fmt, dtype)[0] > n // 2
+    # the check can fail: values off by 25% are counted outside (all but those under the abs floor)
+    assert outside(x.view(t), (out.view(t).astype(np.float32) * 0.75).astype(t), fmt, dtype)[0] > n // 4
 
 
 def test_torch_tensors_in_and_out():

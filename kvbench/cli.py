@@ -156,8 +156,10 @@ def build_parser() -> Parser:
 
     s = sub.add_parser("size", help="KV bytes of a request, blocks, descriptors and time at named link rates")
     s.add_argument("--tokens", type=int, default=4096, help="prompt tokens (default 4096)")
-    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}")
+    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    s.add_argument("--scales", default="none", help="fp8 scale planes: none (default), tensor, block:<n>; "
+                   "dtype nvfp4 has its own (docs/codecs.md)")
     add_model_flags(s)
 
     sub.add_parser("list", help="transports (with availability), models, suites")
@@ -203,6 +205,8 @@ def cmd_size(a) -> int:
     tp, pp, hit = _first(a.tp, 1), _first(a.pp, 1), _first(a.prefix_hit, 0)
     shape = M.shard(shape0, tp, pp)
     M.check_block_size(a.block_size)
+    if a.dtype == "nvfp4" or a.scales != "none":  # a format with scale planes (formats.py)
+        return size_scaled(a, shape0, shape, tp, pp, hit)
     db = M.dtype_bytes(a.dtype)
     ntok = M.transferred_tokens(a.tokens, hit)
     bpt = M.bytes_per_token(shape, a.dtype)
@@ -228,6 +232,21 @@ def cmd_size(a) -> int:
     for link, gbps in M.LINKS.items():
         ms = req / (gbps * 1e9) * 1e3
         print(f"  {link:<18} {gbps:8.1f} GB/s {ms:12.2f} ms")
+    return 0
+
+
+def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int) -> int:
+    """`kvbench size` of a format with scale planes: values, block scales and tensor scales apart."""
+    from .formats import Format, size_lines
+
+    fmt = Format(a.dtype, a.scales)
+    ntok = M.transferred_tokens(a.tokens, hit)
+    print(f"# {shape.name}: {shape.layers} layers, tp={tp} pp={pp}{'  [per rank]' if tp > 1 or pp > 1 else ''}")
+    if shape0.source:
+        print(f"# source: {shape0.source}")
+    print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
+    for line in size_lines(shape, fmt, ntok, a.block_size):
+        print(line)
     return 0
 
 

@@ -125,6 +125,11 @@ def build_parser() -> Parser:
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
                    "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
                    "vm.nr_hugepages); the sidecar records what the kernel gave")
+    r.add_argument("--codec", type=csv(str), help="wire encodings, pool unchanged (docs/codecs.md): none (default), "
+                   "exp-split (lossless: bf16, fp16, fp8-e5m2), cast-fp8-e4m3, cast-fp8-e5m2 (lossy, from fp16/bf16), "
+                   "zstd, lz4; on tcp and shm, push")
+    r.add_argument("--fill", help="pool contents: pattern (default: the check pattern), realistic (KV values with a "
+                   "modelled exponent distribution, docs/codecs.md), file:<dump.npy|.safetensors> (your KV dump)")
     r.add_argument("--resume", metavar="RESULTS.parquet", help="continue an interrupted run in the same result set: "
                    "the transports it finished are kept, the rest run now (same suite, schema and machine, or a "
                    "refusal); give no suite or flags to reuse the stored ones")

@@ -53,6 +53,7 @@ class Options:
     variants: tuple = ("bulk", "paged")
     rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
+    fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
     transport_options: dict = field(default_factory=dict)
 
 
@@ -131,6 +132,7 @@ class Harness:
 
     # ----- one transport -----------------------------------------------------------------
     def run_transport(self, name: str, cases: list[dict], pairs) -> None:
+        memory.use(None)  # pools start with the check pattern; a case's fill is put in place by its prepare
         reason = transports.probe(name)
         cls = None
         if reason is None:
@@ -151,6 +153,7 @@ class Harness:
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages)
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
+        staging = codec_staging(name, cases, my_pairs)  # codec cases: frames' slots after the KV bytes
         GUARD.case = f"setup of {name}"
         GUARD.arm(f"setup of {name} (allocate and fill {nbytes / 2**30:.2f} GiB, register, connect)",
                   self.opts.setup_timeout or preflight.setup_seconds(nbytes))
@@ -159,7 +162,7 @@ class Harness:
         try:
             active = not local or self.rank == 0
             if active:
-                pools.append(self._alloc(t, nbytes))
+                pools.append(self._alloc(t, nbytes + staging))
                 if local:
                     pools.append(Pool(memory.alloc_host(nbytes, pages=self.opts.pages)))
                 r0 = time.perf_counter()
@@ -187,10 +190,16 @@ class Harness:
             GUARD.disarm()
             self.sample(name, "ready")
             session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
+            if staging and active:
+                from .codecpath import Session
+
+                session["codec"] = Session(t, pools[0].array, nbytes, my_pairs, self.rank)
             runnable = []
             for case in cases:
                 if case["op"] not in cls.caps.ops:
                     self.emit_skipped(case, f"unavailable: {name} supports only {', '.join(cls.caps.ops)}")
+                elif codec_refused(name, case):
+                    self.emit_skipped(case, f"unavailable: {codec_refused(name, case)}")
                 else:
                     runnable.append(case)
             if self.opts.rounds > 1:
@@ -202,6 +211,8 @@ class Harness:
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
         finally:
+            if "session" in locals() and "codec" in session:
+                session["codec"].close()
             t.close()
             for p in pools:
                 p.release()
@@ -244,8 +255,8 @@ class Harness:
             refs = ["bulk"] if "bulk" in self.opts.variants else []
             refs += list(CHUNKS) if "ceiling" in self.opts.variants else []
             refs += ["hot"] if "hot" in self.opts.variants else []
-            out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off")
-                    for v in refs]
+            out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off",
+                         codec="none") for v in refs]  # references: the pool's bytes as they are
         if "paged" in self.opts.variants:
             out.append(dict(case, variant="paged"))
         return out
@@ -331,8 +342,26 @@ class Harness:
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
         entries = self.plan(case, g, s)
-        itr = Iteration(s["t"], self.comm, self.rank, entries, case, s["local"])
-        return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0}
+        t = self.contents_and_codec(case, g, s)
+        itr = Iteration(t, self.comm, self.rank, entries, case, s["local"])
+        return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0,
+                "codec": [] if t is not s["t"] else None}
+
+    def contents_and_codec(self, case: dict, g: dict, s: dict):
+        """Untimed: the pools hold this case's contents (fill, per dtype); with a codec, the transport the
+        iteration posts to is the codec's view of it (codecpath.py), its table exchanged once per connection."""
+        from .memory import values
+
+        want = (self.opts.fill, case["dtype"])
+        if s.get("fill", ("pattern", None))[0] != want[0] or (want[0] != "pattern" and s.get("fill") != want):
+            memory.use(values.make(*want))
+            for p in s["pools"]:
+                memory.fill(p.array, self.rank)
+            s["fill"] = want
+        if case.get("codec", "none") == "none" or "codec" not in s:
+            return s["t"]
+        s["codec"].exchange_tables(self.comm, case, s["pairs"])
+        return s["codec"].view(case, g["payload"] // g["shape"].layers, g["shape"].layers)
 
     def _once(self, m: dict, it: int):
         if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
@@ -358,11 +387,14 @@ class Harness:
                 done, inside, hs, offset = self._once(m, m["next"])
                 total = time.perf_counter() - t0
                 m["next"] += 1  # tags stay distinct across rounds
+                stats = s["codec"].take_stats() if m["codec"] is not None else None
                 starts = itr.exchange_clock(offset) if itr.handshake == "serial" else {}
                 if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
                     exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
+                    if stats is not None:
+                        m["codec"].append(stats)
                     m.setdefault("t0s", []).append(t0)
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
                     m["warm"] = True
@@ -388,7 +420,8 @@ class Harness:
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
-        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries])
+        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
+                  m["codec"])
 
     def one_clock(self, m: dict) -> dict[int, tuple]:
         """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
@@ -471,14 +504,15 @@ class Harness:
             "block_bytes": CHUNKS.get(case.get("variant"), 0) if bulk or g is None else g["block_bytes"],
             "layout": case["layout"],
             "allocation": case["variant"] if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
-            "dtype": case["dtype"], "codec": "none", "overlap": case["overlap"], "scheme": case["scheme"],
+            "dtype": case["dtype"], "codec": case.get("codec", "none"), "fill": self.opts.fill,
+            "overlap": case["overlap"], "scheme": case["scheme"],
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
             "pages": self.opts.pages,
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str]) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -495,7 +529,8 @@ class Harness:
                 rows.append(dict(base, iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
-                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off))
+                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
+                                 **codec_columns(codec, it, e, case)))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
@@ -518,6 +553,36 @@ class Harness:
             flat = [r for part in everything for r in part]
             if self.sink:
                 self.sink(flat)
+
+
+def codec_refused(transport: str, case: dict) -> str | None:
+    """Why this case's codec cannot run on ``transport`` (None: no codec, or it can)."""
+    if case.get("codec", "none") == "none":
+        return None
+    from .codecpath import why_not
+
+    return why_not(transport, case["op"])
+
+
+def codec_staging(transport: str, cases: list[dict], pairs) -> int:
+    """Bytes of staging after each pool's KV bytes for the transport's codec cases (0: none)."""
+    runnable = [c for c in cases if c.get("codec", "none") != "none" and not codec_refused(transport, c)]
+    if not runnable:
+        return 0
+    from .codecpath import staging_bytes
+
+    return -(-staging_bytes(runnable, case_geometry, len(pairs)) // memory.PAGE) * memory.PAGE
+
+
+def codec_columns(codec, it: int, e, case: dict) -> dict:
+    """A row's codec columns: this rank's encode or decode seconds in iteration ``it``, and the frames' bytes."""
+    if codec is None:
+        return {"codec_encode_s": float("nan"), "codec_decode_s": float("nan")}
+    enc, dec, wire = codec[it].get((e.pair, e.req), (0.0, 0.0, 0.0))
+    out = {"codec_encode_s": enc, "codec_decode_s": dec}
+    if wire:
+        out["wire_bytes"] = int(wire) + control_bytes(e, case["handshake"])
+    return out
 
 
 def case_label(no: int, case: dict) -> str:

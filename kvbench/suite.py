@@ -66,6 +66,8 @@ class Axes(BaseModel):
     prefill_ms: list[float | Literal["auto"]] = Field(default=[0.0], min_length=1)
     handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
     arrival: list[str] = Field(default=["none"], min_length=1)
+    # wire encodings (docs/codecs.md): none, exp-split, cast-fp8-e4m3, cast-fp8-e5m2, zstd, lz4
+    codec: list[str] = Field(default=["none"], min_length=1)
 
     @field_validator("*")
     @classmethod
@@ -130,6 +132,16 @@ class Axes(BaseModel):
                 raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
         return v
 
+    @field_validator("codec")
+    @classmethod
+    def _codec(cls, v):
+        from .codecs import NAMES
+
+        for c in v:
+            if c not in NAMES:
+                raise ValueError(f"'{c}' is not one of: {', '.join(NAMES)}")
+        return v
+
     @field_validator("alloc")
     @classmethod
     def _alloc(cls, v):
@@ -174,7 +186,9 @@ class Suite(BaseModel):
     pool_factor: float = Field(default=2.0, ge=1.0)
     timeout: float = Field(default=600.0, gt=0)  # seconds one case may take (warm-up, iterations, check)
     setup_timeout: float | None = Field(default=None, gt=0)  # a transport's setup; None: derived from its pool bytes
-    pages: Literal["4k", "thp", "huge"] = "4k"  # host pools kvbench allocates (docs/pages.md says why 4k)
+    pages: Literal["4k", "thp", "huge"] = "4k"
+    # pool contents: pattern (the check pattern), realistic (modelled KV values), file:<dump.npy|.safetensors>
+    fill: str = "pattern"  # host pools kvbench allocates (docs/pages.md says why 4k)
     # bulk: one descriptor per layer; ceiling: the same bytes in 64 KiB-4 MiB contiguous chunks (bulk% is
     # against the best of bulk and these); hot: one layer's buffer re-sent (as perftest does); paged: the block table
     variants: list[Literal["bulk", "ceiling", "hot", "paged"]] = Field(default=["bulk", "ceiling", "paged"],
@@ -182,6 +196,13 @@ class Suite(BaseModel):
     prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
     workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
+
+    @field_validator("fill")
+    @classmethod
+    def _fill(cls, v):
+        from .memory.values import check_fill
+
+        return check_fill(v)
 
     @model_validator(mode="after")
     def _rounds(self):
@@ -245,7 +266,7 @@ def list_suites() -> list[str]:
 
 
 CASE_KEYS = ("transport", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
-             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival")
+             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec")
 
 
 def expand(suite: Suite) -> list[dict]:
@@ -276,5 +297,9 @@ def expand(suite: Suite) -> list[dict]:
             raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
                              f"axes.arrival ({ARRIVAL_HELP})")
         case["workload"] = case["arrival"]
+        from .codecs import check as codec_check
+
+        if case["codec"] != "none" and (why := codec_check(case["codec"], case["dtype"])):
+            raise SuiteError(why)
         cases.append(case)
     return cases

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import _native, codecs
+from . import _native, codecs, faults
 from .codecs import frame as F
 from .codecs.base import calibrate
 from .transports.base import DST, LEN, SRC, Transport, TransportError
@@ -209,6 +209,8 @@ class Session:
             try:
                 off = view.slot_off(item.slot)
                 out = self._buffer(item.n, "dst")
+                if faults.armed("codec-wire", self.rank):  # the reliability test's corrupted wire byte
+                    self.pool[off + item.frame // 2] ^= 0x10
                 t0 = time.perf_counter()
                 view.codec_for(item.peer).decode(self.pool[off : off + item.frame], view.dtype, out)
                 moved = np.empty_like(item.descs)
@@ -289,3 +291,23 @@ class CodecView(Transport):
         if handle.error is not None:
             raise TransportError(f"codec {self.case['codec']}: {handle.error}")
         return handle.at
+
+
+def lossy_check(snap: tuple, e, epoch: int, case: dict) -> tuple[int, float, float]:
+    """A lossy codec's check of one request: (elements outside its tolerance, max abs error, max rel error),
+    layer by layer (its block scales are per layer), against what the source held."""
+    from . import verify
+    from .codecs.cast import POOL, _np_dtype, outside
+
+    copy, where = snap
+    t = _np_dtype(POOL[case["dtype"]][0])
+    fmt = case["codec"].removeprefix("cast-")
+    bad, max_abs, max_rel, at = 0, 0.0, 0.0, 0
+    for layer in e.layers:
+        rows = where[at : at + len(layer)]
+        at += len(layer)
+        x = np.concatenate([verify.expected(e.src, s, n, epoch) for s, _, n in layer.tolist()])
+        got = np.concatenate([copy[d : d + n] for _, d, n in rows.tolist()])
+        b, a, r = outside(x.view(t), got.view(t), fmt, case["dtype"])
+        bad, max_abs, max_rel = bad + b, max(max_abs, a), max(max_rel, r)
+    return bad, max_abs, max_rel

@@ -421,7 +421,7 @@ class Harness:
         pos = [itr.order.index(e) for e in entries]
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
         self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
-                  m["codec"])
+                  m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)})
 
     def one_clock(self, m: dict) -> dict[int, tuple]:
         """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
@@ -472,6 +472,11 @@ class Harness:
             copy = copies[id(mine[0])][0]
             copy[: self.opts.inject_corruption] ^= 0xFF
         elem = M.dtype_bytes(case["dtype"])
+        if case.get("codec", "").startswith("cast-"):  # lossy: elements outside the codec's stated tolerance
+            from .codecpath import lossy_check
+
+            m["errors"] = {id(e): lossy_check(copies[id(e)], e, epoch, case) for e in mine}
+            return [m["errors"][id(e)][0] if e.dst == self.rank else 0 for e in entries]
         return [verify.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == self.rank else 0 for e in entries]
 
     def landed_after_posted(self, m: dict, mine: list, landed: dict, bounds: dict) -> None:
@@ -512,7 +517,8 @@ class Harness:
             "pages": self.opts.pages,
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
+             errors=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -534,7 +540,7 @@ class Harness:
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
-                                 clock_offset_s=nan))
+                                 clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
         self.deliver(rows)
 
     def emit_skipped(self, case: dict, reason: str) -> None:
@@ -572,6 +578,13 @@ def codec_staging(transport: str, cases: list[dict], pairs) -> int:
     from .codecpath import staging_bytes
 
     return -(-staging_bytes(runnable, case_geometry, len(pairs)) // memory.PAGE) * memory.PAGE
+
+
+def lossy_columns(err) -> dict:
+    """A check row's max absolute and relative error of a lossy codec (NaN otherwise)."""
+    if err is None:
+        return {}
+    return {"codec_max_abs_err": err[1], "codec_max_rel_err": err[2]}
 
 
 def codec_columns(codec, it: int, e, case: dict) -> dict:

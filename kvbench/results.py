@@ -37,7 +37,9 @@ ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "s
                               "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
 # --- v3, codecs (kvbench/codecpath.py): per row and iteration, this rank's seconds encoding (source) or decoding
 # and scattering (destination) the request's layers; fill: the pool's contents (pattern, realistic, file:...)
-ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "fill"]
+# codec_max_abs_err / codec_max_rel_err: on a lossy codec's check row, the largest errors (nwrong counts the
+# elements outside its stated tolerance, docs/codecs.md)
+ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "fill", "codec_max_abs_err", "codec_max_rel_err"]
 # skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
 # clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
 # its source's; completion: who stamped the landing,

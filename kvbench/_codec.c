@@ -38,27 +38,45 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     memset(cnt, 0, 2 * nchunks);
     if (kind == 0) {
         uint8_t *nib = st, *sm = st + (n + 1) / 2;
-        for (Py_ssize_t i = 0; i < n; i += 2) {
-            /* two elements per nibble byte; a missing odd last element codes as 0 (checked padding) */
-            uint8_t lo0 = in[2 * i], hi0 = in[2 * i + 1];
-            uint8_t e0 = (uint8_t)((hi0 << 1) | (lo0 >> 7)), c0 = lut[e0];
-            sm[i] = (hi0 & 0x80) | (lo0 & 0x7F);
-            uint8_t c1 = 0, e1 = 0;
-            int two = i + 1 < n;
-            if (two) {
-                uint8_t lo1 = in[2 * i + 2], hi1 = in[2 * i + 3];
-                e1 = (uint8_t)((hi1 << 1) | (lo1 >> 7)); c1 = lut[e1];
-                sm[i + 1] = (hi1 & 0x80) | (lo1 & 0x7F);
+        const uint16_t *in16 = (const uint16_t *)in;
+        Py_ssize_t full = n & ~(Py_ssize_t)15;
+        uint8_t codes[16];
+        for (Py_ssize_t g = 0; g < full && !over; g += 16) {
+            /* 16 elements branch-free; the rare group holding an escape takes the slow path below */
+            uint8_t any = 0;
+            for (int k = 0; k < 16; k++) {
+                uint16_t v;
+                memcpy(&v, in16 + g + k, 2);
+                uint8_t c = lut[(v >> 7) & 0xFF];
+                codes[k] = c;
+                any |= c;
+                sm[g + k] = (uint8_t)(((v >> 8) & 0x80) | (v & 0x7F));
             }
-            if (__builtin_expect((c0 | c1) & 0x10, 0)) {
-                if (c0 & 0x10) {
+            if (__builtin_expect(any & 0x10, 0)) {
+                for (int k = 0; k < 16; k++) {
+                    if (!(codes[k] & 0x10)) continue;
                     if (nesc >= cap) { over = 1; break; }
-                    pos[nesc] = (uint16_t)(i & mask); val[nesc++] = e0; cnt[i >> clog]++; c0 = 0;
+                    Py_ssize_t i = g + k;
+                    uint16_t v;
+                    memcpy(&v, in16 + i, 2);
+                    pos[nesc] = (uint16_t)(i & mask); val[nesc++] = (uint8_t)((v >> 7) & 0xFF); cnt[i >> clog]++;
+                    codes[k] = 0;
                 }
-                if (c1 & 0x10) {
+            }
+            for (int k = 0; k < 8; k++) nib[(g >> 1) + k] = (uint8_t)(codes[2 * k] | (codes[2 * k + 1] << 4));
+        }
+        for (Py_ssize_t i = full; i < n && !over; i += 2) {
+            /* the tail: two elements per nibble byte; a missing odd last element codes as 0 (checked padding) */
+            uint8_t c0 = 0, c1 = 0;
+            for (int k = 0; k < 2 && i + k < n; k++) {
+                uint8_t lo = in[2 * (i + k)], hi = in[2 * (i + k) + 1];
+                uint8_t e = (uint8_t)((hi << 1) | (lo >> 7)), c = lut[e];
+                sm[i + k] = (hi & 0x80) | (lo & 0x7F);
+                if (c & 0x10) {
                     if (nesc >= cap) { over = 1; break; }
-                    pos[nesc] = (uint16_t)((i + 1) & mask); val[nesc++] = e1; cnt[(i + 1) >> clog]++; c1 = 0;
+                    pos[nesc] = (uint16_t)((i + k) & mask); val[nesc++] = e; cnt[(i + k) >> clog]++; c = 0;
                 }
+                if (k) c1 = c; else c0 = c;
             }
             nib[i >> 1] = (uint8_t)(c0 | (c1 << 4));
         }
@@ -112,8 +130,20 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     if (kind == 0) {
         const uint8_t *nib = st, *sm = st + (n + 1) / 2;
         if (n % 2 && (nib[n / 2] >> 4)) err = "nibble stream padding is not zero";
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint8_t code = (nib[i >> 1] >> ((i & 1) * 4)) & 0xF, e = exps[code], m = sm[i];
+        uint16_t *o16 = (uint16_t *)out;
+        uint16_t ehi[16];  /* each code's exponent already in place: bits 14..7 */
+        for (int k = 0; k < 16; k++) ehi[k] = (uint16_t)(exps[k] << 7);
+        for (Py_ssize_t i = 0; i + 1 < n; i += 2) {
+            uint8_t b = nib[i >> 1];
+            uint16_t m0 = sm[i], m1 = sm[i + 1];
+            uint16_t v0 = (uint16_t)(((m0 & 0x80) << 8) | ehi[b & 0xF] | (m0 & 0x7F));
+            uint16_t v1 = (uint16_t)(((m1 & 0x80) << 8) | ehi[b >> 4] | (m1 & 0x7F));
+            memcpy(o16 + i, &v0, 2);
+            memcpy(o16 + i + 1, &v1, 2);
+        }
+        if (n % 2) {
+            Py_ssize_t i = n - 1;
+            uint8_t e = exps[nib[i >> 1] & 0xF], m = sm[i];
             out[2 * i + 1] = (m & 0x80) | (e >> 1);
             out[2 * i] = (uint8_t)(e << 7) | (m & 0x7F);
         }

@@ -20,8 +20,9 @@ The models (docs/codecs.md):
                work: its none row on a same-host path); B* solves P/B = t(B)
 The predicted effective GB/s is P / t at the measured B with the pipelined model (codecpath.py runs
 encode, wire and decode in threads of their own, layer by layer); a codec wins on a path when its
-predicted (and measured) effective GB/s beats B.  Rows whose difference from none is within the two
-rows' spreads (interquartile range of the per-round medians) count as ties.
+predicted (and measured) effective GB/s beats B.  A measured or predicted difference from none within
+the two rows' spreads (interquartile range of the per-round medians) counts as a tie, which agrees with
+anything.
 """
 from __future__ import annotations
 
@@ -135,10 +136,11 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
         tol = max(r.spread, r.none_spread) + 0.0
         rel = r.eff / r.B - 1
         measured = "tie" if abs(rel) <= tol else ("win" if rel > 0 else "lose")
-        pred = "win" if r.pred > r.B else "lose"
+        prel = r.pred / r.B - 1  # a predicted margin inside the measured spread is a predicted tie
+        pred = "tie" if abs(prel) <= tol else ("win" if prel > 0 else "lose")
         rows.loc[i, "measured"] = measured
         rows.loc[i, "predicted"] = pred
-        rows.loc[i, "agree"] = measured == "tie" or measured == pred
+        rows.loc[i, "agree"] = "tie" in (measured, pred) or measured == pred
     return rows
 
 

@@ -70,6 +70,63 @@ def staging_bytes(cases: list[dict], geometry, pairs: int) -> int:
     return need
 
 
+# ----- the harness's door (harness.py calls these; kept here so that it stays small) -------------------------
+def codec_transport(h, case: dict, g: dict, s: dict):
+    """Untimed, per case (harness ``h``): the pools hold the case's contents (fill, per dtype); with a codec,
+    the transport the iteration posts to is the codec's view (its table exchanged once per connection)."""
+    from . import memory
+    from .memory import values
+
+    want = (h.opts.fill, case["dtype"])
+    if s.get("fill", ("pattern", None))[0] != want[0] or (want[0] != "pattern" and s.get("fill") != want):
+        memory.use(values.make(*want))
+        for p in s["pools"]:
+            memory.fill(p.array, h.rank)
+        s["fill"] = want
+    if case.get("codec", "none") == "none" or "codec" not in s:
+        return s["t"]
+    s["codec"].exchange_tables(h.comm, case, s["pairs"])
+    return s["codec"].view(case, g["payload"] // g["shape"].layers, g["shape"].layers)
+
+
+def codec_refused(transport: str, case: dict) -> str | None:
+    """Why this case's codec cannot run on ``transport`` (None: no codec, or it can)."""
+    if case.get("codec", "none") == "none":
+        return None
+    return why_not(transport, case["op"])
+
+
+def codec_staging(transport: str, cases: list[dict], pairs, geometry) -> int:
+    """Bytes of staging after each pool's KV bytes for the transport's codec cases (0: none)."""
+    from . import memory
+
+    runnable = [c for c in cases if c.get("codec", "none") != "none" and not codec_refused(transport, c)]
+    if not runnable:
+        return 0
+    return -(-staging_bytes(runnable, geometry, len(pairs)) // memory.PAGE) * memory.PAGE
+
+
+def lossy_columns(err) -> dict:
+    """A check row's max absolute and relative error of a lossy codec (NaN otherwise)."""
+    if err is None:
+        return {}
+    return {"codec_max_abs_err": err[1], "codec_max_rel_err": err[2]}
+
+
+def codec_columns(codec, it: int, e, case: dict) -> dict:
+    """A row's codec columns: this rank's encode or decode seconds in iteration ``it``, and the frames' bytes."""
+    if codec is None:
+        return {"codec_encode_s": float("nan"), "codec_decode_s": float("nan")}
+    enc, dec, wire = codec[it].get((e.pair, e.req), (0.0, 0.0, 0.0))
+    out = {"codec_encode_s": enc, "codec_decode_s": dec}
+    if wire:
+        from .schedule import control_bytes
+
+        out["wire_bytes"] = int(wire) + control_bytes(e, case["handshake"])
+    return out
+
+
+
 class _Item:
     __slots__ = ("peer", "descs", "tag", "slot", "n", "frame", "done", "error", "at", "key", "enc", "dec", "wire")
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import clocks, faults, memory, preflight, transports, verify
 from . import model as M
+from .codecpath import codec_columns, codec_refused, codec_staging, codec_transport, lossy_columns
 from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
 from .guard import GUARD
 from .pool import BlockAllocator, Layout, Pool
@@ -153,7 +154,7 @@ class Harness:
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages)
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
-        staging = codec_staging(name, cases, my_pairs)  # codec cases: frames' slots after the KV bytes
+        staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
         GUARD.case = f"setup of {name}"
         GUARD.arm(f"setup of {name} (allocate and fill {nbytes / 2**30:.2f} GiB, register, connect)",
                   self.opts.setup_timeout or preflight.setup_seconds(nbytes))
@@ -342,26 +343,10 @@ class Harness:
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
         entries = self.plan(case, g, s)
-        t = self.contents_and_codec(case, g, s)
+        t = codec_transport(self, case, g, s)
         itr = Iteration(t, self.comm, self.rank, entries, case, s["local"])
         return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0,
                 "codec": [] if t is not s["t"] else None}
-
-    def contents_and_codec(self, case: dict, g: dict, s: dict):
-        """Untimed: the pools hold this case's contents (fill, per dtype); with a codec, the transport the
-        iteration posts to is the codec's view of it (codecpath.py), its table exchanged once per connection."""
-        from .memory import values
-
-        want = (self.opts.fill, case["dtype"])
-        if s.get("fill", ("pattern", None))[0] != want[0] or (want[0] != "pattern" and s.get("fill") != want):
-            memory.use(values.make(*want))
-            for p in s["pools"]:
-                memory.fill(p.array, self.rank)
-            s["fill"] = want
-        if case.get("codec", "none") == "none" or "codec" not in s:
-            return s["t"]
-        s["codec"].exchange_tables(self.comm, case, s["pairs"])
-        return s["codec"].view(case, g["payload"] // g["shape"].layers, g["shape"].layers)
 
     def _once(self, m: dict, it: int):
         if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
@@ -559,43 +544,6 @@ class Harness:
             flat = [r for part in everything for r in part]
             if self.sink:
                 self.sink(flat)
-
-
-def codec_refused(transport: str, case: dict) -> str | None:
-    """Why this case's codec cannot run on ``transport`` (None: no codec, or it can)."""
-    if case.get("codec", "none") == "none":
-        return None
-    from .codecpath import why_not
-
-    return why_not(transport, case["op"])
-
-
-def codec_staging(transport: str, cases: list[dict], pairs) -> int:
-    """Bytes of staging after each pool's KV bytes for the transport's codec cases (0: none)."""
-    runnable = [c for c in cases if c.get("codec", "none") != "none" and not codec_refused(transport, c)]
-    if not runnable:
-        return 0
-    from .codecpath import staging_bytes
-
-    return -(-staging_bytes(runnable, case_geometry, len(pairs)) // memory.PAGE) * memory.PAGE
-
-
-def lossy_columns(err) -> dict:
-    """A check row's max absolute and relative error of a lossy codec (NaN otherwise)."""
-    if err is None:
-        return {}
-    return {"codec_max_abs_err": err[1], "codec_max_rel_err": err[2]}
-
-
-def codec_columns(codec, it: int, e, case: dict) -> dict:
-    """A row's codec columns: this rank's encode or decode seconds in iteration ``it``, and the frames' bytes."""
-    if codec is None:
-        return {"codec_encode_s": float("nan"), "codec_decode_s": float("nan")}
-    enc, dec, wire = codec[it].get((e.pair, e.req), (0.0, 0.0, 0.0))
-    out = {"codec_encode_s": enc, "codec_decode_s": dec}
-    if wire:
-        out["wire_bytes"] = int(wire) + control_bytes(e, case["handshake"])
-    return out
 
 
 def case_label(no: int, case: dict) -> str:

@@ -82,21 +82,43 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         }
     } else {
         uint8_t *low = st, *p7 = st + (kind == 1 ? n : 0);
-        for (Py_ssize_t g = 0; g < n && !over; g += 8) {
+        Py_ssize_t full = n & ~(Py_ssize_t)7;
+        for (Py_ssize_t g = 0; g < full && !over; g += 8) {
+            /* 8 values in 7 bytes, branch-free unless the group holds an escape */
+            uint8_t his[8], codes[8], any = 0;
+            if (kind == 1) {
+                for (int k = 0; k < 8; k++) { low[g + k] = in[2 * (g + k)]; his[k] = in[2 * (g + k) + 1]; }
+            } else {
+                memcpy(his, in + g, 8);
+            }
+            for (int k = 0; k < 8; k++) { codes[k] = lut[(his[k] >> 2) & 0x1F]; any |= codes[k]; }
+            if (__builtin_expect(any & 0x10, 0)) {
+                for (int k = 0; k < 8; k++) {
+                    if (!(codes[k] & 0x10)) continue;
+                    if (nesc >= cap) { over = 1; break; }
+                    Py_ssize_t i = g + k;
+                    pos[nesc] = (uint16_t)(i & mask); val[nesc++] = (his[k] >> 2) & 0x1F; cnt[i >> clog]++;
+                    codes[k] = 0;
+                }
+            }
             uint64_t acc = 0;
-            for (int k = 0; k < 8; k++) {
-                Py_ssize_t i = g + k;
-                if (i >= n) break;
+            for (int k = 0; k < 8; k++)
+                acc |= (uint64_t)((codes[k] << 3) | ((his[k] >> 5) & 4) | (his[k] & 3)) << (7 * k);
+            memcpy(p7 + 7 * (g / 8), &acc, 7);
+        }
+        if (full < n && !over) {  /* the last, partial group: padding values are 0 (checked on decode) */
+            uint64_t acc = 0;
+            for (Py_ssize_t i = full; i < n; i++) {
                 uint8_t hi = kind == 1 ? in[2 * i + 1] : in[i];
                 if (kind == 1) low[i] = in[2 * i];
                 uint8_t e = (hi >> 2) & 0x1F, code = lut[e];
-                if (__builtin_expect(code & 0x10, 0)) {
+                if (code & 0x10) {
                     if (nesc >= cap) { over = 1; break; }
                     pos[nesc] = (uint16_t)(i & mask); val[nesc++] = e; cnt[i >> clog]++; code = 0;
                 }
-                acc |= (uint64_t)((code << 3) | ((hi >> 5) & 4) | (hi & 3)) << (7 * k);
+                acc |= (uint64_t)((code << 3) | ((hi >> 5) & 4) | (hi & 3)) << (7 * (i - full));
             }
-            memcpy(p7 + 7 * (g / 8), &acc, 7);
+            memcpy(p7 + 7 * (full / 8), &acc, 7);
         }
     }
     Py_END_ALLOW_THREADS
@@ -149,15 +171,29 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         }
     } else {
         const uint8_t *low = st, *p7 = st + (kind == 1 ? n : 0);
-        for (Py_ssize_t g = 0; g < n; g += 8) {
+        uint8_t hib[128];  /* every 7-bit value's byte (sign, exponent, 2 mantissa bits) but for escapes */
+        for (int r = 0; r < 128; r++) hib[r] = (uint8_t)(((r & 4) << 5) | (exps[r >> 3] << 2) | (r & 3));
+        Py_ssize_t full = n & ~(Py_ssize_t)7;
+        for (Py_ssize_t g = 0; g < full; g += 8) {
             uint64_t acc = 0;
             memcpy(&acc, p7 + 7 * (g / 8), 7);
+            if (kind == 1) {
+                for (int k = 0; k < 8; k++, acc >>= 7) {
+                    out[2 * (g + k)] = low[g + k];
+                    out[2 * (g + k) + 1] = hib[acc & 0x7F];
+                }
+            } else {
+                for (int k = 0; k < 8; k++, acc >>= 7) out[g + k] = hib[acc & 0x7F];
+            }
+        }
+        if (full < n) {
+            uint64_t acc = 0;
+            memcpy(&acc, p7 + 7 * (full / 8), 7);
             for (int k = 0; k < 8; k++, acc >>= 7) {
-                Py_ssize_t i = g + k;
+                Py_ssize_t i = full + k;
                 uint8_t r = acc & 0x7F;
                 if (i >= n) { if (r) err = "7-bit stream padding is not zero"; continue; }
-                uint8_t hi = (uint8_t)(((r & 4) << 5) | (exps[r >> 3] << 2) | (r & 3));
-                if (kind == 1) { out[2 * i] = low[i]; out[2 * i + 1] = hi; } else out[i] = hi;
+                if (kind == 1) { out[2 * i] = low[i]; out[2 * i + 1] = hib[r]; } else out[i] = hib[r];
             }
         }
     }

@@ -29,15 +29,16 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "encode: buffer sizes do not match the layer");
         goto out;
     }
-    const uint8_t *in = d.buf, *lut = l.buf;
-    uint8_t *st = s.buf, *val = v.buf;
-    uint16_t *cnt = c.buf, *pos = p.buf;
+    /* restrict: the buffers never overlap, and uint8_t stores would otherwise alias every load */
+    const uint8_t *restrict in = d.buf, *restrict lut = l.buf;
+    uint8_t *restrict st = s.buf, *restrict val = v.buf;
+    uint16_t *restrict cnt = c.buf, *restrict pos = p.buf;
     uint16_t mask = (uint16_t)((1u << clog) - 1);
     int over = 0;
     Py_BEGIN_ALLOW_THREADS
     memset(cnt, 0, 2 * nchunks);
     if (kind == 0) {
-        uint8_t *nib = st, *sm = st + (n + 1) / 2;
+        uint8_t *restrict nib = st, *restrict sm = st + (n + 1) / 2;
         const uint16_t *in16 = (const uint16_t *)in;
         Py_ssize_t full = n & ~(Py_ssize_t)15;
         uint8_t codes[16];
@@ -81,7 +82,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             nib[i >> 1] = (uint8_t)(c0 | (c1 << 4));
         }
     } else {
-        uint8_t *low = st, *p7 = st + (kind == 1 ? n : 0);
+        uint8_t *restrict low = st, *restrict p7 = st + (kind == 1 ? n : 0);
         Py_ssize_t full = n & ~(Py_ssize_t)7;
         for (Py_ssize_t g = 0; g < full && !over; g += 8) {
             /* 8 values in 7 bytes, branch-free unless the group holds an escape */

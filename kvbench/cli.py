@@ -113,7 +113,7 @@ def build_parser() -> Parser:
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
-    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}")
+    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     r.add_argument("--scheme", help="pairing of ranks: " + SCHEME_HELP)
     r.add_argument("--inflight", type=csv(int), help="requests of each pair in flight at once (default 1)")
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
@@ -128,6 +128,8 @@ def build_parser() -> Parser:
     r.add_argument("--codec", type=csv(str), help="wire encodings, pool unchanged (docs/codecs.md): none (default), "
                    "exp-split (lossless: bf16, fp16, fp8-e5m2), cast-fp8-e4m3, cast-fp8-e5m2 (lossy, from fp16/bf16), "
                    "zstd, lz4; on tcp and shm, push")
+    r.add_argument("--scales", type=csv(str), help="fp8 scale planes beside the values: none (default), tensor, "
+                   "block:<n>; --dtype nvfp4 has its own (fp8 per 16 values, fp32 per tensor; docs/codecs.md)")
     r.add_argument("--fill", help="pool contents: pattern (default: the check pattern), realistic (KV values with a "
                    "modelled exponent distribution, docs/codecs.md), file:<dump.npy|.safetensors> (your KV dump)")
     r.add_argument("--resume", metavar="RESULTS.parquet", help="continue an interrupted run in the same result set: "

@@ -17,7 +17,7 @@ from itertools import groupby
 
 import numpy as np
 
-from . import clocks, faults, memory, preflight, transports, verify
+from . import clocks, faults, memory, planes, preflight, transports, verify
 from . import model as M
 from .codecpath import codec_columns, codec_refused, codec_staging, codec_transport, lossy_columns
 from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
@@ -62,6 +62,8 @@ def case_geometry(case: dict) -> dict:
     """Shape numbers of a case: blocks, block bytes, payload (pure arithmetic)."""
     shape = M.shard(M.get_model(case["model"]), case["tp"], case["pp"])
     ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
+    if planes.scaled(case):  # values, block scales, tensor scales in planes of their own
+        return planes.geometry(case, shape, ntok)
     bs = case["block_size"]
     bb = M.block_bytes(shape, bs, case["dtype"])
     nb = M.num_blocks(ntok, bs)
@@ -250,7 +252,8 @@ class Harness:
         ceiling: the same bytes in contiguous chunks of 64 KiB to 4 MiB; hot: one layer's buffer again and
         again), then the paged transfer."""
         out = []
-        bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight"))
+        bulk_key = tuple(case.get(k) for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight",
+                                               "scales"))
         if bulk_key not in s["bulk"]:
             s["bulk"].add(bulk_key)  # plain transfers: no clock, no handshake
             refs = ["bulk"] if "bulk" in self.opts.variants else []
@@ -285,7 +288,9 @@ class Harness:
 
     def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
         """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both."""
-        lay = Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions, g["block_bytes"], s["nbytes"])
+        fmt = planes.fit(case["layout"], g, s["nbytes"]) if "fmt" in g else None
+        lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
+                                            g["block_bytes"], s["nbytes"])
         bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
         seed = self.opts.seed * 1_000_003 + self.case_no
         allocs: dict[str, BlockAllocator] = {}
@@ -314,6 +319,10 @@ class Harness:
             for req in range(case["inflight"]):
                 layers = []
                 descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
+                if fmt:  # scale planes beside the values: their own descriptors
+                    entries.append(Entry(i, req, src, dst, planes.request_layers(
+                        fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")]))
+                    continue
                 per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
                 for layer, d in enumerate(per_layer):
                     if bulk:
@@ -456,7 +465,7 @@ class Harness:
         if mine and self.opts.inject_corruption:
             copy = copies[id(mine[0])][0]
             copy[: self.opts.inject_corruption] ^= 0xFF
-        elem = M.dtype_bytes(case["dtype"])
+        elem = m["g"].get("elem") or M.dtype_bytes(case["dtype"])  # scaled formats: bytes (values share them)
         if case.get("codec", "").startswith("cast-"):  # lossy: elements outside the codec's stated tolerance
             from .codecpath import lossy_check
 
@@ -495,6 +504,7 @@ class Harness:
             "layout": case["layout"],
             "allocation": case["variant"] if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
             "dtype": case["dtype"], "codec": case.get("codec", "none"), "fill": self.opts.fill,
+            "scales": case.get("scales", "none"),
             "overlap": case["overlap"], "scheme": case["scheme"],
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,

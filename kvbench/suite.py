@@ -58,7 +58,9 @@ class Axes(BaseModel):
     layout: list[Literal["auto", "layer-major", "block-major", "mla"]] = Field(default=["auto"], min_length=1)
     alloc: list[str] = Field(default=["random"], min_length=1)
     coalesce: list[Literal["off", "on"]] = Field(default=["off"], min_length=1)
-    dtype: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2"]] = Field(default=["fp16"], min_length=1)
+    dtype: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4"]] = Field(default=["fp16"], min_length=1)
+    # fp8 scale planes (formats.py): none, tensor, block:<n>; nvfp4 carries its own
+    scales: list[str] = Field(default=["none"], min_length=1)
     tp: list[int] = Field(default=[1], min_length=1)
     pp: list[int] = Field(default=[1], min_length=1)
     inflight: list[int] = Field(default=[1], min_length=1)
@@ -130,6 +132,15 @@ class Axes(BaseModel):
         for p in v:
             if p != "auto" and p < 0:
                 raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
+        return v
+
+    @field_validator("scales")
+    @classmethod
+    def _scales(cls, v):
+        from .formats import parse_scales
+
+        for x in v:
+            parse_scales(x)
         return v
 
     @field_validator("codec")
@@ -266,13 +277,13 @@ def list_suites() -> list[str]:
 
 
 CASE_KEYS = ("transport", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
-             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec")
+             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales")
 
 
 def expand(suite: Suite) -> list[dict]:
     """The cases of a suite, in sweep order; layout 'auto' resolved per model."""
     ax = suite.axes
-    cases = []
+    cases, dropped = [], []
     for values in itertools.product(*(getattr(ax, k) for k in CASE_KEYS)):
         case = dict(zip(CASE_KEYS, values))
         shape = M.get_model(case["model"])
@@ -298,8 +309,19 @@ def expand(suite: Suite) -> list[dict]:
                              f"axes.arrival ({ARRIVAL_HELP})")
         case["workload"] = case["arrival"]
         from .codecs import check as codec_check
+        from .formats import Format
 
+        try:
+            fmt = Format(case["dtype"], case["scales"])
+        except ValueError as exc:  # a dtype x scales pair that does not exist (fp16 with scales, nvfp4 with others')
+            dropped.append(str(exc))
+            continue
+        if not fmt.plain and (suite.workload is not None or case["inflight"] > 1):
+            raise SuiteError(f"{fmt.describe()}: formats with scale planes run in bandwidth sweeps with inflight 1 "
+                             "(not yet in workloads)")
         if case["codec"] != "none" and (why := codec_check(case["codec"], case["dtype"])):
             raise SuiteError(why)
         cases.append(case)
+    if dropped and not cases:
+        raise SuiteError(dropped[0])
     return cases

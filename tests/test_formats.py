@@ -57,3 +57,25 @@ def test_bad_formats_are_one_line_errors(dtype, scales, capsys):
 
 def test_parse_scales():
     assert parse_scales("block:64") == ("block", 64) and parse_scales("tensor") == ("tensor", 0)
+
+
+def test_scale_planes_move_between_real_ranks(kvrun):
+    """nvfp4 and fp8 with block or tensor scales: the planes' bytes and descriptors, every byte checked."""
+    r = kvrun(["-t", "shm", "--dtype", "nvfp4,fp8-e4m3", "--scales", "none,block:128,tensor", "-m", "llama-3-8b",
+               "--tokens", "64", "-b", "16", "-e", "16", "-n", "2", "-w", "1", "--variants", "bulk,paged",
+               "--rounds", "1"], timeout=180)
+    assert r.code == 0, r.out + r.err
+    df = r.table()
+    assert int(df[df.iter == -1].nwrong.sum()) == 0
+    paged = df[(df.variant == "paged") & (df.iter >= 0)]
+    got = {(d, s): (int(p), int(n)) for (d, s), g in paged.groupby(["dtype", "scales"])
+           for p, n in [(g.payload_bytes.iloc[0], g.descriptors.iloc[0])]}
+    # llama-3-8b, 64 tokens = 4 blocks of 16 per region, 32 layers x 2 regions, 1024 values per token and region
+    assert got == {
+        # values 32x2x64x1024/2 + block scales 32x2x64x64x1 B + tensor scales 32x2x4 B; per layer 2x4x2 + 1 descriptors
+        ("nvfp4", "none"): (2_097_152 + 262_144 + 256, 32 * 17),
+        ("fp8-e4m3", "none"): (4_194_304, 32 * 8),  # today's plain fp8
+        # block:128: 8 fp32 scales per token and region = 32 B: 32x2x64x32; per layer 2x4x2 descriptors
+        ("fp8-e4m3", "block:128"): (4_194_304 + 131_072, 32 * 16),
+        ("fp8-e4m3", "tensor"): (4_194_304 + 256, 32 * 9),  # one 8-byte tensor-scale descriptor per layer
+    }

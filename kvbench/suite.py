@@ -320,7 +320,8 @@ def expand(suite: Suite) -> list[dict]:
             raise SuiteError(f"{fmt.describe()}: formats with scale planes run in bandwidth sweeps with inflight 1 "
                              "(not yet in workloads)")
         if case["codec"] != "none" and (why := codec_check(case["codec"], case["dtype"])):
-            raise SuiteError(why)
+            dropped.append(why)  # a codec x dtype pair that does not exist (exp-split on e4m3): the sweep skips it
+            continue
         cases.append(case)
     if dropped and not cases:
         raise SuiteError(dropped[0])

@@ -12,6 +12,7 @@
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
+#   make bench-codecs       codecs on shm, tcp loopback and (root) a 1 Gbit/s shaped link: measured vs predicted
 #   make lint               ruff
 #   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
 #                           then its report and plan in results/<machine>/ (about 10 min on a 2-core VM)
@@ -28,12 +29,12 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: sysdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement
+.PHONY: sysdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,18p' Makefile
+	@sed -n '2,19p' Makefile
 
-$(STAMP): pyproject.toml setup.py kvbench/_native.c
+$(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	@if [ "$(MPI)" = "site" ]; then \
@@ -42,7 +43,7 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	else \
 	  $(BIN)/python -m pip install -q mpi4py mpich; \
 	fi
-	$(BIN)/python -m pip install -q -e '.[test,report]'
+	$(BIN)/python -m pip install -q -e '.[test,report,codecs]'
 	@if [ "$(ENGINES)" = "1" ]; then \
 	  echo "installing engines: nixl (no deps: no CUDA torch), ucxx, mooncake (non-CUDA build)"; \
 	  $(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1 && \
@@ -111,3 +112,8 @@ lint: $(STAMP)
 
 clean-results:
 	@echo "results are never deleted by make; remove results/<machine>/ files by hand if you must"
+
+# codecs on the path: shm, tcp over loopback, tcp over a shaped veth (root; RATE, default 1gbit): effective GB/s
+# measured next to the model's prediction and break-even link rates (docs/codecs.md)
+bench-codecs: $(STAMP)
+	$(BIN)/python benchmarks/codecs.py --mpirun $(MPIRUN) --rate $(or $(RATE),1gbit)

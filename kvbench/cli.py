@@ -116,7 +116,7 @@ def build_parser() -> Parser:
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
-    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}")
+    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     r.add_argument("--scheme", help="pairing of ranks: " + SCHEME_HELP)
     r.add_argument("--inflight", type=csv(int), help="requests of each pair in flight at once (default 1)")
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
@@ -128,6 +128,13 @@ def build_parser() -> Parser:
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
                    "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
                    "vm.nr_hugepages); the sidecar records what the kernel gave")
+    r.add_argument("--codec", type=csv(str), help="wire encodings, pool unchanged (docs/codecs.md): none (default), "
+                   "exp-split (lossless: bf16, fp16, fp8-e5m2), cast-fp8-e4m3, cast-fp8-e5m2 (lossy, from fp16/bf16), "
+                   "zstd, lz4; on tcp and shm, push")
+    r.add_argument("--scales", type=csv(str), help="fp8 scale planes beside the values: none (default), tensor, "
+                   "block:<n>; --dtype nvfp4 has its own (fp8 per 16 values, fp32 per tensor; docs/codecs.md)")
+    r.add_argument("--fill", help="pool contents: pattern (default: the check pattern), realistic (KV values with a "
+                   "modelled exponent distribution, docs/codecs.md), file:<dump.npy|.safetensors> (your KV dump)")
     r.add_argument("--resume", metavar="RESULTS.parquet", help="continue an interrupted run in the same result set: "
                    "the transports it finished are kept, the rest run now (same suite, schema and machine, or a "
                    "refusal); give no suite or flags to reuse the stored ones")
@@ -159,8 +166,10 @@ def build_parser() -> Parser:
 
     s = sub.add_parser("size", help="KV bytes of a request, blocks, descriptors and time at named link rates")
     s.add_argument("--tokens", type=int, default=4096, help="prompt tokens (default 4096)")
-    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}")
+    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    s.add_argument("--scales", default="none", help="fp8 scale planes: none (default), tensor, block:<n>; "
+                   "dtype nvfp4 has its own (docs/codecs.md)")
     add_model_flags(s)
 
     sub.add_parser("list", help="transports (with availability), models, suites")
@@ -229,6 +238,8 @@ def cmd_size(a) -> int:
     tp, pp, hit = _first(a.tp, 1), _first(a.pp, 1), _first(a.prefix_hit, 0)
     shape = M.shard(shape0, tp, pp)
     M.check_block_size(a.block_size)
+    if a.dtype == "nvfp4" or a.scales != "none":  # a format with scale planes (formats.py)
+        return size_scaled(a, shape0, shape, tp, pp, hit)
     db = M.dtype_bytes(a.dtype)
     ntok = M.transferred_tokens(a.tokens, hit)
     bpt = M.bytes_per_token(shape, a.dtype)
@@ -254,6 +265,21 @@ def cmd_size(a) -> int:
     for link, gbps in M.LINKS.items():
         ms = req / (gbps * 1e9) * 1e3
         print(f"  {link:<18} {gbps:8.1f} GB/s {ms:12.2f} ms")
+    return 0
+
+
+def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int) -> int:
+    """`kvbench size` of a format with scale planes: values, block scales and tensor scales apart."""
+    from .formats import Format, size_lines
+
+    fmt = Format(a.dtype, a.scales)
+    ntok = M.transferred_tokens(a.tokens, hit)
+    print(f"# {shape.name}: {shape.layers} layers, tp={tp} pp={pp}{'  [per rank]' if tp > 1 or pp > 1 else ''}")
+    if shape0.source:
+        print(f"# source: {shape0.source}")
+    print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
+    for line in size_lines(shape, fmt, ntok, a.block_size):
+        print(line)
     return 0
 
 

@@ -19,11 +19,11 @@ from . import suite as S
 from .schedule import SchemeError, make_pairs
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
-             "inflight", "overlap", "prefill_ms", "handshake", "arrival")
+             "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
-               "prefill_tflops", "pages")
+               "prefill_tflops", "pages", "fill")
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
 
 

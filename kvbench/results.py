@@ -19,14 +19,16 @@ import sys
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 2  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
-READS = (1, 2)  # schema versions the readers (report, compare) upgrade to this one
+SCHEMA_VERSION = 3  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+# 3: the codec columns below (2 reads as 3 with them empty)
+READS = (1, 2, 3)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
                 "pp", "world_size", "inflight"]
 CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
+CASE_COLUMNS += ["scales", "fill"]  # v3: fp8 scale planes (formats.py); pool contents (memory/values.py)
 # per row: seconds = until this rank's part of the request was complete, from the iteration's start
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
@@ -34,6 +36,11 @@ CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
 ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
                               "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
                               "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
+# --- v3, codecs (kvbench/codecpath.py): per row and iteration, this rank's seconds encoding (source) or decoding
+# and scattering (destination) the request's layers
+# codec_max_abs_err / codec_max_rel_err: on a lossy codec's check row, the largest errors (nwrong counts the
+# elements outside its stated tolerance, docs/codecs.md)
+ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_max_rel_err"]
 # skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
 # clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
 # its source's; completion: who stamped the landing,
@@ -46,7 +53,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         raise ValueError(f"schema version {version} (this kvbench reads {', '.join(map(str, READS))})")
     for col in ROW_COLUMNS:
         if col not in df.columns:
-            df[col] = {"completion": "", "pages": "4k"}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+            df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none"}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

@@ -104,7 +104,7 @@ def run(a, argv: list[str]) -> int:
     suite, cases = cfg.suite, cfg.cases
     opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.turns(), check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,
-                   pages=suite.pages,
+                   pages=suite.pages, fill=suite.fill,
                    inject_corruption=cfg.inject_corruption, variants=tuple(suite.variants),
                    transport_options=cfg.transport_options)
     with GUARD.deadline("start-up (run id, orphan sweep, memory preflight)", STARTUP_S):

@@ -12,7 +12,10 @@
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
+#   make bench-codecs       codecs on shm, tcp loopback and (root) a 1 Gbit/s shaped link: measured vs predicted
 #   make lint               ruff
+#   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
+#                           then its report and plan in results/<machine>/ (about 10 min on a 2-core VM)
 #   make bench-staged       staged over tcp on torch-cpu pools: the pipeline against pipeline=off
 #   make gpu-check          (a GPU machine) device pools, copy engines, host<->device, cuda_ipc, staged: ~5 min
 
@@ -32,12 +35,12 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: gpu-check bench-staged install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help
+.PHONY: gpu-check bench-staged sysdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,18p' Makefile
+	@sed -n '2,21p' Makefile
 
-$(STAMP): pyproject.toml setup.py kvbench/_native.c
+$(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	@if [ "$(MPI)" = "site" ]; then \
@@ -46,7 +49,7 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c
 	else \
 	  $(BIN)/python -m pip install -q mpi4py mpich; \
 	fi
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,report,codecs]'
 	@if [ "$(ENGINES)" = "1" ]; then \
 	  echo "installing engines: nixl (no deps: no CUDA torch), ucxx, mooncake (non-CUDA build)"; \
 	  $(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1 && \
@@ -94,14 +97,40 @@ soak: $(STAMP)
 selftest: $(STAMP)
 	$(BIN)/python -m kvbench.selftest --rate $(or $(RATE),1gbit) $(ARGS)
 
-test: $(STAMP)
+# the buyer's sweep: suites/procurement.yaml (bandwidth) and procurement-overlap.yaml (exposed time), one launch
+# each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
+# machine in words) heads the report and the plan
+procurement: $(STAMP)
+	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
+	  $(if $(LABEL),--label "$(LABEL)")
+
+test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# system packages that tests and benches use where present: chromium (the report page's rendering test),
+# iperf3 (selftest's reference), iproute2 (selftest's namespaces and tc). Installed when root with apt-get;
+# otherwise the tests that need them skip and say which package is missing.
+SYSPKGS ?= chromium iperf3 iproute2
+sysdeps:
+	@missing=$$(for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done 2>/dev/null); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing system packages: $$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1; } || \
+	  echo "warning: could not install $$missing; the tests that need them will skip, saying so" >&2; \
+	else echo "note: not installed: $$missing (needs root and apt-get); the tests that need them will skip" >&2; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvbench tests
 
 clean-results:
 	@echo "results are never deleted by make; remove results/<machine>/ files by hand if you must"
+
+# codecs on the path: shm, tcp over loopback, tcp over a shaped veth (root; RATE, default 1gbit): effective GB/s
+# measured next to the model's prediction and break-even link rates (docs/codecs.md)
+bench-codecs: $(STAMP)
+	$(BIN)/python benchmarks/codecs.py --mpirun $(MPIRUN) --rate $(or $(RATE),1gbit)
 
 # the GPU half on a GPU machine, bare or not: that machine's own python with the packages a CUDA image ships
 # (torch; cupy when present), the C extension built in place, no network; MPI only for the harness rows.

@@ -1,4 +1,5 @@
-"""Only the C extension lives here; everything else is in pyproject.toml."""
+"""Only the C extensions live here; everything else is in pyproject.toml."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("kvbench._native", ["kvbench/_native.c"], extra_compile_args=["-O2"])])
+setup(ext_modules=[Extension("kvbench._native", ["kvbench/_native.c"], extra_compile_args=["-O2"]),
+                   Extension("kvbench._codec", ["kvbench/_codec.c"], extra_compile_args=["-O3"])])

@@ -36,7 +36,7 @@ per back-to-back pair, median over repeats (the machine is noisy).
 
     python benchmarks/engines.py [--mpirun .venv/bin/mpiexec] [--engines nixl,ucx,mooncake] [--repeat 3]
            [--sizes 65536,262144,1048576,4194304] [--layers 16] [-n 20] [-w 3]
-           [--pages 4k,thp] [--pages-sizes 1048576]
+           [--pages 4k,thp] [--pages-sizes 1048576] [--parts tools,pages]
            [--nixl-prep on|off] [--kvbench-args "mooncake:-O notify=mpi"]
 
 This process never imports MPI or an engine; every child runs with a timeout
@@ -397,6 +397,9 @@ def main() -> int:
                     help="page sizes for the nixl comparison by page size (4k, thp; empty: skip it; default 4k,thp)")
     ap.add_argument("--pages-sizes", default="1048576",
                     help="bytes per message (per layer) for the comparison by page size (default 1048576)")
+    ap.add_argument("--parts", default="tools,pages",
+                    help="what to run: tools (kvbench bulk and hot rows against each engine's own tool), pages"
+                         " (nixl by page size against nixl_reference); comma-separated, default both")
     ap.add_argument("--keep", metavar="DIR", help="keep kvbench's result files under DIR (default: discarded)")
     a = ap.parse_args()
     a.sizes = [int(s) for s in a.sizes.split(",") if s]
@@ -404,6 +407,11 @@ def main() -> int:
     if not a.sizes or any(s <= 0 or s % KIB for s in a.sizes + a.pages_sizes) or not a.pages_sizes:
         ap.error("--sizes, --pages-sizes: positive multiples of 1024")
     a.pages = [p for p in a.pages.split(",") if p]
+    a.parts = [p for p in a.parts.split(",") if p]
+    if not a.parts or any(p not in ("tools", "pages") for p in a.parts):
+        ap.error("--parts: tools, pages (comma-separated)")
+    if "pages" not in a.parts:
+        a.pages = []
     if any(p not in ("4k", "thp") for p in a.pages):
         ap.error("--pages: 4k, thp (comma-separated)")
     engines = [e for e in a.engines.split(",") if e]
@@ -502,7 +510,7 @@ def main() -> int:
     live = [e for e in engines if e not in skipped]
     try:
         for rep in range(a.repeat):
-            for e in live:
+            for e in (live if "tools" in a.parts else []):
                 main_pair(rep, e)
                 print(f"# repeat {rep + 1}/{a.repeat} {e} done ({time.monotonic() - start:.0f} s)", file=sys.stderr,
                       flush=True)
@@ -516,8 +524,9 @@ def main() -> int:
         if not a.keep:
             shutil.rmtree(a.work, ignore_errors=True)
 
-    header(a, infos, live, load0)
-    report(a, engines, kvb, nat, over, skipped, notes)
+    if "tools" in a.parts:
+        header(a, infos, live, load0)
+        report(a, engines, kvb, nat, over, skipped, notes)
     if "nixl" in live and a.pages:
         print()
         pages_report(a, pg_kv, pg_ref, pg_share, pg_over, pg_notes)

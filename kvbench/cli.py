@@ -107,13 +107,16 @@ def build_parser() -> Parser:
                    help="interleave: a transport's cases take turns R times, iters/R iterations each, so a slow "
                         "phase of a shared machine hits every row alike (default min(5, iterations); 1: each case "
                         "runs to the end)")
+    r.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="progress bar on rank 0's stderr: auto (when it is a terminal; MPI launchers usually give "
+                   "ranks pipes, so say on), on, off")
     r.add_argument("-c", "--check", type=int, choices=(0, 1), help="verify every byte after timing (default 1)")
     r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
-    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}")
+    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "
                    "CPU tensors: the device layer without a GPU), pinned (page-locked host), cuda (GPU memory); "
                    "docs/gpu.md")
@@ -130,6 +133,13 @@ def build_parser() -> Parser:
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
                    "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
                    "vm.nr_hugepages); the sidecar records what the kernel gave")
+    r.add_argument("--codec", type=csv(str), help="wire encodings, pool unchanged (docs/codecs.md): none (default), "
+                   "exp-split (lossless: bf16, fp16, fp8-e5m2), cast-fp8-e4m3, cast-fp8-e5m2 (lossy, from fp16/bf16), "
+                   "zstd, lz4; on tcp and shm, push")
+    r.add_argument("--scales", type=csv(str), help="fp8 scale planes beside the values: none (default), tensor, "
+                   "block:<n>; --dtype nvfp4 has its own (fp8 per 16 values, fp32 per tensor; docs/codecs.md)")
+    r.add_argument("--fill", help="pool contents: pattern (default: the check pattern), realistic (KV values with a "
+                   "modelled exponent distribution, docs/codecs.md), file:<dump.npy|.safetensors> (your KV dump)")
     r.add_argument("--resume", metavar="RESULTS.parquet", help="continue an interrupted run in the same result set: "
                    "the transports it finished are kept, the rest run now (same suite, schema and machine, or a "
                    "refusal); give no suite or flags to reuse the stored ones")
@@ -161,16 +171,36 @@ def build_parser() -> Parser:
 
     s = sub.add_parser("size", help="KV bytes of a request, blocks, descriptors and time at named link rates")
     s.add_argument("--tokens", type=int, default=4096, help="prompt tokens (default 4096)")
-    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}")
+    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    s.add_argument("--scales", default="none", help="fp8 scale planes: none (default), tensor, block:<n>; "
+                   "dtype nvfp4 has its own (docs/codecs.md)")
     add_model_flags(s)
 
     sub.add_parser("list", help="transports (with availability), models, suites")
     sub.add_parser("env", help="what this machine is: CPU, memory, MPI, GPUs, NICs, library versions")
     sub.add_parser("selftest", help="(root) kvbench's tcp/mpi rates and exposed time against a tc-shaped veth "
                    "between two network namespaces; options: kvbench selftest --help")
-    rep = sub.add_parser("report", help="print the table of a result file")
-    rep.add_argument("files", nargs="+", help="results/<machine>/<stamp>_<suite>.parquet")
+    rep = sub.add_parser("report", help="print the table of result files, or (-o DIR) write a report: Markdown, "
+                         "one self-contained HTML page with plots, and CSV")
+    rep.add_argument("files", nargs="+", help="results/<machine>/<stamp>_<suite>.parquet (any mix of bandwidth, "
+                     "exposed-time and workload results)")
+    rep.add_argument("-o", "--out", metavar="DIR", help="write DIR/report.md (+ DIR/plots/), DIR/report.html and "
+                     "DIR/report.csv instead of printing the table (docs/report.md)")
+    rep.add_argument("--link-gbps", metavar="GBPS|TRANSPORT=GBPS,...", help="the link rate %%line divides by, in "
+                     "GB/s (10^9 B/s), for every row or per transport; default: the NIC's reported speed across "
+                     "hosts, the best host copy measured in the run within a host, 'unknown' otherwise")
+    cmp_ = sub.add_parser("compare", help="the same cases in two result sets: p50/p95 ratio, a Mann-Whitney test "
+                          "over the iterations, regressions flagged; exit 2 with --fail-above when one is beyond it")
+    cmp_.add_argument("a", metavar="A", help="baseline: a result file (.parquet) or a folder of them")
+    cmp_.add_argument("b", metavar="B", help="candidate: a result file or a folder of them")
+    cmp_.add_argument("--fail-above", metavar="PCT", help="exit 2 when a case of B is slower than A at p50 by more "
+                      "than PCT percent (e.g. 5%%) and the difference is significant (for CI); default: report only")
+    cmp_.add_argument("--alpha", type=float, default=0.05, help="significance level of the Mann-Whitney U test "
+                      "(default 0.05)")
+    from .cli_plan import add_parsers  # kvbench fit, kvbench plan
+
+    add_parsers(sub)
     return p
 
 
@@ -193,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
             from .runner import run
 
             return run(a, argv)
-        return {"size": cmd_size, "list": cmd_list, "env": cmd_env, "report": cmd_report}[a.cmd](a)
+        if a.cmd in ("fit", "plan"):
+            from .cli_plan import COMMANDS
+
+            return COMMANDS[a.cmd](a)
+        return {"size": cmd_size, "list": cmd_list, "env": cmd_env, "report": cmd_report,
+                "compare": cmd_compare}[a.cmd](a)
     except (ValueError, S.SuiteError, OSError) as exc:
         return say_error(str(exc))
 
@@ -208,6 +243,8 @@ def cmd_size(a) -> int:
     tp, pp, hit = _first(a.tp, 1), _first(a.pp, 1), _first(a.prefix_hit, 0)
     shape = M.shard(shape0, tp, pp)
     M.check_block_size(a.block_size)
+    if a.dtype == "nvfp4" or a.scales != "none":  # a format with scale planes (formats.py)
+        return size_scaled(a, shape0, shape, tp, pp, hit)
     db = M.dtype_bytes(a.dtype)
     ntok = M.transferred_tokens(a.tokens, hit)
     bpt = M.bytes_per_token(shape, a.dtype)
@@ -233,6 +270,21 @@ def cmd_size(a) -> int:
     for link, gbps in M.LINKS.items():
         ms = req / (gbps * 1e9) * 1e3
         print(f"  {link:<18} {gbps:8.1f} GB/s {ms:12.2f} ms")
+    return 0
+
+
+def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int) -> int:
+    """`kvbench size` of a format with scale planes: values, block scales and tensor scales apart."""
+    from .formats import Format, size_lines
+
+    fmt = Format(a.dtype, a.scales)
+    ntok = M.transferred_tokens(a.tokens, hit)
+    print(f"# {shape.name}: {shape.layers} layers, tp={tp} pp={pp}{'  [per rank]' if tp > 1 or pp > 1 else ''}")
+    if shape0.source:
+        print(f"# source: {shape0.source}")
+    print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
+    for line in size_lines(shape, fmt, ntok, a.block_size):
+        print(line)
     return 0
 
 
@@ -286,13 +338,12 @@ def cmd_env(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from . import report
+    from .report.build import main as report_main
 
-    for path in a.files:
-        df, meta = report.read(path)
-        print(f"# {path}  suite={meta.get('suite', {}).get('name', '?')}  commit={meta.get('git_commit', '?')}")
-        for line in report.header_lines():
-            print(line)
-        for _, r in report.summarize(df).iterrows():
-            print(report.format_line(r.to_dict()))
-    return 0
+    return report_main(a.files, a.out, a.link_gbps)
+
+
+def cmd_compare(a) -> int:
+    from .report.compare import main as compare_main
+
+    return compare_main(a.a, a.b, a.fail_above, a.alpha)

@@ -19,11 +19,12 @@ from . import suite as S
 from .schedule import SchemeError, make_pairs
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
-             "inflight", "overlap", "prefill_ms", "handshake", "arrival", "memory", "copy")
+             "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales", "memory",
+             "copy")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
-               "prefill_tflops", "pages")
+               "prefill_tflops", "pages", "fill")
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
 
 
@@ -42,6 +43,7 @@ class RunConfig(BaseModel):
     results: str
     name: str
     bind: Literal["none", "core"] = "none"
+    progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/progress.py)
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
     argv: list[str] = []
@@ -168,6 +170,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts,
                      results=results_dir(a.results), name=a.name or suite.name, bind=a.bind,
+                     progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
 
 

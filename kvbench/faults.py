@@ -10,13 +10,14 @@ the fault fires at the first chance.  Kinds:
   stall-case   SIGSTOP this rank at the start of a case's first iteration
   token        present a wrong token to the peers' listeners
   tcp-close    tcp: close the data connection half-way through a layer
+  codec-wire   codecs: flip one bit in the middle of every frame this rank receives, before decoding
 """
 from __future__ import annotations
 
 import os
 import signal
 
-KINDS = ("post", "kill", "stall-setup", "stall-case", "token", "tcp-close")
+KINDS = ("post", "kill", "stall-setup", "stall-case", "token", "tcp-close", "codec-wire")
 
 
 def _parse(spec: str) -> list[tuple[str, int, int | None]]:

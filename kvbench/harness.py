@@ -17,8 +17,9 @@ from itertools import groupby
 
 import numpy as np
 
-from . import clocks, faults, memory, preflight, transports, verify
+from . import clocks, faults, memory, planes, preflight, transports, verify
 from . import model as M
+from .codecpath import codec_columns, codec_refused, codec_staging, codec_transport, lossy_columns
 from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
 from .guard import GUARD
 from .memory import device
@@ -54,6 +55,7 @@ class Options:
     variants: tuple = ("bulk", "paged")
     rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
+    fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
     transport_options: dict = field(default_factory=dict)
 
 
@@ -61,6 +63,8 @@ def case_geometry(case: dict) -> dict:
     """Shape numbers of a case: blocks, block bytes, payload (pure arithmetic)."""
     shape = M.shard(M.get_model(case["model"]), case["tp"], case["pp"])
     ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
+    if planes.scaled(case):  # values, block scales, tensor scales in planes of their own
+        return planes.geometry(case, shape, ntok)
     bs = case["block_size"]
     bb = M.block_bytes(shape, bs, case["dtype"])
     nb = M.num_blocks(ntok, bs)
@@ -134,6 +138,7 @@ class Harness:
 
     # ----- one transport -----------------------------------------------------------------
     def run_transport(self, name: str, cases: list[dict], pairs) -> None:
+        memory.use(None)  # pools start with the check pattern; a case's fill is put in place by its prepare
         reason = transports.probe(name)
         cls = None
         if reason is None:
@@ -157,6 +162,7 @@ class Harness:
                       memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
+        staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
         GUARD.case = f"setup of {name}"
         GUARD.arm(f"setup of {name} (allocate and fill {nbytes / 2**30:.2f} GiB, register, connect)",
                   self.opts.setup_timeout or preflight.setup_seconds(nbytes))
@@ -165,7 +171,7 @@ class Harness:
         try:
             active = not local or self.rank == 0
             if active:
-                pools.append(self._alloc(t, nbytes, ctx.memory))
+                pools.append(self._alloc(t, nbytes + staging, ctx.memory))
                 if local:
                     pools.append(Pool(memory.alloc_host(nbytes, pages=self.opts.pages)))
                 r0 = time.perf_counter()
@@ -193,10 +199,16 @@ class Harness:
             GUARD.disarm()
             self.sample(name, "ready")
             session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
+            if staging and active:
+                from .codecpath import Session
+
+                session["codec"] = Session(t, pools[0].array, nbytes, my_pairs, self.rank)
             runnable = []
             for case in cases:
                 if case["op"] not in cls.caps.ops:
                     self.emit_skipped(case, f"unavailable: {name} supports only {', '.join(cls.caps.ops)}")
+                elif codec_refused(name, case):
+                    self.emit_skipped(case, f"unavailable: {codec_refused(name, case)}")
                 else:
                     runnable.append(case)
             if self.opts.rounds > 1:
@@ -208,6 +220,8 @@ class Harness:
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
         finally:
+            if "session" in locals() and "codec" in session:
+                session["codec"].close()
             t.close()
             for p in pools:
                 p.release()
@@ -252,14 +266,15 @@ class Harness:
         ceiling: the same bytes in contiguous chunks of 64 KiB to 4 MiB; hot: one layer's buffer again and
         again), then the paged transfer."""
         out = []
-        bulk_key = tuple(case[k] for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight"))
+        bulk_key = tuple(case.get(k) for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight",
+                                               "scales"))
         if bulk_key not in s["bulk"]:
             s["bulk"].add(bulk_key)  # plain transfers: no clock, no handshake
             refs = ["bulk"] if "bulk" in self.opts.variants else []
             refs += list(CHUNKS) if "ceiling" in self.opts.variants else []
             refs += ["hot"] if "hot" in self.opts.variants else []
-            out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off")
-                    for v in refs]
+            out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off",
+                         codec="none") for v in refs]  # references: the pool's bytes as they are
         if "paged" in self.opts.variants:
             out.append(dict(case, variant="paged"))
         return out
@@ -287,7 +302,9 @@ class Harness:
 
     def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
         """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both."""
-        lay = Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions, g["block_bytes"], s["nbytes"])
+        fmt = planes.fit(case["layout"], g, s["nbytes"]) if "fmt" in g else None
+        lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
+                                            g["block_bytes"], s["nbytes"])
         bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
         seed = self.opts.seed * 1_000_003 + self.case_no
         allocs: dict[str, BlockAllocator] = {}
@@ -316,6 +333,10 @@ class Harness:
             for req in range(case["inflight"]):
                 layers = []
                 descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
+                if fmt:  # scale planes beside the values: their own descriptors
+                    entries.append(Entry(i, req, src, dst, planes.request_layers(
+                        fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")]))
+                    continue
                 per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
                 for layer, d in enumerate(per_layer):
                     if bulk:
@@ -345,8 +366,10 @@ class Harness:
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
         entries = self.plan(case, g, s)
-        itr = Iteration(s["t"], self.comm, self.rank, entries, case, s["local"])
-        return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0}
+        t = codec_transport(self, case, g, s)
+        itr = Iteration(t, self.comm, self.rank, entries, case, s["local"])
+        return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0,
+                "codec": [] if t is not s["t"] else None}
 
     def _once(self, m: dict, it: int):
         if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
@@ -373,11 +396,14 @@ class Harness:
                 total = time.perf_counter() - t0
                 stages = s["t"].take_stages() if hasattr(s["t"], "take_stages") else None  # staged: per-stage seconds
                 m["next"] += 1  # tags stay distinct across rounds
+                stats = s["codec"].take_stats() if m["codec"] is not None else None
                 starts = itr.exchange_clock(offset) if itr.handshake == "serial" else {}
                 if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
                     exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
+                    if stats is not None:
+                        m["codec"].append(stats)
                     m.setdefault("t0s", []).append(t0)
                     m.setdefault("stages", []).append(stages)
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
@@ -405,7 +431,8 @@ class Harness:
         pos = [itr.order.index(e) for e in entries]
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
         self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
-                  m.get("stages"))
+                  m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)},
+                  stages=m.get("stages"))
 
     def one_clock(self, m: dict) -> dict[int, tuple]:
         """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
@@ -456,7 +483,12 @@ class Harness:
         if mine and self.opts.inject_corruption:
             copy = copies[id(mine[0])][0]
             copy[: self.opts.inject_corruption] ^= 0xFF
-        elem = M.dtype_bytes(case["dtype"])
+        elem = m["g"].get("elem") or M.dtype_bytes(case["dtype"])  # scaled formats: bytes (values share them)
+        if case.get("codec", "").startswith("cast-"):  # lossy: elements outside the codec's stated tolerance
+            from .codecpath import lossy_check
+
+            m["errors"] = {id(e): lossy_check(copies[id(e)], e, epoch, case) for e in mine}
+            return [m["errors"][id(e)][0] if e.dst == self.rank else 0 for e in entries]
         return [chk.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == self.rank else 0 for e in entries]
 
     def landed_after_posted(self, m: dict, mine: list, landed: dict, bounds: dict) -> None:
@@ -490,14 +522,17 @@ class Harness:
             "block_bytes": CHUNKS.get(case.get("variant"), 0) if bulk or g is None else g["block_bytes"],
             "layout": case["layout"],
             "allocation": case["variant"] if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
-            "dtype": case["dtype"], "codec": "none", "overlap": case["overlap"], "scheme": case["scheme"],
+            "dtype": case["dtype"], "codec": case.get("codec", "none"), "fill": self.opts.fill,
+            "scales": case.get("scales", "none"),
+            "overlap": case["overlap"], "scheme": case["scheme"],
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
             "pages": self.opts.pages,
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], stages=None) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
+             errors=None, stages=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -515,11 +550,12 @@ class Harness:
                                  iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
-                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off))
+                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
+                                 **codec_columns(codec, it, e, case)))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
-                                 clock_offset_s=nan))
+                                 clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
         self.deliver(rows)
 
     def emit_skipped(self, case: dict, reason: str) -> None:

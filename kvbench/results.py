@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 SCHEMA_VERSION = 3  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
-# 3: the GPU columns below (2 reads as 3 with them at their defaults: upgrade())
+# 3: the codec columns below (2 reads as 3 with them empty) and the GPU columns (at their defaults)
 READS = (1, 2, 3)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
@@ -28,6 +28,7 @@ CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
                 "pp", "world_size", "inflight"]
 CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
+CASE_COLUMNS += ["scales", "fill"]  # v3: fp8 scale planes (formats.py); pool contents (memory/values.py)
 # per row: seconds = until this rank's part of the request was complete, from the iteration's start
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
@@ -35,6 +36,11 @@ CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
 ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
                               "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
                               "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
+# --- v3, codecs (kvbench/codecpath.py): per row and iteration, this rank's seconds encoding (source) or decoding
+# and scattering (destination) the request's layers
+# codec_max_abs_err / codec_max_rel_err: on a lossy codec's check row, the largest errors (nwrong counts the
+# elements outside its stated tolerance, docs/codecs.md)
+ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_max_rel_err"]
 # skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
 # clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
 # its source's; completion: who stamped the landing,
@@ -54,7 +60,8 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         raise ValueError(f"schema version {version} (this kvbench reads {', '.join(map(str, READS))})")
     for col in ROW_COLUMNS:
         if col not in df.columns:
-            df[col] = {"completion": "", "pages": "4k", **GPU_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+            df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
+                       **GPU_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 
@@ -225,6 +232,8 @@ def system_description() -> dict:
         pass
     info["rdma_devices"] = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
     info["nics"] = sorted(n for n in os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+    info["nic_speed_mbps"] = {n: nic_speed_mbps(n) for n in info["nics"]}  # the line rate %line divides by
+    info["rdma_rates"] = rdma_rates()
     info["gpus"] = gpu_names()
     from . import hwfacts
 
@@ -241,3 +250,28 @@ def gpu_names() -> list[str]:
         return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
     except (OSError, subprocess.SubprocessError):
         return []
+
+
+def nic_speed_mbps(ifname: str) -> int | None:
+    """The NIC's reported link speed (Mb/s), or None when it has none (loopback, virtual, link down)."""
+    try:
+        with open(f"/sys/class/net/{ifname}/speed") as fh:
+            v = int(fh.read().strip())
+        return v if v > 0 else None
+    except (OSError, ValueError):  # loopback answers EINVAL; a link that is down, -1
+        return None
+
+
+def rdma_rates() -> dict[str, str]:
+    """Per RDMA device port, the rate the kernel reports (e.g. '400 Gb/sec (4X NDR)')."""
+    out = {}
+    root = "/sys/class/infiniband"
+    for dev in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        ports = os.path.join(root, dev, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            try:
+                with open(os.path.join(ports, port, "rate")) as fh:
+                    out[f"{dev}/{port}"] = fh.read().strip()
+            except OSError:
+                pass
+    return out

@@ -6,7 +6,7 @@ import sys
 import time
 from collections import Counter
 
-from . import __version__, cleanup, comm, config
+from . import __version__, cleanup, comm, config, progress
 from . import model as M
 from . import status as ST
 from . import suite as S
@@ -106,7 +106,7 @@ def run(a, argv: list[str]) -> int:
     suite, cases = cfg.suite, cfg.cases
     opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.turns(), check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,
-                   pages=suite.pages,
+                   pages=suite.pages, fill=suite.fill,
                    inject_corruption=cfg.inject_corruption, variants=tuple(suite.variants),
                    transport_options=cfg.transport_options)
     with GUARD.deadline("start-up (run id, orphan sweep, memory preflight)", STARTUP_S):
@@ -134,15 +134,20 @@ def run(a, argv: list[str]) -> int:
         err = c.bcast(err)
     if err:
         return finish(c, ST.INPUT_ERROR, err)
-    writer = printer = None
+    writer = printer = bar = None
     done: list[str] = []
     if c.rank == 0:
         writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h)
         GUARD.writer = writer
+        bar = progress.start(cfg.progress, [k for k in cases if k["transport"] not in done], suite.variants)
+        if bar:  # table lines go above the bar
+            printer.out = bar.write
 
         def sink(rows):  # stored before printed: a case on the screen is a case on disk
             writer.add(rows)
             printer.add(rows)
+            if bar and rows:
+                bar.tick(f"{rows[0]['transport']} {rows[0]['op']}")
 
         def group_done(name):  # every case of a transport is stored: print them, with their references
             writer.group_done(name)
@@ -157,6 +162,8 @@ def run(a, argv: list[str]) -> int:
         GUARD.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
     code = 0
     if c.rank == 0:
+        if bar:
+            bar.close()
         code = footer(cfg, writer, printer, h)
     with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
         code = c.bcast(code)

@@ -62,7 +62,9 @@ class Axes(BaseModel):
     layout: list[Literal["auto", "layer-major", "block-major", "mla"]] = Field(default=["auto"], min_length=1)
     alloc: list[str] = Field(default=["random"], min_length=1)
     coalesce: list[Literal["off", "on"]] = Field(default=["off"], min_length=1)
-    dtype: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2"]] = Field(default=["fp16"], min_length=1)
+    dtype: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4"]] = Field(default=["fp16"], min_length=1)
+    # fp8 scale planes (formats.py): none, tensor, block:<n>; nvfp4 carries its own
+    scales: list[str] = Field(default=["none"], min_length=1)
     tp: list[int] = Field(default=[1], min_length=1)
     pp: list[int] = Field(default=[1], min_length=1)
     inflight: list[int] = Field(default=[1], min_length=1)
@@ -74,6 +76,8 @@ class Axes(BaseModel):
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
     memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
     copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)
+    # wire encodings (docs/codecs.md): none, exp-split, cast-fp8-e4m3, cast-fp8-e5m2, zstd, lz4
+    codec: list[str] = Field(default=["none"], min_length=1)
 
     @field_validator("*")
     @classmethod
@@ -138,6 +142,25 @@ class Axes(BaseModel):
                 raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
         return v
 
+    @field_validator("scales")
+    @classmethod
+    def _scales(cls, v):
+        from .formats import parse_scales
+
+        for x in v:
+            parse_scales(x)
+        return v
+
+    @field_validator("codec")
+    @classmethod
+    def _codec(cls, v):
+        from .codecs import NAMES
+
+        for c in v:
+            if c not in NAMES:
+                raise ValueError(f"'{c}' is not one of: {', '.join(NAMES)}")
+        return v
+
     @field_validator("alloc")
     @classmethod
     def _alloc(cls, v):
@@ -182,7 +205,9 @@ class Suite(BaseModel):
     pool_factor: float = Field(default=2.0, ge=1.0)
     timeout: float = Field(default=600.0, gt=0)  # seconds one case may take (warm-up, iterations, check)
     setup_timeout: float | None = Field(default=None, gt=0)  # a transport's setup; None: derived from its pool bytes
-    pages: Literal["4k", "thp", "huge"] = "4k"  # host pools kvbench allocates (docs/pages.md says why 4k)
+    pages: Literal["4k", "thp", "huge"] = "4k"
+    # pool contents: pattern (the check pattern), realistic (modelled KV values), file:<dump.npy|.safetensors>
+    fill: str = "pattern"  # host pools kvbench allocates (docs/pages.md says why 4k)
     # bulk: one descriptor per layer; ceiling: the same bytes in 64 KiB-4 MiB contiguous chunks (bulk% is
     # against the best of bulk and these); hot: one layer's buffer re-sent (as perftest does); paged: the block table
     variants: list[Literal["bulk", "ceiling", "hot", "paged"]] = Field(default=["bulk", "ceiling", "paged"],
@@ -190,6 +215,13 @@ class Suite(BaseModel):
     prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
     workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
+
+    @field_validator("fill")
+    @classmethod
+    def _fill(cls, v):
+        from .memory.values import check_fill
+
+        return check_fill(v)
 
     @model_validator(mode="after")
     def _rounds(self):
@@ -253,13 +285,14 @@ def list_suites() -> list[str]:
 
 
 CASE_KEYS = ("transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
-             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival")
+             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec",
+             "scales")
 
 
 def expand(suite: Suite) -> list[dict]:
     """The cases of a suite, in sweep order; layout 'auto' resolved per model."""
     ax = suite.axes
-    cases = []
+    cases, dropped = [], []
     for values in itertools.product(*(getattr(ax, k) for k in CASE_KEYS)):
         case = dict(zip(CASE_KEYS, values))
         shape = M.get_model(case["model"])
@@ -284,5 +317,21 @@ def expand(suite: Suite) -> list[dict]:
             raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
                              f"axes.arrival ({ARRIVAL_HELP})")
         case["workload"] = case["arrival"]
+        from .codecs import check as codec_check
+        from .formats import Format
+
+        try:
+            fmt = Format(case["dtype"], case["scales"])
+        except ValueError as exc:  # a dtype x scales pair that does not exist (fp16 with scales, nvfp4 with others')
+            dropped.append(str(exc))
+            continue
+        if not fmt.plain and (suite.workload is not None or case["inflight"] > 1):
+            raise SuiteError(f"{fmt.describe()}: formats with scale planes run in bandwidth sweeps with inflight 1 "
+                             "(not yet in workloads)")
+        if case["codec"] != "none" and (why := codec_check(case["codec"], case["dtype"])):
+            dropped.append(why)  # a codec x dtype pair that does not exist (exp-split on e4m3): the sweep skips it
+            continue
         cases.append(case)
+    if dropped and not cases:
+        raise SuiteError(dropped[0])
     return cases

@@ -31,9 +31,7 @@ def _mix(epoch: int) -> np.uint32:
 def expected(rank: int, offset: int, nbytes: int, epoch: int) -> np.ndarray:
     """What ``rank``'s pool holds at [offset, offset + nbytes) in ``epoch``."""
     w0, w1 = offset // 4, -(-(offset + nbytes) // 4)
-    words = memory.pattern_words(rank, w0, w1 - w0)
-    if epoch:
-        words ^= _mix(epoch)
+    words = memory.epoch_words(rank, w0, w1 - w0, epoch, _mix(epoch))
     lead = offset - w0 * 4
     return words.view(np.uint8)[lead : lead + nbytes]
 

@@ -14,6 +14,13 @@ import numpy as np
 POISON = 0xA5
 
 _MUL = np.uint32(2654435761)  # Knuth's multiplicative hash constant
+CONTENTS = None  # values.Realistic / values.Dump in force (None: the check pattern); set by use()
+
+
+def use(contents) -> None:
+    """Make ``contents`` (memory/values.py) what fill, expected and verify compute; None: the check pattern."""
+    global CONTENTS
+    CONTENTS = contents
 _RANK = np.uint32(0x9E3779B9)
 
 
@@ -27,7 +34,19 @@ def pattern_at(rank: int, words: np.ndarray) -> np.ndarray:
 
 def pattern_words(rank: int, word_start: int, nwords: int) -> np.ndarray:
     """The fill pattern of ``rank``'s pool for 32-bit words [start, start+n)."""
+    if CONTENTS is not None:
+        return CONTENTS.words(rank, word_start, nwords)
     return pattern_at(rank, np.arange(word_start, word_start + nwords, dtype=np.uint32))
+
+
+def epoch_words(rank: int, word_start: int, nwords: int, epoch: int, mix) -> np.ndarray:
+    """Words of ``epoch``: the check pattern XOR ``mix``; other contents draw new values (their statistics kept)."""
+    if CONTENTS is not None:
+        return CONTENTS.words(rank, word_start, nwords, epoch)
+    words = pattern_words(rank, word_start, nwords)
+    if epoch:
+        words ^= mix
+    return words
 
 
 def fill(array: np.ndarray, rank: int, chunk: int = 1 << 26) -> None:

@@ -1,0 +1,218 @@
+"""`kvbench report RESULTS... -o DIR`: the page from result files (machines, then one section per kind of row)."""
+from __future__ import annotations
+
+import json
+from itertools import chain
+
+import pandas as pd
+
+from . import plots
+from .link import LinkOverride
+from .page import Page
+from .stats import Run, load_run
+
+
+def _f(x, spec: str) -> str:
+    return "-" if x is None or pd.isna(x) else format(x, spec)
+
+
+def machine_key(meta: dict) -> str:
+    sysd = {k: v for k, v in (meta.get("system") or {}).items() if k != "argv0"}
+    return json.dumps([sysd, sorted(set(meta.get("hosts") or []))], sort_keys=True, default=str)
+
+
+def machine_table(meta: dict, runs: list[Run]) -> pd.DataFrame:
+    """What machine produced these runs (the sidecar's allowlisted description)."""
+    s = meta.get("system") or {}
+    speeds = s.get("nic_speed_mbps") or {}
+    nics = ", ".join(f"{n} ({speeds[n]} Mb/s)" if speeds.get(n) else n for n in s.get("nics", [])) or "-"
+    rdma = s.get("rdma_rates") or {}
+    libs = meta.get("libraries") or {}
+    rows = [("hosts", ", ".join(dict.fromkeys(meta.get("hosts") or [s.get("hostname", "?")]))),
+            ("ranks", meta.get("world_size", "-")),
+            ("CPU", f"{s.get('cpu_model', '?')}, {s.get('cpus', '?')} cores ({s.get('machine', '?')})"),
+            ("memory", _f(s.get("mem_total_bytes", float("nan")) / 2**30, ".1f") + " GiB"),
+            ("GPUs", ", ".join(s.get("gpus") or []) or "none"),
+            ("NICs (speed)", nics + ("" if speeds else "  [speed not recorded by this kvbench version]")),
+            ("RDMA devices", ", ".join(f"{k}: {v}" for k, v in rdma.items()) or ", ".join(s.get("rdma_devices") or [])
+             or "none"),
+            ("OS", s.get("platform", "-")),
+            ("MPI", str(meta.get("mpi", "-")).splitlines()[0] if meta.get("mpi") else "-"),
+            ("libraries", ", ".join(f"{k} {v}" for k, v in libs.items())),
+            ("kvbench", f"{meta.get('kvbench_version', '?')} (commit {meta.get('git_commit', '?')})"),
+            ("runs", ", ".join(r.label for r in runs))]
+    return pd.DataFrame(rows, columns=["machine", "value"])
+
+
+def runs_table(runs: list[Run]) -> pd.DataFrame:
+    rows = []
+    for r in runs:
+        m = r.meta
+        kinds = r.st["kind"].value_counts()
+        rows.append({"run": r.label, "suite": (m.get("suite") or {}).get("name", "?"), "started": m.get("started", "-"),
+                     "status": m.get("status", "-"), "schema (as written)": m.get("schema_version", "-"),
+                     "cases": len(r.st), "bandwidth / exposed / workload": " / ".join(
+                         str(int(kinds.get(k, 0))) for k in ("bandwidth", "exposed", "workload")),
+                     "skipped": int((r.st["status"] == "skipped").sum()),
+                     "wrong elements": m.get("total_wrong", "-")})
+    return pd.DataFrame(rows)
+
+
+KEY_COLUMNS = ("run", "transport", "op", "memory", "model", "tokens", "dtype", "alloc", "overlap", "handshake",
+               "layers", "arrival")  # a key column with one value in every row moves into the caption
+
+
+def compact(caption: str, table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    """Say a column that is the same in every row once, in the caption, and keep the table narrow."""
+    same = [c for c in table.columns if c in KEY_COLUMNS and len(table) > 1 and table[c].astype(str).nunique() == 1]
+    if not same:
+        return caption, table
+    return (f"{caption} (every row: {', '.join(f'{c} {table[c].iloc[0]}' for c in same)})",
+            table.drop(columns=same))
+
+
+def _wrong(r) -> str:
+    return "-" if pd.isna(r["nwrong_checked"]) else str(int(r["nwrong_checked"]))
+
+
+def bandwidth_table(bw: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "run": r["run"], "transport": r["transport"], "op": r["op"], "memory": r["memory"], "model": r["model"],
+        "tokens": r["tokens"], "dtype": r["dtype"], "variant": r["variant"],
+        "block (tok)": r["block_size"] if r["variant"] == "paged" else "-", "alloc": r["allocation"],
+        "descs": r["descriptors"], "payload (MB)": _f(r["payload_bytes"] / 1e6, ".2f"),
+        "p50 (ms)": _f(r["p50"] * 1e3, ".3f"), "p95 (ms)": _f(r["p95"] * 1e3, ".3f"),
+        "p99 (ms)": _f(r["p99"] * 1e3, ".3f"), "GB/s": _f(r["gbps"], ".2f"), "±%": _f(r["spread_pct"], ".1f"),
+        "bulk%": _f(r["bulk_pct"], ".1f") + ("*" if r["noise"] else ""), "ceiling": r["ceil_name"] or "-",
+        "link (GB/s)": _f(r["link_gbps"], ".2f"), "%line": _f(r["pct_line"], ".1f"), "link rate from": r["link"],
+        "#wrong": _wrong(r)} for _, r in bw.iterrows()])
+
+
+def exposed_table(ex: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "run": r["run"], "transport": r["transport"], "op": r["op"], "overlap": r["overlap"],
+        "handshake": r["handshake"], "model": r["model"], "tokens": r["tokens"], "layers": r["layers"],
+        "block (tok)": r["block_size"] if r["variant"] == "paged" else "-", "payload (MB)": _f(r["payload_bytes"] / 1e6, ".2f"),
+        "prefill P (ms)": _f(r["prefill_s"] * 1e3, ".2f"), "transfer T (ms)": _f(r["T_ms"], ".2f"),
+        "handshake (us)": _f(r["handshake_p50"] * 1e6, ".0f"), "exposed p50 (ms)": _f(r["exposed_p50"] * 1e3, ".2f"),
+        "p95 (ms)": _f(r["exposed_p95"] * 1e3, ".2f"), "p99 (ms)": _f(r["exposed_p99"] * 1e3, ".2f"),
+        "model (ms)": _f(r["model_ms"], ".2f"), "diff (ms)": _f(r["diff_ms"], "+.2f"), "#wrong": _wrong(r)}
+        for _, r in ex.iterrows()])
+
+
+def workload_table(wl: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "run": r["run"], "transport": r["transport"], "op": r["op"], "overlap": r["overlap"], "model": r["model"],
+        "arrival": r["arrival"], "rate (req/s)": _f(r["rate_rps"], "g"), "requests": r["requests"],
+        "admitted": r["admitted"], "dropped": r["dropped"],
+        "queue p50/p95/p99 (ms)": "/".join(_f(r[f"queue_p{q}_ms"], ".2f") for q in (50, 95, 99)),
+        "exposed p50/p95/p99 (ms)": "/".join(_f(r[f"exposed_p{q}_ms"], ".2f") for q in (50, 95, 99)),
+        "landed p99 (ms from arrival)": _f(r["landed_p99_ms"], ".2f"),
+        "pool peak/cap (blocks)": f"{_f(r['pool_peak'], '.0f')}/{_f(r['pool_cap'], '.0f')}",
+        "pool mean": _f(r["pool_mean"], ".1f")} for _, r in wl.iterrows()])
+
+
+CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "exposed_p50": "exposed_p50_s",
+              "exposed_p95": "exposed_p95_s", "exposed_p99": "exposed_p99_s", "handshake_p50": "handshake_p50_s",
+              "gbps": "gbps_1e9", "agg_gbps": "agg_gbps_1e9", "bulk_gbps": "bulk_gbps_1e9",
+              "ceil_gbps": "ceil_gbps_1e9", "link_gbps": "link_gbps_1e9", "link": "link_source"}
+
+
+# more sections of the page: callables (page, runs) -> None, run in order after the built-in ones and before
+# Skipped (e.g. the link model: ``EXTRA_SECTIONS.append(linkmodel.add_section)``)
+EXTRA_SECTIONS: list = []
+
+
+def _link_model(page, runs) -> None:
+    from .fitsection import add_section  # the link model's section, when a run sweeps enough block sizes
+
+    add_section(page, runs)
+
+
+EXTRA_SECTIONS.append(_link_model)
+
+
+def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page, list[Run]]:
+    """Read every file and lay out the page (callers may add sections before writing it)."""
+    runs = [load_run(p, override) for p in paths]
+    machines: dict[str, list[Run]] = {}
+    for r in runs:
+        machines.setdefault(machine_key(r.meta), []).append(r)
+    names = [" + ".join(dict.fromkeys(rs[0].meta.get("hosts") or ["?"])) for rs in machines.values()]
+    page = Page(f"kvbench report: {', '.join(names)} ({len(runs)} result file{'s' * (len(runs) != 1)})")
+    for i, rs in enumerate(machines.values()):
+        page.head.append((f"Machine {chr(65 + i)}: {names[i]}", machine_table(rs[0].meta, rs)))
+    page.add_section("Runs", "Each result file with what it holds. GB/s = 10^9 B/s throughout; MB = 10^6 B.",
+                     tables=[("result files", runs_table(runs))])
+    st = pd.concat([r.st for r in runs], ignore_index=True)
+    wl = pd.concat([r.wl for r in runs if len(r.wl)], ignore_index=True) if any(len(r.wl) for r in runs) else None
+    ok = st[st["status"] != "skipped"]
+    bw, ex = ok[ok["kind"] == "bandwidth"], ok[ok["kind"] == "exposed"]
+    if len(bw):
+        s = page.add_section("Bandwidth", [
+            "One request at a time, nothing else on its clock: time = until the destination knows the last byte "
+            "landed (max over the pair's ranks). GB/s = payload / p50 time. bulk% = GB/s / the ceiling (the best of "
+            "the same payload as one descriptor per layer or contiguous 64K-4M chunks, measured alongside; * = "
+            "above it by more than both spreads: noise). ±% = interquartile range of the per-round medians.",
+            "%line = GB/s / the rate of the link: the NIC's reported speed when the pair's ranks are on different "
+            "hosts (nominal), a rate the transport or device layer reported (nominal), or, when they share a host, "
+            "the best host copy of the same payload measured in the same run (measured, not nominal); "
+            "--link-gbps overrides; 'unknown' where kvbench cannot tell."],
+            tables=[compact("bandwidth rows", bandwidth_table(bw))])
+        for cap, fig in chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),
+                              plots.latency_percentiles(bw)):
+            s.add_figure(cap, fig)
+    if len(ex):
+        s = page.add_section("Exposed time", [
+            "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
+            "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
+            "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s."],
+            tables=[compact("exposed-time rows", exposed_table(ex))])
+        for cap, fig in plots.exposed_vs_prompt(ex):
+            s.add_figure(cap, fig)
+    if wl is not None:
+        s = page.add_section("Workload", [
+            "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
+            "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
+            "arrival to KV landed. No GB/s here: these times include the queue."],
+            tables=[compact("workload rows", workload_table(wl))])
+        for cap, fig in plots.workload_tails(wl):
+            s.add_figure(cap, fig)
+    for extra in EXTRA_SECTIONS:
+        extra(page, runs)
+    skipped = st[st["status"] == "skipped"]
+    if len(skipped):
+        page.add_section("Skipped", "Cases that did not run here, with the reason (never a number).",
+                         tables=[("skipped cases", skipped[["run", "transport", "op", "memory", "variant", "reason"]]
+                                  .drop_duplicates(["run", "transport", "op", "reason"]))])
+    rows = st.rename(columns=CSV_RENAME)
+    if wl is not None:
+        rows = rows.merge(wl.drop(columns=["transport", "op", "model", "tokens", "block_size", "overlap", "variant"]),
+                          on=["run", "case"], how="left")
+    page.add_data("", rows)
+    return page, runs
+
+
+def main(files: list[str], out_dir: str | None, link_gbps: str | None = None, say=print) -> int:
+    """`kvbench report`: with -o, the page (md, html, csv) in out_dir; without, today's terminal table."""
+    from . import tables
+    from .link import LinkOverride
+    from .page import write
+
+    override = LinkOverride.parse(link_gbps)
+    if out_dir:
+        page, runs = build(files, override)
+        for p in write(page, out_dir):
+            say(f"# wrote {p}")
+        return 0
+    for path in files:
+        df, meta = tables.read(path)
+        st = tables.summarize(df)
+        exposed = tables.uses_overlap(meta.get("cases") or st.rename(columns={"prefill_ms_set": "prefill_ms"})
+                                      .to_dict("records"))
+        say(f"# {path}  suite={meta.get('suite', {}).get('name', '?')}  commit={meta.get('git_commit', '?')}")
+        for line in tables.overlap_header_lines() if exposed else tables.header_lines():
+            say(line)
+        for _, r in st.iterrows():
+            say(tables.format_line(r.to_dict(), tables.OVERLAP_COLUMNS if exposed else None))
+    return 0

@@ -1,0 +1,61 @@
+"""The link model's section of the report page: per path the fitted costs, then predicted against measured."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from . import linkmodel  # noqa: E402
+
+MIN_BLOCK_SIZES = 3  # three unknowns (γ, α, β): a path needs at least three distinct paged shapes to be fitted
+
+
+def add_section(page, runs) -> None:
+    """Fit every run's paged bandwidth rows that sweep enough block sizes; nothing is added when none do."""
+    fits, cases = [], []
+    for r in runs:
+        bw = r.st[(r.st["kind"] == "bandwidth") & (r.st["variant"] == "paged")]
+        if bw.empty or bw.groupby(["transport", "op"])["block_size"].nunique().max() < MIN_BLOCK_SIZES:
+            continue
+        try:
+            f, c = linkmodel.fit_cases(r.st.drop(columns=["run"]))
+        except ValueError:
+            continue
+        fits += [x for x in f if x.path.get("kind") == "paged" and x.separable]
+        c = c[c["kind"] == "paged"].copy()
+        c.insert(0, "run", r.label)
+        cases.append(c)
+    if not fits:
+        return
+    cases = pd.concat(cases, ignore_index=True)
+    fit_rows = pd.DataFrame([{
+        "path": f.label(), "γ us/layer": round(f.gamma_s * 1e6, 2), "α us/descriptor": round(f.alpha_s * 1e6, 3),
+        "β GB/s": round(f.beta_bps / 1e9, 3), "R²": round(f.r2, 4),
+        "max |err| %": round(100 * f.max_rel, 1), "cases": f.points} for f in fits])
+    shown = cases[["run", "transport", "op", "model", "tokens", "layers", "block_size", "descriptors",
+                   "payload_bytes", "p50", "pred_s", "err_pct"]].copy()
+    shown["p50"] = (shown["p50"] * 1e3).round(3)
+    shown["pred_s"] = (shown["pred_s"] * 1e3).round(3)
+    shown["err_pct"] = shown["err_pct"].round(1)
+    shown = shown.rename(columns={"block_size": "blk(tok)", "payload_bytes": "payload (B)", "p50": "p50 ms",
+                                  "pred_s": "predicted ms", "err_pct": "err %"})
+    s = page.add_section("Link model", [
+        "Per path, from its paged rows: t = L·γ + n·α + bytes/β (L layers, n descriptors per request), fitted by "
+        "least squares of each case's relative error; γ = cost per layer, α = cost per descriptor, β = bandwidth "
+        "(GB/s = 10^9 B/s). `kvbench fit FILE --leave-out BLOCKS` fits without some block sizes and predicts them; "
+        "`kvbench plan --fabric FILE` uses these fits (docs/planning.md)."],
+        tables=[("fitted link model per path", fit_rows), ("predicted against measured", shown)])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    for (t, op), g in cases.groupby(["transport", "op"], sort=False):
+        ax.scatter(g["p50"] * 1e3, g["pred_s"] * 1e3, label=f"{t} {op}", s=18)
+    lim = [0, float(max(cases["p50"].max(), cases["pred_s"].max()) * 1e3 * 1.05)]
+    ax.plot(lim, lim, color="grey", lw=1, ls="--", label="predicted = measured")
+    ax.set_xlabel("measured p50 per request (ms)")
+    ax.set_ylabel("link model's prediction (ms)")
+    ax.set_title("link model: predicted against measured, paged rows")
+    ax.legend(loc="upper left", fontsize=8)
+    s.add_figure("link model: predicted against measured request time", fig)
+    plt.close(fig)
+    page.add_data("linkmodel", fit_rows)

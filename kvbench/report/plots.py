@@ -1,0 +1,210 @@
+"""The report's plots (matplotlib, Agg): each yields (caption, Figure) pairs, one open figure at a time; units on
+every axis."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+
+GROUP_KEYS = ["model", "tokens", "dtype", "tp", "pp", "world_size"]  # one payload: one figure
+LINE_KEYS = ["run", "op", "allocation", "coalesce", "layout", "inflight", "memory"]  # one line within a panel
+
+
+def _plt():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("kvbench report -o draws its plots with matplotlib: pip install 'kvbench[report]'") from None
+
+    matplotlib.use("Agg")  # no display: a report is written, never shown
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panels(n: int, title: str, w: float = 5.2, h: float = 4.8):
+    plt = _plt()
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    # constrained: room for the legends below the panels, drawn once (bbox_inches="tight" draws twice)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    return fig, list(axes.flat[:n])
+
+
+def _label(keys: tuple, varying: list[str]) -> str:
+    d = dict(zip(LINE_KEYS, keys))
+    return " ".join(str(d[k]) for k in varying) or str(d["op"])
+
+
+def _xticks(ax, values) -> None:
+    """Ticks at the measured values, written as plain numbers (16, 64, 256, not 2^4)."""
+    import matplotlib.ticker as mt
+
+    vals = sorted(set(int(v) for v in values))
+    ax.xaxis.set_major_locator(mt.FixedLocator(vals))
+    ax.xaxis.set_major_formatter(mt.FixedFormatter([str(v) for v in vals]))
+    ax.xaxis.set_minor_locator(mt.NullLocator())
+
+
+def _varying(df: pd.DataFrame, keys: list[str]) -> list[str]:
+    return [k for k in keys if df[k].nunique() > 1] or ["op"]
+
+
+def _group_title(key: tuple) -> str:
+    d = dict(zip(GROUP_KEYS, key))
+    return (f"{d['model']}, {d['tokens']} tokens, {d['dtype']}, tp={d['tp']} pp={d['pp']}, "
+            f"{d['world_size']} ranks") + (f", {key[-1]}" if len(key) > len(GROUP_KEYS) else "")
+
+
+def _groups(d: pd.DataFrame):
+    """One figure per payload; per payload and run when more than two runs measured it (lines stay readable)."""
+    for key, g in d.groupby(GROUP_KEYS):
+        if g["run"].nunique() > 2:
+            for run, gr in g.groupby("run"):
+                yield (*key, run), gr
+        else:
+            yield key, g
+
+
+def _legend(ax) -> None:
+    """Below the panel, so that no line is hidden behind it."""
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, handlelength=3.5)
+
+
+def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
+    """Paged GB/s against block size per transport and op, with the bulk (dashed) and ceiling (dotted) lines."""
+    paged = bw[(bw["variant"] == "paged") & bw["gbps"].notna()]
+    for key, g in _groups(paged):
+        transports = list(dict.fromkeys(g["transport"]))
+        fig, axes = _panels(len(transports), "Achieved bandwidth against block size: " + _group_title(key))
+        vary = _varying(g, LINE_KEYS)
+        for ax, t in zip(axes, transports):
+            gt = g[g["transport"] == t]
+            for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS)):
+                gl = gl.sort_values("block_size")
+                color = f"C{i}"
+                ax.plot(gl["block_size"], gl["gbps"], "o-", color=color, label=f"paged {_label(lk, vary)}")
+                bulk, ceil = gl["bulk_gbps"].dropna(), gl["ceil_gbps"].dropna()
+                if len(bulk):
+                    ax.axhline(bulk.iloc[0], color=color, ls="--", lw=1, label=f"bulk {_label(lk, vary)}")
+                if len(ceil) and (not len(bulk) or ceil.iloc[0] != bulk.iloc[0]):
+                    ax.axhline(ceil.iloc[0], color=color, ls=":", lw=1.2,
+                               label=f"ceiling {_label(lk, vary)} ({gl['ceil_name'].iloc[0]})")
+            ax.set_xscale("log", base=2)
+            _xticks(ax, gt["block_size"])
+            ax.set_xlabel("block size (tokens)")
+            ax.set_ylabel("GB/s (10^9 B/s)")
+            ax.set_ylim(bottom=0)
+            ax.set_title(t)
+            ax.grid(alpha=.3)
+            _legend(ax)
+        yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables; dashed = bulk (one "
+                    "descriptor per layer); dotted = ceiling (best of bulk and contiguous chunks)", fig)
+
+
+def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
+    """Achieved GB/s against descriptors per request, every bandwidth row, per transport and op."""
+    d = bw[bw["gbps"].notna() & (bw["descriptors"] > 0)]
+    if d.empty:
+        return
+    fig, (ax,) = _panels(1, "Descriptors per request against achieved bandwidth", w=7.5, h=4.5)
+    for i, ((t, op), g) in enumerate(d.groupby(["transport", "op"])):
+        ax.scatter(g["descriptors"], g["gbps"], color=f"C{i}", marker="os^vD<>"[i % 7], label=f"{t} {op}", s=22)
+    ax.set_xscale("log")
+    ax.set_xlabel("descriptors per request (contiguous copies)")
+    ax.set_ylabel("GB/s (10^9 B/s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=.3)
+    _legend(ax)
+    yield ("GB/s against descriptors per request (all payloads; more descriptors = smaller copies)", fig)
+
+
+def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
+    """p50, p95 and p99 request time (ms) against block size, per transport; colour = op."""
+    paged = bw[(bw["variant"] == "paged") & bw["p50"].notna()]
+    for key, g in _groups(paged):
+        transports = list(dict.fromkeys(g["transport"]))
+        fig, axes = _panels(len(transports), "Request time percentiles: " + _group_title(key))
+        vary = _varying(g, LINE_KEYS)
+        for ax, t in zip(axes, transports):
+            for i, (lk, gl) in enumerate(g[g["transport"] == t].groupby(LINE_KEYS)):
+                gl = gl.sort_values("block_size")
+                for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
+                    ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=f"C{i}",
+                            label=f"{_label(lk, vary)} {q}")
+            ax.set_xscale("log", base=2)
+            _xticks(ax, g[g["transport"] == t]["block_size"])
+            ax.set_xlabel("block size (tokens)")
+            ax.set_ylabel("time per request (ms)")
+            ax.set_title(t)
+            ax.grid(alpha=.3)
+            _legend(ax)
+        yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}", fig)
+
+
+def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
+    """Exposed ms (p50, bar to p95) against prompt length, with the model's line (dashed), per transport."""
+    d = ex[ex["exposed_ms"].notna()]
+    if d.empty:
+        return
+    for (model, dtype), g in d.groupby(["model", "dtype"]):
+        transports = list(dict.fromkeys(g["transport"]))
+        fig, axes = _panels(len(transports), f"Exposed time against prompt length: {model}, {dtype}")
+        multi = g["run"].nunique() > 1
+        for ax, t in zip(axes, transports):
+            for i, ((run, op, ov, hs, bs), gl) in enumerate(g[g["transport"] == t].groupby(
+                    ["run", "op", "overlap", "handshake", "block_size"])):
+                tag = f"{run} " if multi else ""
+                gl = gl.sort_values("tokens")
+                x, y = gl["tokens"].to_numpy(), gl["exposed_ms"].to_numpy()
+                up = np.maximum(gl["exposed_p95"].to_numpy() * 1e3 - y, 0)
+                ax.errorbar(x, y, yerr=[np.zeros_like(up), up], fmt="o-", color=f"C{i}", capsize=3, ms=4,
+                            label=f"{tag}{op} {ov} hs={hs} blk={bs}")
+                if gl["model_ms"].notna().any():
+                    ax.plot(x, gl["model_ms"], "--", color=f"C{i}", lw=1, label=f"model {tag}{op} {ov}")
+            ax.set_xscale("log", base=2)
+            _xticks(ax, g[g["transport"] == t]["tokens"])
+            ax.set_xlabel("prompt length (tokens)")
+            ax.set_ylabel("exposed time (ms)")
+            ax.set_ylim(bottom=0)
+            ax.set_title(t)
+            ax.grid(alpha=.3)
+            _legend(ax)
+        yield (f"Exposed ms p50 (bar to p95) against prompt length, {model} {dtype}; dashed = the model "
+                    "max(0, T - P) + T/L streaming, T serial", fig)
+
+
+def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
+    """Exposed and queue tails (ms) against arrival rate (req/s), per transport and op; drops annotated."""
+    d = wl[wl["rate_rps"].notna()]
+    if d.empty:
+        return
+    keys = list(dict.fromkeys(zip(d["transport"], d["op"], d["overlap"])))
+    fig, axes = _panels(len(keys), "Workload tails against arrival rate")
+    for ax, k in zip(axes, keys):
+        panel = d[(d["transport"] == k[0]) & (d["op"] == k[1]) & (d["overlap"] == k[2])]
+        multi, shapes = panel["run"].nunique() > 1, panel[["model", "tokens"]].drop_duplicates().shape[0] > 1
+        for i, ((run, model, tokens), g) in enumerate(panel.groupby(["run", "model", "tokens"], sort=False)):
+            g = g.sort_values("rate_rps")
+            tag = (f"{run} " if multi else "") + (f"{model} {tokens} tok " if shapes else "")
+            for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
+                ax.plot(g["rate_rps"], g[f"exposed_{q}_ms"], ls, marker="o", ms=4, color=f"C{i}",
+                        label=f"{tag}exposed {q}")
+            ax.plot(g["rate_rps"], g["queue_p99_ms"], "-.", marker="s", ms=4, color=f"C{i}", alpha=.6,
+                    label=f"{tag}queue p99")
+            for _, r in g[g["dropped"] > 0].iterrows():
+                ax.annotate(f"{int(r['dropped'])} dropped", (r["rate_rps"], r["exposed_p99_ms"]), fontsize=7,
+                            textcoords="offset points", xytext=(-20, 6))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arrival rate (requests/s per prefill rank)")
+        ax.set_ylabel("time (ms)")
+        ax.set_title(" ".join(k))
+        ax.grid(alpha=.3, which="both")
+        _legend(ax)
+    yield ("Exposed time (prefill end to KV landed) and queue wait (for decode blocks) of admitted requests "
+             "against arrival rate", fig)

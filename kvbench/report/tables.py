@@ -77,8 +77,8 @@ def format_line(r: dict, columns=None) -> str:
     return " ".join(f"{f(r):>{w}}" for _, w, f in columns)
 
 
-BULK_KEYS = ["transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme", "world_size",
-             "inflight"]
+BULK_KEYS = ["transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme",
+             "world_size", "inflight"]
 BULK_KEYS += ["scales"]  # v3: each fp8 scale-plane format has its own references (kvbench/planes.py)
 
 
@@ -95,7 +95,7 @@ def spread_pct(df: pd.DataFrame) -> pd.Series:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """case_stats plus bulk% (each paged case against the bulk case of the same payload)."""
-    st = case_stats(df)
+    st = case_stats(df).fillna({"memory": "host", "copy": "batch"})  # rows without the GPU columns: host rows
     # the check pass is the iter == -1 row; under a workload every admitted request carries its own count
     rows = df[(df["iter"] == -1) | (df["workload"] != "none")]
     checked = rows.groupby("case")["nwrong"].apply(lambda s: s.sum(min_count=1))

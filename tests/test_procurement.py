@@ -34,7 +34,9 @@ def test_driver_writes_report_and_plan_beside_the_results(tmp_path):
     names = sorted(os.listdir(tmp_path / folder))
     assert sorted(n.split("_", 1)[1] for n in names) == [
         "procurement-overlap.meta.json", "procurement-overlap.parquet", "procurement.meta.json",
-        "procurement.parquet", "procurement.plan.txt", "procurement.report.txt"]
+        "procurement.parquet", "procurement.plan.txt", "procurement.report", "procurement.report.txt"]
+    page = tmp_path / folder / next(n for n in names if n.endswith("procurement.report"))
+    assert sorted(p.name for p in page.iterdir() if p.is_file())[:3] == ["report.csv", "report.html", "report.md"]
     report = (tmp_path / folder / next(n for n in names if n.endswith("report.txt"))).read_text()
     plan = (tmp_path / folder / next(n for n in names if n.endswith("plan.txt"))).read_text()
     assert report.startswith("# machine: test VM\n") and "unavailable" in report

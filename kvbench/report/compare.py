@@ -67,7 +67,8 @@ def samples(run: Run) -> pd.DataFrame:
 
 
 def _key(df: pd.DataFrame) -> pd.Series:
-    return df[KEYS].astype(str).agg("|".join, axis=1)
+    # missing keys (columns an older schema did not have) join as "-": astype(str) keeps NaN as missing
+    return df[KEYS].astype(object).where(df[KEYS].notna(), "-").astype(str).agg("|".join, axis=1)
 
 
 def _pool(s: pd.DataFrame) -> pd.DataFrame:

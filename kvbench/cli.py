@@ -147,6 +147,10 @@ def build_parser() -> Parser:
     ov.add_argument("--overlap", type=csv(str), help="serial (send after prefill ends) or streaming (send layer i "
                     "as soon as it is final)")
     ov.add_argument("--prefill-ms", type=csv(_ms), help="prefill time P in ms, or 'auto' = FLOPs / --prefill-tflops")
+    ov.add_argument("--prefill", type=csv(str), help="clock (a timer of --prefill-ms; default) or real: each layer's "
+                    "QKV, output and MLP matmuls of the model's sizes for the prompt's tokens, computed where the "
+                    "pools live (--memory torch-cpu, pinned or cuda), the layer's transfer posted when they finish "
+                    "(docs/gpu.md)")
     ov.add_argument("--prefill-tflops", type=float, help="achieved prefill TFLOP/s for --prefill-ms auto (default 400)")
     ov.add_argument("--handshake", type=csv(str), help="allocate-then-stream round trip: off, serial (before "
                     "prefill starts) or overlap (during the first layer)")

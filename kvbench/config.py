@@ -20,7 +20,7 @@ from .schedule import SchemeError, make_pairs
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
              "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales", "memory",
-             "copy")
+             "copy", "prefill")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
@@ -167,11 +167,23 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     if "staged" in suite.axes.transport and suite.axes.memory == ["host"]:
         raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
                           "bounce buffer (use --memory torch-cpu, pinned or cuda)")
+    real_prefill(suite)
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts,
                      results=results_dir(a.results), name=a.name or suite.name, bind=a.bind,
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
+
+
+def real_prefill(suite: S.Suite) -> None:
+    """--prefill real computes where the pools live: host pools have no device to compute on."""
+    if "real" not in suite.axes.prefill:
+        return
+    if "host" in suite.axes.memory:
+        raise ConfigError("--prefill real: --memory host has no device to compute on (the layers' matmuls run "
+                          "where the pools live: use --memory torch-cpu, pinned or cuda)")
+    if suite.workload is not None:
+        raise ConfigError("--prefill real runs in bandwidth sweeps, not under a workload (not yet)")
 
 
 def read_sidecar(parquet: str) -> dict:

@@ -274,7 +274,7 @@ class Harness:
             refs += list(CHUNKS) if "ceiling" in self.opts.variants else []
             refs += ["hot"] if "hot" in self.opts.variants else []
             out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off",
-                         codec="none") for v in refs]  # references: the pool's bytes as they are
+                         codec="none", prefill="clock") for v in refs]  # references: the pool's bytes as they are
         if "paged" in self.opts.variants:
             out.append(dict(case, variant="paged"))
         return out
@@ -397,10 +397,11 @@ class Harness:
                 stages = s["t"].take_stages() if hasattr(s["t"], "take_stages") else None  # staged: per-stage seconds
                 m["next"] += 1  # tags stay distinct across rounds
                 stats = s["codec"].take_stats() if m["codec"] is not None else None
-                starts = itr.exchange_clock(offset) if itr.handshake == "serial" else {}
+                ends, took = itr.prefill_ends(offset)  # per source: its prefill's end (real: measured there)
                 if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
-                    exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
+                    exposed = [d - ends.get(e.src, itr.prefill_s) if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
+                    m.setdefault("took", []).append(took)
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
                     if stats is not None:
                         m["codec"].append(stats)
@@ -432,7 +433,7 @@ class Harness:
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
         self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
                   m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)},
-                  stages=m.get("stages"))
+                  stages=m.get("stages"), took=m.get("took"))
 
     def one_clock(self, m: dict) -> dict[int, tuple]:
         """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
@@ -517,7 +518,7 @@ class Harness:
         return {
             "case": self.case_no if no is None else no, "variant": case.get("variant", "paged"), "transport": case["transport"],
             "op": case["op"], "memory": case.get("memory", "host"), "copy": case.get("copy", "batch"),
-            "model": case["model"], "tokens": case["tokens"],
+            "prefill": case.get("prefill", "clock"), "model": case["model"], "tokens": case["tokens"],
             "prefix_hit": case["prefix_hit"], "block_size": 0 if bulk else case["block_size"],
             "block_bytes": CHUNKS.get(case.get("variant"), 0) if bulk or g is None else g["block_bytes"],
             "layout": case["layout"],
@@ -532,7 +533,7 @@ class Harness:
         }
 
     def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None) -> None:
+             errors=None, stages=None, took=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -551,7 +552,7 @@ class Harness:
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
-                                 **codec_columns(codec, it, e, case)))
+                                 **codec_columns(codec, it, e, case), **real_prefill_s(took, it, e.src)))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
@@ -586,6 +587,11 @@ def device_reason(cls, case: dict) -> str | None:
     from . import copy
 
     return device.probe(kind) or copy.probe(case.get("copy", "batch"), "cuda" if kind == "cuda" else "cpu")
+
+
+def real_prefill_s(took: list | None, it: int, src: int) -> dict:
+    """A real prefill's measured seconds (on the source, sent to its destinations) as the row's prefill_s."""
+    return {"prefill_s": took[it][src]} if took and src in took[it] else {}
 
 
 def stage_columns(stages: dict | None) -> dict:

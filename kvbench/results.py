@@ -51,6 +51,11 @@ ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_
 # (device -> bounce, the inner transport, bounce -> device; NaN for every other transport)
 GPU_DEFAULTS = {"copy": "batch", "gather_s": np.nan, "wire_s": np.nan, "scatter_s": np.nan}
 CASE_COLUMNS += ["copy"]
+# prefill = how the prefill was made: "clock" (a timer of prefill_ms) or "real" (each layer's matmuls where the
+# pools live, prefill.py); with "real", prefill_s is the prefill's measured seconds on the source that iteration
+GPU_DEFAULTS["prefill"] = "clock"
+CASE_COLUMNS += ["prefill"]
+ROW_COLUMNS += ["prefill"]
 ROW_COLUMNS += ["copy", "gather_s", "wire_s", "scatter_s"]
 
 

@@ -180,10 +180,14 @@ class Iteration:
         self.streaming = case.get("overlap", "serial") == "streaming"
         self.prefill_s = float(case.get("prefill_ms", 0.0)) / 1e3
         self.layers = len(entries[0].layers) if entries else 0
-        self.clock = PrefillClock(self.prefill_s, max(self.layers, 1))
         self.sources = sorted({e.src for e in entries if e.dst == rank and e.src != rank})
         self.dests = sorted({e.dst for e in entries if e.src == rank and e.dst != rank})
         self.is_prefill = any(e.src == rank for e in entries)
+        from .prefill import make_clock  # prefill: real computes each layer's matmuls (prefill.py)
+
+        self.real = case.get("prefill", "clock") == "real"
+        self.clock = make_clock(case, self.layers, self.prefill_s, self.is_prefill or local)
+        self.t0 = 0.0
         # the check pass's hooks (None while timing): a layer became final on the source; an entry's
         # completion is known on the destination
         self.on_final = self.on_landed = None
@@ -194,7 +198,7 @@ class Iteration:
     def run(self, tag0: int):
         """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset)."""
         t, op, inside = self.t, self.op, 0.0
-        t0 = time.perf_counter()
+        t0 = self.t0 = time.perf_counter()
         hs = self._handshake(t0) if self.handshake != "off" else 0.0
         self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
         handles: dict[int, list] = {id(e): [] for e in self.order}
@@ -295,6 +299,19 @@ class Iteration:
                 self.comm.recv_bytes(bytearray(4 * len(e.blocks_dst)), e.dst, TAG_GRANT)
         self.comm.waitall(reqs)
         return time.perf_counter() - t0
+
+    def prefill_ends(self, offset: float) -> tuple[dict[int, float], dict[int, float]]:
+        """After timing: per source of this rank, when its prefill ended on its own iteration clock, and how long
+        it took (real prefill: measured there; the clock: prefill_ms, and the handshake's delay if serial)."""
+        if not self.real:
+            starts = self.exchange_clock(offset) if self.handshake == "serial" else {}
+            return {s: v + self.prefill_s for s, v in starts.items()}, {}
+        mine = not isinstance(self.clock, PrefillClock)  # this rank computed a real prefill
+        ends = self.exchange_clock(self.clock.end - self.t0 if mine else 0.0)
+        took = self.exchange_clock(self.clock.measured_s if mine else 0.0)
+        if mine:  # this rank's own rows (as a source) carry its measured prefill too
+            took[self.rank] = self.clock.measured_s
+        return ends, took
 
     def exchange_clock(self, offset: float) -> dict[int, float]:
         """After timing: each decode rank learns its sources' prefill start offsets (untimed)."""

@@ -76,6 +76,8 @@ class Axes(BaseModel):
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
     memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
     copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)
+    # prefill: the clock (a timer of prefill_ms) or real (the model's matmuls where the pools live, prefill.py)
+    prefill: list[Literal["clock", "real"]] = Field(default=["clock"], min_length=1)
     # wire encodings (docs/codecs.md): none, exp-split, cast-fp8-e4m3, cast-fp8-e5m2, zstd, lz4
     codec: list[str] = Field(default=["none"], min_length=1)
 
@@ -286,7 +288,7 @@ def list_suites() -> list[str]:
 
 CASE_KEYS = ("transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
              "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec",
-             "scales")
+             "scales", "prefill")
 
 
 def expand(suite: Suite) -> list[dict]:

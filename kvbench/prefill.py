@@ -92,6 +92,8 @@ class RealPrefill:
         self.times = [math.nan] * self.layers
         for e in self._ready:
             e.clear()
+        if self.stream is not None:  # the weights were written on the default stream
+            self.stream.wait_stream(self.torch.cuda.current_stream(self.device))
         target = self._run_cuda if self.stream is not None else self._run_cpu
         self._thread = threading.Thread(target=target, name="kvbench-prefill", daemon=True)
         self._thread.start()

@@ -14,12 +14,12 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 def test_defaults_and_only():
     a = parse([])
     assert (a.pool_mib, a.block_kib, a.blocks, a.repeats) == (1024, 32, 4096, 5)
-    assert a.only == ["copy", "harness", "hostdev", "ipc", "pool"]
+    assert a.only == ["copy", "harness", "hostdev", "ipc", "pool", "prefill"]
     assert parse(["--only", "pool,copy"]).only == ["pool", "copy"]
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--only", "pool,nvlink"], "--only nvlink: not one of copy,harness,hostdev,ipc,pool"),
+    (["--only", "pool,nvlink"], "--only nvlink: not one of copy,harness,hostdev,ipc,pool,prefill"),
     (["--repeats", "0"], "--repeats must be 1 or more, not 0"),
     (["--pool-mib", "64", "--blocks", "4096"], "must fit in half of --pool-mib (64 MiB)"),
     (["--blocks", "x"], "invalid int value"),

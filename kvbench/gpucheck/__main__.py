@@ -28,7 +28,7 @@ def parse(argv):
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per measurement (median kept)")
     p.add_argument("--mpirun", default=None, help="MPI launcher for the harness rows (default: mpiexec on PATH)")
     p.add_argument("-o", "--results", default="results", help="results directory (default results/)")
-    p.add_argument("--only", default="", help="comma list of checks: pool,copy,hostdev,ipc,harness")
+    p.add_argument("--only", default="", help="comma list of checks: pool,copy,hostdev,ipc,harness,prefill")
     a = p.parse_args(argv)
     for name in ("pool_mib", "block_kib", "blocks", "repeats"):
         if getattr(a, name) < 1:
@@ -36,7 +36,7 @@ def parse(argv):
     if a.blocks * a.block_kib > a.pool_mib * 1024 // 2:
         p.error(f"--blocks x --block-kib ({a.blocks * a.block_kib} KiB) must fit in half of --pool-mib "
                 f"({a.pool_mib} MiB): source and destination halves")
-    known = {"pool", "copy", "hostdev", "ipc", "harness"}
+    known = {"pool", "copy", "hostdev", "ipc", "harness", "prefill"}
     a.only = [x for x in a.only.split(",") if x] or sorted(known)
     bad = [x for x in a.only if x not in known]
     if bad:

@@ -241,6 +241,58 @@ def run_all(a) -> list[dict]:
         rows += ipc_rows(a)
     if "harness" in a.only:
         rows += harness_rows(a)
-    rows.append(_row("prefill", "real prefill streaming", status="skipped",
-                     note="not in this version (issue item 8): the prefill clock only"))
+    if "prefill" in a.only:
+        rows += prefill_rows(a)
+    return rows
+
+
+def prefill_rows(a) -> list[dict]:
+    """Real prefill on the GPU: llama-3-8b's layer matmuls for 4096 tokens (events per layer, prefill.py), then,
+    where an MPI launcher exists, streaming against serial through kvbench run (exposed time vs the model)."""
+    from .. import model as M
+    from .. import prefill as P
+
+    shape, tokens = M.get_model("llama-3-8b"), 4096
+    rows = []
+    try:
+        rp = P.RealPrefill(shape, tokens, shape.layers, "cuda:0", "bf16")
+        took = []
+        for _ in range(1 + a.repeats):  # the first one warms cuBLAS up
+            rp.start()
+            rp.wait_all()
+            ordered = all(x < y for x, y in zip(rp.times, rp.times[1:]))
+            took.append(rp.measured_s)
+        s = float(np.median(took[1:]))
+        tflops = P.layer_flops(shape, tokens) * shape.layers / s / 1e12
+        rows.append(_row("prefill", f"real llama-3-8b {tokens} tok, {shape.layers} events", status="ok" if ordered
+                         else "FAIL", note=f"{s * 1e3:.1f} ms, {tflops:.0f} TFLOP/s achieved; per-layer events "
+                         f"{'in order' if ordered else 'OUT OF ORDER'}"))
+    except Exception as exc:
+        return [_row("prefill", "real prefill", status="FAIL", note=f"{type(exc).__name__}: {exc}"[:100])]
+    mpirun = a.mpirun or shutil.which("mpiexec") or shutil.which("mpirun")
+    if not mpirun:
+        return rows + [_row("prefill", "real prefill streaming (kvbench run)", status="skipped",
+                            note="no MPI launcher (mpiexec/mpirun) on PATH")]
+    out = os.path.join(a.results, "gpucheck-runs")
+    cmd = [mpirun, "-n", "2", sys.executable, "-m", "kvbench", "run", "-t", "cuda_ipc", "--memory", "cuda",
+           "--prefill", "real", "--overlap", "serial,streaming", "--op", "push", "-m", "llama-3-8b", "--tokens",
+           str(tokens), "-n", "10", "--variants", "bulk,paged", "-o", out, "--name", "gpucheck-prefill"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if p.returncode not in (0, 2):
+        return rows + [_row("prefill", "real prefill streaming (kvbench run)", status="FAIL",
+                            note=(p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:100])]
+    import pandas as pd
+
+    path = max(glob.glob(os.path.join(out, "*", "*.parquet")), key=os.path.getmtime)
+    df = pd.read_parquet(path)
+    ok = df[(df["iter"] >= 0) & (df["status"] == "ok")]
+    bulk = ok[ok["variant"] == "bulk"].groupby("iter")["seconds"].max().median()
+    dec = ok[(ok["variant"] == "paged") & (ok["role"] == "decode")]
+    exp = dec.groupby("overlap")["exposed_s"].median()
+    wrong = int(df[df["iter"] == -1]["nwrong"].fillna(0).sum())
+    model = bulk / shape.layers  # streaming: the last layer's share when the prefill outlasts the transfer
+    good = wrong == 0 and exp.get("streaming", np.inf) < exp.get("serial", 0)
+    rows.append(_row("prefill", "real prefill: exposed streaming/serial", status="ok" if good else "FAIL",
+                     note=f"{exp.get('streaming', np.nan) * 1e3:.2f} / {exp.get('serial', np.nan) * 1e3:.2f} ms "
+                     f"(model T/L {model * 1e3:.2f} ms, T {bulk * 1e3:.2f}); #wrong {wrong}"))
     return rows

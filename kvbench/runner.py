@@ -101,8 +101,9 @@ def run(a, argv: list[str]) -> int:
         cfg_d, err = c.bcast(payload)
     if err:
         return finish(c, ST.INPUT_ERROR, err)
+    # the suite names models made on rank 0 (--layers ..., a YAML file): they exist here before it is validated
+    M.PRESETS.update({n: M.ModelShape(**f) for n, f in cfg_d["models"].items()})
     cfg = config.RunConfig.model_validate(cfg_d)
-    M.PRESETS.update(cfg.shapes())
     suite, cases = cfg.suite, cfg.cases
     opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.turns(), check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,

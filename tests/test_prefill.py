@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 from kvbench import prefill as P  # noqa: E402
 from kvbench.schedule import PrefillClock  # noqa: E402
 
-TINY = "name: tiny\nlayers: 8\nkv_heads: 2\nhead_dim: 64\n"  # hidden 128: CPU matmuls of ~1 GFLOP per layer
+TINY = ["--layers", "8", "--kv-heads", "2", "--head-dim", "64"]  # hidden 128: CPU matmuls of ~1 GFLOP per layer
 
 
 def test_sizes_follow_the_model():
@@ -46,12 +46,12 @@ def test_real_prefill_with_host_memory_is_refused(kvrun):
     assert "--prefill real: --memory host has no device to compute on" in r.err
 
 
-def test_streaming_real_prefill_hides_the_transfer(kvrun, tmp_path):
+def test_streaming_real_prefill_hides_the_transfer(kvrun):
     """Two real ranks, torch-cpu pools through staged over tcp: streaming's exposed time is below serial's,
-    every byte lands right, and rows carry the prefill kind and its measured seconds."""
-    (tmp_path / "tiny.yaml").write_text(TINY)
+    every byte lands right, and rows carry the prefill kind and its measured seconds.  The model is made by flags
+    on rank 0: the other ranks must know it too (runner.py registers it before validating)."""
     r = kvrun(["-t", "staged", "-O", "inner=tcp", "--op", "push,pull", "--memory", "torch-cpu", "--prefill", "real",
-               "--overlap", "serial,streaming", "-m", str(tmp_path / "tiny.yaml"), "--tokens", "4096",
+               "--overlap", "serial,streaming", *TINY, "--tokens", "4096",
                "--variants", "paged", "--rounds", "1", "-n", "5", "-w", "1"], timeout=240)
     assert r.code == 0, r.out + r.err
     df = r.table()

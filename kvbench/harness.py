@@ -17,7 +17,7 @@ from itertools import groupby
 
 import numpy as np
 
-from . import clocks, faults, memory, preflight, transports, verify
+from . import clocks, costs, faults, memory, preflight, transports, verify
 from . import model as M
 from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
 from .guard import GUARD
@@ -363,6 +363,7 @@ class Harness:
                     exposed = [d - starts.get(e.src, 0.0) - itr.prefill_s if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
+                    m.setdefault("cost", []).append(itr.cost)  # time outside the wire (costs.py)
                     m.setdefault("t0s", []).append(t0)
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
                     m["warm"] = True
@@ -388,7 +389,8 @@ class Harness:
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
-        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries])
+        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
+                  costs.reorder(m.get("cost", []), pos))
 
     def one_clock(self, m: dict) -> dict[int, tuple]:
         """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
@@ -478,7 +480,7 @@ class Harness:
             "pages": self.opts.pages,
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str]) -> None:
+    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], cost=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -495,7 +497,8 @@ class Harness:
                 rows.append(dict(base, iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
-                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off))
+                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
+                                 **costs.row(cost, it, k)))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,

@@ -19,8 +19,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 2  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
-READS = (1, 2)  # schema versions the readers (report, compare) upgrade to this one
+SCHEMA_VERSION = 3  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+READS = (1, 2, 3)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -38,6 +38,12 @@ ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "s
 # clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
 # its source's; completion: who stamped the landing,
 # "transport" (its own receive or progress thread) or "harness" (the moment its wait or notification returned)
+
+# --- schema 3, time outside the wire (costs.py; v2 rows read with them empty) ---------------------------
+# post_s: this rank's seconds in the transport's prepare/post/start/serve/signal calls in the iteration;
+# lib_s: the part of post_s inside the library call that moves or queues the bytes; notify_s: its seconds in the harness's own notifications; wake_s: this request's gap from the transport's
+# landing stamp to the harness's wait returning (empty where the harness stamps the landing)
+ROW_COLUMNS += ["post_s", "lib_s", "notify_s", "wake_s"]
 
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:

@@ -190,10 +190,16 @@ class Iteration:
         # check pass, source: per (pair, request), when its last layer was posted (a pull: made final)
         self.bound_at: dict[tuple[int, int], float] = {}
         self.rule: dict[int, str] = {}  # per entry: who stamped its completion ("transport" or "harness")
+        # the last iteration's time outside the wire on this rank (costs.py): seconds in the transport's
+        # prepare/post/start/serve/signal calls (lib_s of them inside the library's data call), in the
+        # harness's own notifications, and per entry in
+        # `order` the gap from the transport's landing stamp to its wait's return (None: harness-stamped)
+        self.cost: dict = {"post_s": 0.0, "lib_s": 0.0, "notify_s": 0.0, "wake_s": []}
 
     def run(self, tag0: int):
         """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset)."""
         t, op, inside = self.t, self.op, 0.0
+        note, wake, lib0 = 0.0, [], t.lib_s
         t0 = time.perf_counter()
         hs = self._handshake(t0) if self.handshake != "off" else 0.0
         self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
@@ -232,8 +238,10 @@ class Iteration:
                         t.start_signal(s)
                     inside += time.perf_counter() - a
                 elif op == "pull" and not self.local:  # the harness's MPI message: not the transport's time
+                    a = time.perf_counter()
                     for dst in self.dests:
                         self.comm.notify(dst, TAG_LAYER_READY)
+                    note += time.perf_counter() - a
                     a = time.perf_counter()
                     for e, _ in self.serve:  # a two-sided source sends a layer once its destination asked
                         for k in ks:
@@ -252,13 +260,17 @@ class Iteration:
                     prepared = prepared[-1:]
                 handles[id(e)] += [t.start(p) for p in prepared]
             inside += time.perf_counter() - a
+        post, lib = inside, t.lib_s - lib0  # everything so far was posting: the waits follow
         done = []
         for e in self.order:
             a = time.perf_counter()
             landed, stamped = wait_landed(t, handles[id(e)])
+            back = time.perf_counter()
+            wake.append(back - landed if stamped else None)
             if self.notify:  # completion the harness adds for one-sided transports: waiting, not overhead
                 if e.src == self.rank:
                     self.comm.notify(e.dst)
+                    note += time.perf_counter() - back
                 else:
                     self.comm.wait_notify(e.src)
             if self.notify:
@@ -277,6 +289,7 @@ class Iteration:
             inside += b - a
             # done when the bytes landed, or when the message that completes them arrived
             done.append((b if self.state_msg else landed) - t0)
+        self.cost = {"post_s": post, "lib_s": lib, "notify_s": note, "wake_s": wake}
         return done, inside, hs, self.clock.t0 - t0
 
     def _handshake(self, t0: float) -> float:

@@ -126,6 +126,10 @@ class Transport:
 
     name: ClassVar[str] = "?"
     caps: ClassVar[Caps] = Caps()
+    # seconds this rank spent inside the library call that moves or queues the bytes during post/start
+    # (a send that copies synchronously, a Put, a transfer submission): the rest of the posting time is
+    # kvbench's own (costs.py); transports add to it around that one call
+    lib_s: float = 0.0
 
     def __init__(self, ctx: Context):
         self.ctx = ctx

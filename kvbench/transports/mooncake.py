@@ -203,7 +203,9 @@ class MooncakeTransport(Transport):
         ids = []
         for i in range(0, len(lens), self._batch):
             j = i + self._batch
+            a = time.perf_counter()
             bid = submit(session, loc[i:j], rem[i:j], lens[i:j])
+            self.lib_s += time.perf_counter() - a
             if bid == 0:
                 if ids:  # do not leave submitted batches behind unreaped
                     self._te.get_batch_transfer_status(ids)

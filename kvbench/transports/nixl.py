@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import struct
+import time
 import weakref
 from collections import Counter, OrderedDict, deque
 
@@ -190,7 +191,9 @@ class NixlTransport(Transport):
             else:
                 a = self.agent
                 h = a.initialize_xfer(xop, a.get_xfer_descs(loc, self.seg), a.get_xfer_descs(rem, self.seg), name, msg)
+            a = time.perf_counter()
             st = self.agent.transfer(h)
+            self.lib_s += time.perf_counter() - a
         except Exception as exc:
             raise TransportError(f"nixl: posting {xop} to rank {peer} failed: {exc}") from None
         if st == "ERR":

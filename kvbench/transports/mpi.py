@@ -12,9 +12,9 @@ Options (``ctx.options``):
            the harness's pool; 3-6x slower on MPICH within a node)
   epoch    "lock_all" (default; one passive epoch from ready() to close()) or
            "lock" (Lock a peer at its first post, Unlock it at the last wait)
-  prep     "off" (default): build, commit and free the datatypes in every post,
-           as a request with a new block table must; "on": keep them while a
-           descriptor array is unchanged (like nixl's prep=on)
+  prep     "on" (default): keep the committed datatypes while a descriptor array
+           is unchanged (like nixl's prep=on: off the per-layer path); "off": build,
+           commit and free them in every post, as a request with a new block table must
   split    N (default 4): a layer of at most N descriptors (bulk rows, coalesced
            contiguous allocations: 1-2 per layer) moves as N contiguous calls
            instead of one hindexed call.  MPICH copies between two non-contiguous

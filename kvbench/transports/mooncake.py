@@ -57,6 +57,7 @@ class MooncakeTransport(Transport):
     """One TransferEngine per rank; push = batch WRITE, pull = batch READ."""
 
     name = "mooncake"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
 

@@ -49,6 +49,7 @@ class MpiTransport(MpiBase):
     """
 
     name = "mpi"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(one_sided=True, multi_node=True, notifies=True, network=True)
 
     def __new__(cls, ctx):
@@ -129,7 +130,7 @@ class MpiTransport(MpiBase):
         if len(descs):
             cols = (SRC, DST) if op == "push" else (DST, SRC)  # (origin, target)
             MPI, types = mpi(), None
-            if len(descs) <= self.split:  # a few ranges: contiguous calls, no datatype (see `split`)
+            if len(descs) <= self.split * self.layers_in(descs):  # a few ranges a layer: contiguous calls (`split`)
                 check_descs(descs, *self._bounds(peer, op == "push"))
                 arr, o, t = self._arr, cols[0], cols[1]
                 calls = [([arr[r[o]:r[o] + r[LEN]], r[LEN], MPI.BYTE], (r[t], r[LEN], MPI.BYTE)) for r in descs.tolist()]

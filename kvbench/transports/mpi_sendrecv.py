@@ -18,6 +18,7 @@ class MpiSendRecvTransport(MpiBase):
     (MPI packs internally); wait = Wait.  No window."""
 
     name = "mpi-sendrecv"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(one_sided=False, multi_node=True, notifies=True, network=True)
     MODE = "sendrecv"
 

@@ -45,6 +45,7 @@ class NixlTransport(Transport):
     """NIXL agent per rank; push = WRITE, pull = READ, one notification per post."""
 
     name = "nixl"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host", "cuda"), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
 

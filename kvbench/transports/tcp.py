@@ -277,6 +277,7 @@ class _Conn:
 
 class TcpTransport(Transport):
     name = "tcp"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False, multi_node=True, notifies=True, network=True,
                 signals_ready=True, stamps=True)
 

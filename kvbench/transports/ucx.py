@@ -51,6 +51,7 @@ class UcxTransport(Transport):
     """ucxx worker per rank; one tag message per layer (plus a header), polled progress."""
 
     name = "ucx"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False,
                 multi_node=True, notifies=True, network=True)
 

@@ -128,7 +128,7 @@ def main() -> int:
     ap.add_argument("--ops", default="push,pull", help="push, pull or both (default both)")
     ap.add_argument("--sizes", default="16384,65536,262144,1048576,4194304",
                     help="bytes per layer, multiples of 16384 (comma-separated)")
-    ap.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per case, both sides (default 20)")
+    ap.add_argument("-n", "--iters", type=int, default=15, help="timed iterations per case, both sides (default 15)")
     ap.add_argument("-w", "--warmup", type=int, default=3, help="warm-up iterations per case, both sides (default 3)")
     ap.add_argument("--repeat", type=int, default=3, help="kvbench/reference pairs per path (default 3)")
     ap.add_argument("--quick", action="store_true",

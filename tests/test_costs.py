@@ -11,7 +11,7 @@ from kvbench import costs
 from kvbench.results import ROW_COLUMNS, SCHEMA_VERSION, upgrade
 from kvbench.transports.base import Transport
 
-from .conftest import kvbench_cli
+from tests.conftest import kvbench_cli
 
 
 class Recorder(Transport):
@@ -88,7 +88,7 @@ def test_costs_are_in_rows_sidecar_and_report(kvrun, transport):
     r = kvrun(["-t", transport, "--op", "push,pull", "-m", "llama-3-8b", "--tokens", "64", "-n", "4", "-w", "1",
                "--variants", "bulk,paged", "--rounds", "1"])
     assert r.code == 0, r.err
-    df = pd.read_parquet(r.path)
+    df = r.table()
     timed = df[(df["iter"] >= 0) & (df["status"] == "ok")]
     assert int(df["nwrong"].fillna(0).sum()) == 0
     assert timed["post_s"].notna().all() and (timed["post_s"] >= timed["lib_s"]).all() and (timed["lib_s"] >= 0).all()
@@ -97,12 +97,12 @@ def test_costs_are_in_rows_sidecar_and_report(kvrun, transport):
         assert dest["wake_s"].notna().all() and (dest["wake_s"] >= 0).all()
     else:
         assert dest["wake_s"].isna().all()
-    with open(r.path[: -len(".parquet")] + ".meta.json") as fh:
+    with open(r.results[: -len(".parquet")] + ".meta.json") as fh:
         meta = json.load(fh)
     cases = {str(int(c)) for c in timed["case"].unique()}
     assert set(meta["layer_cost_us"]) == cases
     assert all(v["cost_us"] >= 0 and v["post_us"] is not None for v in meta["layer_cost_us"].values())
-    rep = kvbench_cli("report", r.path)
+    rep = kvbench_cli("report", r.results)
     assert rep.returncode == 0, rep.stderr
     assert "us/L" in rep.stdout
     lines = [ln for ln in rep.stdout.splitlines() if ln.strip().startswith(transport)]

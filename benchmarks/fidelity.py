@@ -132,7 +132,7 @@ def main() -> int:
     ap.add_argument("-w", "--warmup", type=int, default=3, help="warm-up iterations per case, both sides (default 3)")
     ap.add_argument("--repeat", type=int, default=3, help="kvbench/reference pairs per path (default 3)")
     ap.add_argument("--quick", action="store_true",
-                    help="a check in about a minute and a half: sizes 16 KiB and 1 MiB, one repeat, 10 iterations")
+                    help="a check in two to three minutes: sizes 16 KiB and 1 MiB, one repeat, 10 iterations")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
     ap.add_argument("--case-timeout", type=float, default=60, help="kvbench --timeout per case, seconds")
     ap.add_argument("--launch-timeout", type=float, default=240, help="seconds one mpiexec launch may take")

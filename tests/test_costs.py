@@ -10,7 +10,6 @@ import pytest
 from kvbench import costs
 from kvbench.results import ROW_COLUMNS, SCHEMA_VERSION, upgrade
 from kvbench.transports.base import Transport
-
 from tests.conftest import kvbench_cli
 
 

@@ -210,18 +210,18 @@ class Iteration:
         groups = [range(self.layers)] if not self.streaming else [[k] for k in range(self.layers)]
         tag = lambda e, k: tag0 | (e.req << 12) | k  # noqa: E731
         a = time.perf_counter()
+        # a request's layers as one post where the transport joins them (base.one_post)
+        one = {id(e): t.one_post([e.layers[k] for k in ks]) for ks in groups[:1] for e in self.entries}
         for ks in groups:
-            joined = t.batches and len(ks) > 1  # a request's layers as one post (base.prepare_request)
             for e, peer in self.serve:
-                if self.signal and not joined:  # the initiator reads layer by layer as each is signalled
+                if self.signal and one[id(e)] is None:  # the initiator reads layer by layer as each is signalled
                     handles[id(e)] += [t.serve(op, peer, e.layers[k], tag(e, k)) for k in ks]
                 else:  # as the initiator posts them (prepare_request)
                     handles[id(e)] += t.serve_request(op, peer, [e.layers[k] for k in ks], [tag(e, k) for k in ks])
             if self.signal:
                 for e, peer in self.init:
-                    if joined:  # one read of the whole request, on the last layer's signal
-                        handles[id(e)].append(t.post_when_ready(peer, t.joined([e.layers[k] for k in ks]),
-                                                                tag(e, ks[-1])))
+                    if one[id(e)] is not None:  # one read of the whole request, on the last layer's signal
+                        handles[id(e)].append(t.post_when_ready(peer, one[id(e)], tag(e, ks[-1])))
                     else:
                         handles[id(e)] += [t.post_when_ready(peer, e.layers[k], tag(e, k)) for k in ks]
         inside += time.perf_counter() - a
@@ -230,9 +230,9 @@ class Iteration:
             # what can be done before the layers are final: the posts' checks and headers, the signals' tags
             a = time.perf_counter()
             if self.signal:
-                one = t.batches and len(ks) > 1  # the request is read as one: one signal, its last layer's
-                signals = [t.prepare_signal(peer, [tag(e, ks[-1])] if one else [tag(e, k) for k in ks])
-                           for e, peer in self.serve]
+                # a request read as one gets one signal, its last layer's
+                signals = [t.prepare_signal(peer, [tag(e, ks[-1])] if one[id(e)] is not None else
+                                            [tag(e, k) for k in ks]) for e, peer in self.serve]
             else:
                 # one request's layers at once: a transport may post them in one native call (base.prepare_request)
                 ready = [(e, t.prepare_request(op, peer, [e.layers[k] for k in ks], [tag(e, k) for k in ks]))

@@ -106,3 +106,11 @@ def test_costs_are_in_rows_sidecar_and_report(kvrun, transport):
     assert "us/L" in rep.stdout
     lines = [ln for ln in rep.stdout.splitlines() if ln.strip().startswith(transport)]
     assert len(lines) == len(cases) and all(ln.split()[-1] != "-" for ln in lines)
+
+
+def test_the_same_array_twice_goes_layer_by_layer():
+    # the hot variant re-sends one buffer: one two-sided receive may not land twice on the same bytes
+    t, ls = Recorder(), layers(1)
+    handles = t.start_request(t.prepare_request("push", 1, [ls[0]] * 4, [1, 2, 3, 4]))
+    assert len(handles) == 4 and [c[2] for c in t.calls] == [1, 2, 3, 4]
+    assert len(t.serve_request("push", 0, [ls[0]] * 4, [1, 2, 3, 4])) == 4

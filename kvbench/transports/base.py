@@ -199,8 +199,8 @@ class Transport:
         streaming: one).  A transport that can post them in ONE native call (one transfer list, one batch,
         one vectored write) returns its own object and answers ``start_request`` and ``serve_request`` in
         kind; the default is a list of per-layer ``prepare`` results."""
-        if self.batches and len(layers) > 1:
-            return _Whole(self.prepare(op, peer, self.joined(layers), tags[-1]))
+        if (one := self.one_post(layers)) is not None:
+            return _Whole(self.prepare(op, peer, one, tags[-1]))
         return [self.prepare(op, peer, d, t) for d, t in zip(layers, tags)]
 
     def start_request(self, prepared) -> list:
@@ -211,21 +211,29 @@ class Transport:
 
     def serve_request(self, op: str, peer: int, layers: list[np.ndarray], tags: list[int]) -> list:
         """Target side of ``prepare_request``: the handles to wait for (default: ``serve`` per layer)."""
-        if self.batches and len(layers) > 1:
-            return [self.serve(op, peer, self.joined(layers), tags[-1])]
+        if (one := self.one_post(layers)) is not None:
+            return [self.serve(op, peer, one, tags[-1])]
         return [self.serve(op, peer, d, t) for d, t in zip(layers, tags)]
 
-    def joined(self, layers: list[np.ndarray]) -> np.ndarray:
-        """The layers' descriptor arrays as one, built once per list of arrays (the harness reuses them every
-        iteration and never changes them in place; the cache holds them, so their ids stay theirs)."""
+    def one_post(self, layers: list[np.ndarray]) -> np.ndarray | None:
+        """The layers' descriptor arrays joined into one post, or None where they go layer by layer (a
+        transport that does not batch, one layer, or the same array twice: the hot variant re-sends one
+        buffer, and one two-sided receive may not land twice on the same bytes).  Built once per list of
+        arrays: the harness reuses them every iteration and never changes them in place; the cache holds
+        them, so their ids stay theirs."""
+        if not self.batches or len(layers) < 2:
+            return None
         cache = self.__dict__.setdefault("_joined", {})
         key = tuple(id(d) for d in layers)
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= 4096:
                 cache.clear()
-            hit = cache[key] = (layers, np.ascontiguousarray(np.concatenate(layers)))
-            self.__dict__.setdefault("_layers_in", {})[id(hit[1])] = len(layers)
+                self.__dict__["_layers_in"] = {}
+            distinct = len(set(key)) == len(key)
+            hit = cache[key] = (layers, np.ascontiguousarray(np.concatenate(layers)) if distinct else None)
+            if distinct:
+                self.__dict__.setdefault("_layers_in", {})[id(hit[1])] = len(layers)
         return hit[1]
 
     def layers_in(self, descs: np.ndarray) -> int:

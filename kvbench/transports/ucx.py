@@ -120,6 +120,12 @@ class UcxTransport(Transport):
             self._worker.progress()
         self._lanes = {str(p): _ep_info(ep.handle) for p, ep in self._eps.items()}
 
+    def one_post(self, layers):
+        """Join a request's layers only where each has several ranges (they are packed anyway): one range
+        per layer (bulk) goes pool to pool, layer by layer, where joining would add a pack and an unpack."""
+        one = super().one_post(layers)
+        return None if one is None or len(one) == len(layers) else one
+
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: pack and send (header + data); pull: send a request, receive into staging."""
         me = self.ctx.rank

@@ -81,14 +81,9 @@ def setup(ref: str, comm, buf: np.ndarray, a) -> dict:
         if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0 or te.register_memory(_addr(buf), buf.nbytes):
             raise SystemExit("fidelity_ref: mooncake initialise/register failed")
         metas = comm.allgather((f"127.0.0.1:{te.get_rpc_port()}", _addr(buf)))
-        if me == 1:
-            ls = socket.create_server(("127.0.0.1", 0))
-            comm.send(ls.getsockname(), dest=0)
-            sock, _ = ls.accept()
-            ls.close()
-        else:
-            sock = socket.create_connection(comm.recv(source=1))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        from fidelity_ref import tcp_setup  # the notification socket: the tcp reference's own connection
+
+        sock = tcp_setup(comm, 0)
         return {"te": te, "session": metas[peer][0], "raddr": metas[peer][1], "sock": sock, "addr": _addr(buf)}
     raise SystemExit(f"fidelity_ref: unknown engine reference {ref}")
 

@@ -99,7 +99,10 @@ def spread_pct(df: pd.DataFrame) -> pd.Series:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """case_stats plus bulk% (each paged case against the bulk case of the same payload)."""
-    st = case_stats(df).fillna({"memory": "host", "copy": "batch"})  # rows without the GPU columns: host rows
+    st = case_stats(df)
+    for col, dflt in (("memory", "host"), ("copy", "batch")):  # rows without the GPU columns: host rows
+        if col in st:
+            st[col] = st[col].astype(object).where(st[col].notna(), dflt)
     # the check pass is the iter == -1 row; under a workload every admitted request carries its own count
     rows = df[(df["iter"] == -1) | (df["workload"] != "none")]
     checked = rows.groupby("case")["nwrong"].apply(lambda s: s.sum(min_count=1))

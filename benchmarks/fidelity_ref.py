@@ -1,241 +1,308 @@
-"""Plain references for kvbench's tcp and mpi bulk rows, with no kvbench code.
+"""Plain references for kvbench's rows, with no kvbench code: each library alone, the fewest calls.
 
 What ``benchmarks/fidelity.py`` divides kvbench's numbers by.  Each reference
-moves what one kvbench bulk request moves: LAYERS messages of SIZE bytes from
-rank 0 into rank 1, one contiguous message per layer, and times an iteration
-the way kvbench's harness does: it starts when a barrier ends, each rank stops
-its clock when its part is done (the receiver: when every byte is in its
-buffer), and the iteration's time is the max over the two ranks; GB/s is
-SIZE x LAYERS / the median time (GB = 1e9 B).
+moves what one kvbench request moves, from rank 0's pool (the prefill, the
+source) into rank 1's (the decode, the destination): LAYERS layers of SIZE
+bytes, each layer in its own span of 2 x SIZE bytes of a page-aligned,
+pre-faulted pool (kvbench's layer-major pools at --pool-factor 2), as
 
-* ``tcp``: one plain TCP socket, tuned like kvbench's tcp transport (TCP_NODELAY;
-  buffers left to the kernel's autotuning, as kvbench's default; --sockbuf N
-  forces them, set before listen/connect so the window scale fits).  Rank 0 ``sendall``s
-  each layer out of a page-aligned, pre-faulted buffer; rank 1 ``recv_into``s
-  it (MSG_WAITALL) into a page-aligned, pre-faulted buffer.
-* ``mpi``: MPI RMA as kvbench's mpi transport does it: Win.Allocate on both
-  ranks, one Lock_all(MODE_NOCHECK) epoch for the whole run, per iteration
-  LAYERS contiguous Puts out of the origin's own window memory, one
-  Win.Flush, then ONE zero-byte Send to the target, which Recv's it and calls
-  Win.Sync (as kvbench's target does before it reads).
+* ``bulk``: one descriptor per layer at the start of its span (kvbench's bulk rows);
+* ``paged``: SIZE / BLOCK blocks of BLOCK bytes per layer at random places of its
+  span, chosen independently on both sides (kvbench's paged rows, random allocation).
 
-mpi4py launches the pair and swaps the port; it is not on the tcp timed path
-except for the barrier that starts an iteration.  After timing, rank 1 checks
-every byte it received (untimed), so a reference that moves nothing fails.
+An iteration starts when a barrier ends; each rank stops its clock when its part
+is done and the destination's part ends when it knows the bytes landed (its own
+receive completed, or the initiator's notification arrived: the same completion
+rule as kvbench); the iteration's time is the max over the two ranks, GB/s =
+SIZE x LAYERS / the median time (GB = 1e9 B).  ``push``: the source initiates;
+``pull``: the source says the layers are final (one zero-byte MPI message, as
+kvbench's harness does) and the destination initiates.  Descriptors are built
+and handed to the library before timing (prepared lists, datatypes, iovecs); a
+two-sided reference that cannot send scattered blocks packs them (numpy take /
+put), as kvbench must.  After timing the destination checks every byte.
 
-    mpiexec -n 2 python benchmarks/fidelity_ref.py --sizes 1048576 --layers 16 --iters 30 --warmup 5
+* ``tcp``: one socket; per request one ``sendmsg`` / ``recvmsg_into`` per 1024
+  ranges (IOV_MAX); pull: a one-byte request first.
+* ``mpi``: RMA on Win.Allocate windows, one Lock_all epoch; a request is its
+  layers' contiguous Puts (Gets) when a layer has at most 4 ranges (MPICH copies
+  non-contiguous datatypes through a bounce buffer) or ONE Put (Get) of hindexed
+  datatypes, one Flush, then (push) a zero-byte Send, after which the target Win.Syncs.
+* ``mpi-sendrecv``: one Isend / Irecv of hindexed datatypes per request; pull:
+  a zero-byte request first.
+* ``nixl``, ``ucx``, ``mooncake``: fidelity_ref_engines.py.
 
-Prints ``#`` comment lines, then ``ref,size_bytes,layers,gbps_p50`` lines.
+    mpiexec -n 2 python benchmarks/fidelity_ref.py --refs tcp --ops push,pull --variants bulk,paged \\
+        --sizes 65536,1048576 --layers 16 --iters 30 --warmup 5
+
+Prints ``#`` lines, then ``ref,op,variant,size_bytes,layers,gbps_p50`` lines.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import mmap
 import socket
 import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
+
+PERIOD = 4093  # the fill pattern's period (prime: a misplaced block shows)
+MPI = None  # mpi4py's MPI, imported in main (a ucx reference must load ucxx first)
 
 
-def page_buffer(nbytes: int, value: int) -> np.ndarray:
-    """Page-aligned anonymous memory, pre-faulted (PLATFORM pitfalls 1 and 2)."""
+def page_buffer(nbytes: int) -> np.ndarray:
+    """Page-aligned anonymous memory, pre-faulted."""
     mm = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE))
     arr = np.frombuffer(mm, dtype=np.uint8)[:nbytes]
-    arr.fill(value)
+    arr.fill(0)
     return arr
 
 
-def pattern(nbytes: int, size: int) -> np.ndarray:
-    """The source bytes: every layer differs, so a misplaced layer is caught."""
-    base = ((np.arange(size, dtype=np.int64) * 7 + 3) % 251).astype(np.uint8)
-    return (np.tile(base, nbytes // size).reshape(-1, size) + np.arange(nbytes // size, dtype=np.uint8)[:, None]).ravel()
+def pattern(nbytes: int, salt: int) -> np.ndarray:
+    """The source pool's bytes for one size (salt: a new pattern per size, so stale bytes fail)."""
+    base = ((np.arange(PERIOD + 1, dtype=np.int64) * 7 + 3 + salt) % 251).astype(np.uint8)
+    return np.tile(base[:PERIOD], -(-nbytes // PERIOD))[:nbytes]
 
 
-def sysctl(name: str, field: int = 0) -> int:
-    try:
-        with open(f"/proc/sys/net/{name}") as fh:
-            return int(fh.read().split()[field])
-    except (OSError, ValueError, IndexError):
-        return 0
+def descriptors(size: int, block: int, layers: int, variant: str, seed: int) -> np.ndarray:
+    """(n, 3) int64 [src offset, dst offset, bytes], layer by layer; every offset a multiple of the block."""
+    if variant == "bulk":
+        offs = np.arange(layers, dtype=np.int64) * 2 * size
+        return np.stack([offs, offs, np.full(layers, size, np.int64)], 1)
+    rng, per, out = np.random.default_rng(seed), size // block, []
+    for j in range(layers):
+        span = j * 2 * size
+        src = np.sort(rng.choice(2 * per, per, replace=False)) * block + span
+        dst = rng.choice(2 * per, per, replace=False) * block + span
+        out.append(np.stack([src, dst, np.full(per, block, np.int64)], 1))
+    return np.concatenate(out)
 
 
-def tune(s: socket.socket, want: int) -> None:
-    """The same socket settings as kvbench's tcp transport: TCP_NODELAY; buffers autotuned unless want > 0."""
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if want <= 0:
-        return
-    for opt, force, cap, auto in ((socket.SO_SNDBUF, 32, "wmem", "tcp_wmem"),
-                                  (socket.SO_RCVBUF, 33, "rmem", "tcp_rmem")):
-        try:  # SO_SNDBUFFORCE / SO_RCVBUFFORCE (root)
-            s.setsockopt(socket.SOL_SOCKET, force, want)
-        except OSError:
-            limit = sysctl(f"core/{cap}_max")
-            if 2 * limit >= min(want, sysctl(f"ipv4/{auto}", 2)):
-                s.setsockopt(socket.SOL_SOCKET, opt, min(want, limit))
+def verify(comm, src_pool_pattern: np.ndarray | None, dst: np.ndarray | None, d: np.ndarray, what: str) -> None:
+    """Rank 1 compares every received range with the source's pattern (untimed)."""
+    bad = 0
+    if comm.rank == 1:
+        for s, t, n in d.tolist():
+            bad += int(np.count_nonzero(dst[t:t + n] != src_pool_pattern[s:s + n]))
+    bad = comm.bcast(bad, root=1)
+    if bad:
+        raise SystemExit(f"fidelity_ref: {what}: {bad} wrong bytes at the destination")
 
 
-def local_addr() -> str:
-    """The address routing to this host's name, 127.0.0.1 for loopback (kvbench tcp's default)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((socket.gethostbyname(socket.gethostname()), 9))
-            addr = s.getsockname()[0]
-    except OSError:
-        addr = "127.0.0.1"
-    return "127.0.0.1" if addr.startswith("127.") else addr
-
-
-def headline(comm, mine: list[float]) -> float:
-    """Median over iterations of the max over ranks (rank 0's answer)."""
-    both = comm.gather(mine)
-    return float(np.median(np.max(np.array(both), axis=0))) if comm.rank == 0 else 0.0
-
-
-def prepare(buf: np.ndarray, rank: int, size: int, layers: int) -> None:
-    """Rank 0 (the source) holds the pattern, rank 1 zeros, in the first size x layers bytes."""
-    buf[: size * layers] = pattern(size * layers, size) if rank == 0 else 0
-
-
-def timed(comm, warmup: int, iters: int, once, *args) -> float:
-    """Run ``once(*args)`` warmup + iters times, each from the end of a barrier; the headline seconds."""
+def timed(comm, warmup: int, iters: int, once) -> float:
+    """Run ``once()`` warmup + iters times, each from the end of a barrier; median of the max over ranks."""
     times = []
     for it in range(warmup + iters):
         comm.Barrier()
         t0 = time.perf_counter()
-        once(*args)
-        dt = time.perf_counter() - t0
+        once()
         if it >= warmup:
-            times.append(dt)
-    return headline(comm, times)
+            times.append(time.perf_counter() - t0)
+    both = comm.gather(times)
+    return float(np.median(np.max(np.array(both), axis=0))) if comm.rank == 0 else 0.0
 
 
-def verify(comm, dst: np.ndarray | None, size: int, what: str) -> None:
-    """Rank 1 compares everything it received with the source pattern (untimed)."""
-    bad = 0
+def ready(comm, op: str) -> None:
+    """A pull: the source tells the destination the layers are final (kvbench's MPI layer-ready message)."""
+    if op == "pull":
+        if comm.rank == 0:
+            comm.Send([b"", 0, MPI.BYTE], dest=1, tag=9)
+        else:
+            comm.Recv([bytearray(0), 0, MPI.BYTE], source=0, tag=9)
+
+
+# ---- tcp ---------------------------------------------------------------------------------------
+def tcp_setup(comm, nbytes: int):
+    """A connected TCP_NODELAY socket (rank 1 listens; buffers autotuned, as kvbench's tcp)."""
     if comm.rank == 1:
-        bad = int(np.count_nonzero(dst != pattern(dst.nbytes, size)))
-    bad = comm.bcast(bad, root=1)
-    if bad:
-        raise SystemExit(f"fidelity_ref: {what} size {size}: {bad} wrong bytes at the receiver")
-
-
-def ref_tcp(comm, sizes, layers, iters, warmup, sockbuf) -> dict[int, float]:
-    rank, out = comm.rank, {}
-    nbytes = max(sizes) * layers
-    buf = page_buffer(nbytes, 0)
-    if rank == 1:
-        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        tune(ls, sockbuf)  # accepted sockets inherit the buffers
-        ls.bind((local_addr(), 0))
-        ls.listen(1)
+        ls = socket.create_server(("127.0.0.1", 0))
         comm.send(ls.getsockname(), dest=0)
         sock, _ = ls.accept()
         ls.close()
     else:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        tune(sock, sockbuf)
-        sock.connect(comm.recv(source=1))
-    granted = (sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF), sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
-    mv = memoryview(buf)
+        sock = socket.create_connection(comm.recv(source=1))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
-    def once(size):
-        if rank == 0:
-            for j in range(layers):
-                sock.sendall(mv[j * size:(j + 1) * size])
+
+def _vec(sock, iov: list, ends: list, sending: bool) -> None:
+    """All of ``iov`` (cumulative byte ends ``ends``) through sendmsg / recvmsg_into, resuming after a
+    partial call where it stopped (bisect: no Python step per range)."""
+    cur, done, total = iov, 0, ends[-1]
+    while True:
+        n = sock.sendmsg(cur) if sending else sock.recvmsg_into(cur, 0, socket.MSG_WAITALL)[0]
+        if n <= 0:
+            raise SystemExit("fidelity_ref: tcp peer closed the connection")
+        done += n
+        if done >= total:
             return
-        for j in range(layers):
-            got, end = j * size, (j + 1) * size
-            while got < end:
-                n = sock.recv_into(mv[got:end], end - got, socket.MSG_WAITALL)
-                if n == 0:
-                    raise SystemExit("fidelity_ref: tcp peer closed the connection")
-                got += n
-
-    for size in sizes:
-        prepare(buf, rank, size, layers)
-        out[size] = timed(comm, warmup, iters, once, size)
-        verify(comm, buf[: size * layers], size, "tcp")
-    sock.close()
-    if rank == 0:
-        print(f"# tcp: addr {local_addr()}, SO_SNDBUF/SO_RCVBUF granted {granted[0]}/{granted[1]} B "
-              f"({'autotuned' if sockbuf <= 0 else f'requested {sockbuf}'})")
-    return out
+        i = bisect.bisect_right(ends, done)
+        cur = iov[i:]
+        cur[0] = cur[0][done - (ends[i - 1] if i else 0):]
 
 
-def ref_mpi(comm, sizes, layers, iters, warmup) -> dict[int, float]:
-    rank, out = comm.rank, {}
-    nbytes = max(sizes) * layers
-    win = MPI.Win.Allocate(nbytes, 1, MPI.INFO_NULL, comm)
-    buf = np.frombuffer(win.tomemory(), dtype=np.uint8, count=nbytes)
-    buf.fill(0)  # pre-fault
-    empty = np.empty(0, dtype=np.uint8)
-    win.Lock_all(MPI.MODE_NOCHECK)
+def tcp_once(comm, sock, buf: np.ndarray, d: np.ndarray, op: str):
+    mv, col = memoryview(buf), 0 if comm.rank == 0 else 1
+    chunks = [d[i:i + 1024] for i in range(0, len(d), 1024)]
+    iovs = [([mv[r[col]:r[col] + r[2]] for r in c.tolist()], np.cumsum(c[:, 2]).tolist()) for c in chunks]
+    sending, one = comm.rank == 0, bytearray(1)
 
-    def once(size, src):
-        if rank == 0:
-            for j in range(layers):
-                win.Put([src[j * size:(j + 1) * size], size, MPI.BYTE], 1, (j * size, size, MPI.BYTE))
-            win.Flush(1)
-            comm.Send([empty, 0, MPI.BYTE], dest=1, tag=7)
-        else:
+    def once():
+        if op == "pull":  # the destination asks: one byte
+            if sending:
+                sock.recv_into(one, 1, socket.MSG_WAITALL)
+            else:
+                sock.sendall(one)
+        for iov, ends in iovs:
+            _vec(sock, iov, ends, sending)
+    return once
+
+
+# ---- MPI ---------------------------------------------------------------------------------------
+def hindexed(offs: np.ndarray, lens: np.ndarray):
+    return MPI.BYTE.Create_hindexed(lens.tolist(), offs.tolist()).Commit()
+
+
+def mpi_once(comm, win, buf: np.ndarray, d: np.ndarray, op: str, layers: int):
+    """RMA: contiguous calls when a layer has <= 4 ranges, else one call of hindexed datatypes."""
+    me = comm.rank
+    ocol, tcol = (0, 1) if op == "push" else (1, 0)
+    empty = np.empty(0, np.uint8)
+    if len(d) <= 4 * layers:
+        calls = [([buf[r[ocol]:r[ocol] + r[2]], r[2], MPI.BYTE], (r[tcol], r[2], MPI.BYTE)) for r in d.tolist()]
+    else:
+        calls = [([buf, 1, hindexed(d[:, ocol], d[:, 2])], (0, 1, hindexed(d[:, tcol], d[:, 2])))]
+    initiator = 0 if op == "push" else 1
+
+    def once():
+        ready(comm, op)
+        if me == initiator:
+            call = win.Put if op == "push" else win.Get
+            for o, t in calls:
+                call(o, 1 - me, t)
+            win.Flush(1 - me)
+            if op == "push":
+                comm.Send([empty, 0, MPI.BYTE], dest=1, tag=7)
+        elif op == "push":
             comm.Recv([empty, 0, MPI.BYTE], source=0, tag=7)
             win.Sync()
+    return once
 
-    for size in sizes:
-        prepare(buf, rank, size, layers)
-        win.Sync()  # our own stores to the window, before the peer's Puts land on top
-        comm.Barrier()
-        out[size] = timed(comm, warmup, iters, once, size, buf)
-        verify(comm, buf[: size * layers], size, "mpi")
-    win.Unlock_all()
-    del buf
-    win.Free()
-    if rank == 0:
-        print(f"# mpi: window=Win.Allocate, epoch=Lock_all(MODE_NOCHECK), {layers} contiguous Puts + one Flush, "
-              "one zero-byte notification per iteration")
+
+def sendrecv_once(comm, buf: np.ndarray, d: np.ndarray, op: str):
+    """Two-sided: one Isend / Irecv of hindexed datatypes per request."""
+    me = comm.rank
+    dtype = hindexed(d[:, me], d[:, 2])
+    empty = np.empty(0, np.uint8)
+
+    def once():
+        if op == "pull":
+            if me == 1:
+                ask = comm.Isend([empty, 0, MPI.BYTE], 0, 5)
+                comm.Irecv([buf, 1, dtype], 0, 6).Wait()
+                ask.Wait()
+            else:
+                comm.Recv([empty, 0, MPI.BYTE], 1, 5)
+                comm.Send([buf, 1, dtype], 1, 6)
+            return
+        (comm.Isend([buf, 1, dtype], 1, 6) if me == 0 else comm.Irecv([buf, 1, dtype], 0, 6)).Wait()
+    return once
+
+
+def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
+    """Every (op, variant, size) of one reference: rows (ref, op, variant, size, GB/s)."""
+    out = []
+    nbytes = 2 * max(a.sizes) * a.layers
+    win = None
+    if ref == "mpi":
+        win = MPI.Win.Allocate(nbytes, 1, MPI.INFO_NULL, comm)
+        buf = np.frombuffer(win.tomemory(), dtype=np.uint8, count=nbytes)
+        buf.fill(0)
+        win.Lock_all(MPI.MODE_NOCHECK)
+    else:
+        buf = page_buffer(nbytes)
+    state = tcp_setup(comm, nbytes) if ref == "tcp" else (engines.setup(ref, comm, buf, a) if engines else None)
+    for op in ops:
+        for variant in variants:
+            for size in a.sizes:
+                d = descriptors(size, min(a.block, size), a.layers, variant, a.seed + size)
+                src = pattern(nbytes, size % 251)
+                buf[:] = src if comm.rank == 0 else 0
+                if win is not None:
+                    win.Sync()
+                comm.Barrier()
+                if ref == "tcp":
+                    once = tcp_once(comm, state, buf, d, op)
+                elif ref == "mpi":
+                    once = mpi_once(comm, win, buf, d, op, a.layers)
+                elif ref == "mpi-sendrecv":
+                    once = sendrecv_once(comm, buf, d, op)
+                else:
+                    once = engines.make_once(ref, comm, state, buf, d, op, ready)
+                t = timed(comm, a.warmup, a.iters, once)
+                if win is not None:
+                    win.Sync()
+                verify(comm, src, buf, d, f"{ref} {op} {variant} {size} B")
+                out.append((ref, op, variant, size, size * a.layers / t / 1e9 if comm.rank == 0 else 0.0))
+                if engines and ref not in ("tcp", "mpi", "mpi-sendrecv"):
+                    engines.release(ref, state)
+    if ref == "tcp":
+        state.close()
+    elif engines and ref not in ("mpi", "mpi-sendrecv"):
+        engines.close(ref, state)
+    if win is not None:
+        win.Unlock_all()
+        del buf
+        win.Free()
     return out
+
+
+REFS = ("tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake")
 
 
 def main() -> int:
+    global MPI
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--refs", default="tcp,mpi", help="references to run: tcp, mpi")
-    ap.add_argument("--sizes", default="16384,65536,262144,1048576,4194304", help="message sizes, bytes")
-    ap.add_argument("--layers", type=int, default=16, help="messages per iteration (kvbench: layers)")
+    ap.add_argument("--refs", default="tcp,mpi", help=f"references to run: {', '.join(REFS)}")
+    ap.add_argument("--ops", default="push", help="push, pull or push,pull")
+    ap.add_argument("--variants", default="bulk", help="bulk, paged or bulk,paged")
+    ap.add_argument("--sizes", default="16384,65536,262144,1048576,4194304", help="bytes per layer")
+    ap.add_argument("--block", type=int, default=16384, help="paged: bytes per block (default 16384)")
+    ap.add_argument("--layers", type=int, default=16, help="layers per request (default 16)")
     ap.add_argument("--iters", type=int, default=30, help="timed iterations per size")
     ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
-    ap.add_argument("--sockbuf", type=int, default=0,
-                    help="tcp socket buffer bytes (default 0: kernel autotuning, as kvbench's tcp)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the paged blocks' places")
     a = ap.parse_args()
+    a.sizes = [int(s) for s in a.sizes.split(",")]
+    refs = [r for r in a.refs.split(",") if r]
+    if any(r not in REFS for r in refs):
+        print(f"fidelity_ref: --refs: {', '.join(REFS)}", file=sys.stderr)
+        return 1
+    engines = None
+    if set(refs) & {"nixl", "ucx", "mooncake"}:
+        import fidelity_ref_engines as engines  # loads ucxx before MPI when asked (its UCX first)
+
+        engines.preload(refs)
+    from mpi4py import MPI as _MPI
+
+    MPI = _MPI
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
         print("fidelity_ref: run with exactly 2 ranks (mpiexec -n 2)", file=sys.stderr)
         return 1
-    sizes = [int(s) for s in a.sizes.split(",")]
-    refs = [r for r in a.refs.split(",") if r]
-    sockbuf = a.sockbuf
-    if comm.rank == 0:
-        print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} messages per iteration, iters={a.iters} "
-              f"warmup={a.warmup}; GB/s = size x layers / median(max over ranks) / 1e9")
-        print(f"# MPI: {MPI.Get_library_version().splitlines()[0].strip()}, thread level "
-              f"{MPI.Query_thread()} (3 = MULTIPLE, like kvbench)")
-    results = {}
+    rows = []
     for ref in refs:
-        if ref == "tcp":
-            results[ref] = ref_tcp(comm, sizes, a.layers, a.iters, a.warmup, sockbuf)
-        elif ref == "mpi":
-            results[ref] = ref_mpi(comm, sizes, a.layers, a.iters, a.warmup)
-        else:
-            if comm.rank == 0:
-                print(f"fidelity_ref: unknown reference '{ref}' (tcp, mpi)", file=sys.stderr)
-            return 1
+        rows += run_ref(comm, ref, a, a.ops.split(","), a.variants.split(","), engines)
     if comm.rank == 0:
-        print("ref,size_bytes,layers,gbps_p50")
-        for ref, per in results.items():
-            for size, t in per.items():
-                print(f"{ref},{size},{a.layers},{size * a.layers / t / 1e9:.4f}")
+        print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} layers per request, block {a.block} B (paged), "
+              f"iters={a.iters} warmup={a.warmup}; GB/s = size x layers / median(max over ranks) / 1e9")
+        print("ref,op,variant,size_bytes,layers,gbps_p50")
+        for ref, op, variant, size, g in rows:
+            print(f"{ref},{op},{variant},{size},{a.layers},{g:.4f}")
         sys.stdout.flush()
+    if engines:
+        engines.finish()
     return 0
 
 

@@ -101,6 +101,16 @@ static ssize_t readv_spin(int fd, struct iovec *iov, int cnt) {
     }
 }
 
+/* A blocking read of the whole iovec in one sleep (MSG_WAITALL): a plain readv returns each time some
+ * bytes arrived, one wake-up per socket-buffer's worth of a large layer. */
+static ssize_t readv_all(int fd, struct iovec *iov, int cnt) {
+    struct msghdr m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)cnt;
+    return recvmsg(fd, &m, MSG_WAITALL);
+}
+
 /* Move `head` (writing only; may be empty), then every range, through writev/readv,
  * resuming after partial transfers: one system call per layer when the socket keeps up. */
 static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, int writing,
@@ -122,7 +132,7 @@ static int do_vec(int fd, char *base, const int64_t *d, Py_ssize_t n, int col, i
             iov[cnt].iov_base = base + d[3 * j + col] + s;
             iov[cnt].iov_len = (size_t)d[3 * j + 2] - s;
         }
-        ssize_t r = writing ? writev(fd, iov, cnt) : spin ? readv_spin(fd, iov, cnt) : readv(fd, iov, cnt);
+        ssize_t r = writing ? writev(fd, iov, cnt) : spin ? readv_spin(fd, iov, cnt) : readv_all(fd, iov, cnt);
         if (r < 0) {
             if (errno == EINTR) continue;
             return -1;

@@ -17,7 +17,7 @@ from itertools import groupby
 
 import numpy as np
 
-from . import clocks, faults, memory, planes, preflight, transports, verify
+from . import clocks, costs, faults, memory, planes, preflight, transports, verify
 from . import model as M
 from .codecpath import codec_columns, codec_refused, codec_staging, codec_transport, lossy_columns
 from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
@@ -405,6 +405,7 @@ class Harness:
                     m["rec"].append((done, total - inside, hs, exposed, rnd))
                     if stats is not None:
                         m["codec"].append(stats)
+                    m.setdefault("cost", []).append(itr.cost)  # time outside the wire (costs.py)
                     m.setdefault("t0s", []).append(t0)
                     m.setdefault("stages", []).append(stages)
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
@@ -433,7 +434,7 @@ class Harness:
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
         self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
                   m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)},
-                  stages=m.get("stages"), took=m.get("took"))
+                  stages=m.get("stages"), cost=costs.reorder(m.get("cost", []), pos), took=m.get("took"))
 
     def one_clock(self, m: dict) -> dict[int, tuple]:
         """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
@@ -533,7 +534,7 @@ class Harness:
         }
 
     def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None, took=None) -> None:
+             errors=None, stages=None, cost=None, took=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -552,7 +553,8 @@ class Harness:
                                  handshake_s=hs if e.src == self.rank else nan,
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
-                                 **codec_columns(codec, it, e, case), **real_prefill_s(took, it, e.src)))
+                                 **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
+                                 **real_prefill_s(took, it, e.src)))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,

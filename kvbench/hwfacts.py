@@ -15,15 +15,11 @@ import re
 import resource
 import subprocess
 
+from .memory.host import _read  # one reader of /sys and /proc files for the whole package
+
 SYS = "/sys"
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
 
 
 def _run(cmd: list[str], timeout: float = 10) -> str | None:

@@ -46,17 +46,20 @@ class TcpOptions(_Net):
 class MpiOptions(_Opts):
     window: Literal["allocate", "create"] = Field("allocate", description="Win.Allocate (pool from MPI) or Win.Create")
     epoch: Literal["lock_all", "lock"] = Field("lock_all", description="passive-target epoch")
-    prep: OnOff = Field("off", description="keep committed datatypes while a descriptor array is unchanged")
+    prep: OnOff = Field("on", description="keep committed datatypes while a descriptor array is unchanged (off: "
+                        "build them in every post, as a request with a new block table must)")
     split: int = Field(4, ge=0, description="layers of at most N descriptors move as N contiguous calls")
     mode: Literal["rma", "sendrecv"] = Field("rma", description="sendrecv: the two-sided mpi-sendrecv")
 
 
 class MpiSendRecvOptions(_Opts):
-    prep: OnOff = Field("off", description="keep committed datatypes while a descriptor array is unchanged")
+    prep: OnOff = Field("on", description="keep committed datatypes while a descriptor array is unchanged (off: "
+                        "build them in every post, as a request with a new block table must)")
 
 
 class NixlOptions(_Opts):
-    prep: OnOff = Field("off", description="prepared descriptor lists reused while unchanged")
+    prep: OnOff = Field("on", description="prepared descriptor lists reused while unchanged, as serving engines do "
+                        "(off: initialize_xfer in every post)")
     progress_thread: OnOff = Field("off", description="NIXL's own progress thread")
     telemetry: OnOff = Field("off", description="capture NIXL's per-transfer telemetry")
 

@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 SCHEMA_VERSION = 3  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
-# 3: the codec columns below (2 reads as 3 with them empty) and the GPU columns (at their defaults)
+# 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
+# time outside the wire (post_s, lib_s, notify_s, wake_s; empty)
 READS = (1, 2, 3)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
@@ -57,6 +58,12 @@ GPU_DEFAULTS["prefill"] = "clock"
 CASE_COLUMNS += ["prefill"]
 ROW_COLUMNS += ["prefill"]
 ROW_COLUMNS += ["copy", "gather_s", "wire_s", "scatter_s"]
+
+# --- schema 3, time outside the wire (costs.py; v2 rows read with them empty) ---------------------------
+# post_s: this rank's seconds in the transport's prepare/post/start/serve/signal calls in the iteration;
+# lib_s: the part of post_s inside the library call that moves or queues the bytes; notify_s: its seconds in the harness's own notifications; wake_s: this request's gap from the transport's
+# landing stamp to the harness's wait returning (empty where the harness stamps the landing)
+ROW_COLUMNS += ["post_s", "lib_s", "notify_s", "wake_s"]
 
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:

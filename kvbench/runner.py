@@ -238,6 +238,7 @@ def footer(cfg, writer, printer, h) -> int:
     writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=wrong, status=status,
                   clocks=pair_clocks(df),
                   reason=ST.STATUSES[status][1], harness_overhead_us=overhead_us(printer),
+                  layer_cost_us=layer_costs(df),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
 
@@ -256,6 +257,13 @@ def pair_clocks(df) -> dict:
             "skew_max_us": round(float(g["skew_s"].abs().max()) * 1e6, 1),
             "clock_err_us": round(float(g["clock_err_s"].max()) * 1e6, 1)}
     return out
+
+
+def layer_costs(df) -> dict:
+    """Per case, microseconds per layer outside the wire (post, notify, wake and their sum; costs.py)."""
+    from .costs import sidecar
+
+    return sidecar(df)
 
 
 def overhead_us(printer) -> dict:

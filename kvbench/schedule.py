@@ -194,10 +194,16 @@ class Iteration:
         # check pass, source: per (pair, request), when its last layer was posted (a pull: made final)
         self.bound_at: dict[tuple[int, int], float] = {}
         self.rule: dict[int, str] = {}  # per entry: who stamped its completion ("transport" or "harness")
+        # the last iteration's time outside the wire on this rank (costs.py): seconds in the transport's
+        # prepare/post/start/serve/signal calls (lib_s of them inside the library's data call), in the
+        # harness's own notifications, and per entry in
+        # `order` the gap from the transport's landing stamp to its wait's return (None: harness-stamped)
+        self.cost: dict = {"post_s": 0.0, "lib_s": 0.0, "notify_s": 0.0, "wake_s": []}
 
     def run(self, tag0: int):
         """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset)."""
         t, op, inside = self.t, self.op, 0.0
+        note, wake, lib0 = 0.0, [], t.lib_s
         t0 = self.t0 = time.perf_counter()
         hs = self._handshake(t0) if self.handshake != "off" else 0.0
         self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
@@ -208,21 +214,33 @@ class Iteration:
         groups = [range(self.layers)] if not self.streaming else [[k] for k in range(self.layers)]
         tag = lambda e, k: tag0 | (e.req << 12) | k  # noqa: E731
         a = time.perf_counter()
+        # a request's layers as one post where the transport joins them (base.one_post)
+        one = {id(e): t.one_post([e.layers[k] for k in ks]) for ks in groups[:1] for e in self.entries}
         for ks in groups:
             for e, peer in self.serve:
-                handles[id(e)] += [t.serve(op, peer, e.layers[k], tag(e, k)) for k in ks]
+                if self.signal and one[id(e)] is None:  # the initiator reads layer by layer as each is signalled
+                    handles[id(e)] += [t.serve(op, peer, e.layers[k], tag(e, k)) for k in ks]
+                else:  # as the initiator posts them (prepare_request)
+                    handles[id(e)] += t.serve_request(op, peer, [e.layers[k] for k in ks], [tag(e, k) for k in ks])
             if self.signal:
                 for e, peer in self.init:
-                    handles[id(e)] += [t.post_when_ready(peer, e.layers[k], tag(e, k)) for k in ks]
+                    if one[id(e)] is not None:  # one read of the whole request, on the last layer's signal
+                        handles[id(e)].append(t.post_when_ready(peer, one[id(e)], tag(e, ks[-1])))
+                    else:
+                        handles[id(e)] += [t.post_when_ready(peer, e.layers[k], tag(e, k)) for k in ks]
         inside += time.perf_counter() - a
         for ks in groups:
             last = ks[-1] if len(ks) else -1
             # what can be done before the layers are final: the posts' checks and headers, the signals' tags
             a = time.perf_counter()
             if self.signal:
-                signals = [t.prepare_signal(peer, [tag(e, k) for k in ks]) for e, peer in self.serve]
+                # a request read as one gets one signal, its last layer's
+                signals = [t.prepare_signal(peer, [tag(e, ks[-1])] if one[id(e)] is not None else
+                                            [tag(e, k) for k in ks]) for e, peer in self.serve]
             else:
-                ready = [(e, [t.prepare(op, peer, e.layers[k], tag(e, k)) for k in ks]) for e, peer in self.init]
+                # one request's layers at once: a transport may post them in one native call (base.prepare_request)
+                ready = [(e, t.prepare_request(op, peer, [e.layers[k] for k in ks], [tag(e, k) for k in ks]))
+                         for e, peer in self.init]
             inside += time.perf_counter() - a
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
@@ -236,12 +254,16 @@ class Iteration:
                         t.start_signal(s)
                     inside += time.perf_counter() - a
                 elif op == "pull" and not self.local:  # the harness's MPI message: not the transport's time
+                    a = time.perf_counter()
                     for dst in self.dests:
                         self.comm.notify(dst, TAG_LAYER_READY)
+                    note += time.perf_counter() - a
                     a = time.perf_counter()
                     for e, _ in self.serve:  # a two-sided source sends a layer once its destination asked
+                        mine = handles[id(e)]
                         for k in ks:
-                            t.answer(handles[id(e)][k])
+                            if k < len(mine):  # a request served as one handle has nothing to answer per layer
+                                t.answer(mine[k])
                     inside += time.perf_counter() - a
             elif op == "pull" and not self.signal:
                 for src in self.sources:
@@ -250,19 +272,26 @@ class Iteration:
                 continue
             a = time.perf_counter()
             for e, prepared in ready:
-                if self.on_final is not None and prepared:  # check pass: when the last layer was posted
-                    handles[id(e)] += [t.start(p) for p in prepared[:-1]]
+                if self.on_final is not None and isinstance(prepared, list) and prepared:
+                    # check pass: when the last layer was posted
+                    handles[id(e)] += t.start_request(prepared[:-1])
                     self.bound_at[(e.pair, e.req)] = time.perf_counter()
                     prepared = prepared[-1:]
-                handles[id(e)] += [t.start(p) for p in prepared]
+                elif self.on_final is not None:  # posted as one: no byte can land before this
+                    self.bound_at[(e.pair, e.req)] = time.perf_counter()
+                handles[id(e)] += t.start_request(prepared)
             inside += time.perf_counter() - a
+        post, lib = inside, t.lib_s - lib0  # everything so far was posting: the waits follow
         done = []
         for e in self.order:
             a = time.perf_counter()
             landed, stamped = wait_landed(t, handles[id(e)])
+            back = time.perf_counter()
+            wake.append(back - landed if stamped else None)
             if self.notify:  # completion the harness adds for one-sided transports: waiting, not overhead
                 if e.src == self.rank:
                     self.comm.notify(e.dst)
+                    note += time.perf_counter() - back
                 else:
                     self.comm.wait_notify(e.src)
             if self.notify:
@@ -281,6 +310,7 @@ class Iteration:
             inside += b - a
             # done when the bytes landed, or when the message that completes them arrived
             done.append((b if self.state_msg else landed) - t0)
+        self.cost = {"post_s": post, "lib_s": lib, "notify_s": note, "wake_s": wake}
         return done, inside, hs, self.clock.t0 - t0
 
     def _handshake(self, t0: float) -> float:

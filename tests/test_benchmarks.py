@@ -16,12 +16,16 @@ def bench(script, *args, timeout=240):
                           capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
 
-def test_fidelity_prints_kvbench_reference_and_ratio():
-    r = bench("fidelity.py", "--sizes", "65536", "--repeat", "1", "-n", "3", "-w", "1")
+def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
+    r = bench("fidelity.py", "-t", "tcp,mpi-sendrecv", "--ops", "push,pull", "--sizes", "65536", "--repeat", "1",
+              "-n", "3", "-w", "1")
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith(("tcp ", "mpi "))]
-    assert {row[0] for row in rows} == {"tcp", "mpi"}
-    assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)  # kvbench GB/s, reference GB/s
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith(("tcp ", "mpi-sendrecv "))]
+    # path op rows size unit kvbench ref ratio (min..max) cost post lib note wake verdict
+    assert {(row[0], row[1], row[2]) for row in rows} == {(t, op, v) for t in ("tcp", "mpi-sendrecv")
+                                                          for op in ("push", "pull") for v in ("bulk", "paged")}
+    assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in rows)  # kvbench GB/s, reference GB/s
+    assert all(float(row[9]) >= 0 and row[-1] in ("ok", "MISS") for row in rows)  # kvbench's us per layer
 
 
 def test_overlap_prints_a_verdict_per_row():

@@ -33,4 +33,4 @@ def test_report_reprints_a_stored_table(kvrun):
     r = kvbench_cli("report", run.results)
     assert r.returncode == 0, r.stderr
     rows = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("shm")]
-    assert len(rows) == 2 and all(ln.split()[-2] == "0" for ln in rows)  # bulk + paged, #wrong 0 (then clock)
+    assert len(rows) == 2 and all(ln.split()[-3] == "0" for ln in rows)  # bulk + paged, #wrong 0 (then clock, us/L)

@@ -9,6 +9,7 @@ import os
 
 import pandas as pd
 
+from .. import costs
 from ..results import SCHEMA_VERSION, case_stats, upgrade
 
 # (header, width, formatter of a case_stats line)
@@ -37,6 +38,7 @@ COLUMNS = [
     ("ceiling", 10, lambda r: r.get("ceil_name") or "-"),
     ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
     ("clock", 5, lambda r: _clock(r)),
+    ("us/L", 6, lambda r: _f(r.get("cost_us"), ".1f")),  # time per layer outside the wire (costs.py)
 ]
 REFERENCES = ("bulk", "chunk-64K", "chunk-256K", "chunk-1M", "chunk-4M")  # the ceiling is the best of these
 
@@ -64,7 +66,9 @@ def header_lines() -> list[str]:
             "# medians; bulk% = GB/s / the ceiling: the best of the same payload as one descriptor per layer (bulk)",
             "# or in contiguous chunks of 64K-4M, named in 'ceiling'; * = above the ceiling by more than the two",
             "# spreads (noise); #wrong = destination elements that failed the check (- = not checked);",
-            "# clock = SKEW when the ranks' clocks are matched only within more than 5% of p50 (clocks.py)",
+            "# clock = SKEW when the ranks' clocks are matched only within more than 5% of p50 (clocks.py);",
+            "# us/L = kvbench's own time per layer outside the wire: posting calls + its notifications + landing",
+            "# stamp to wait return (us, median over iterations of the slowest rank; costs.py)",
             "#", cols]
 
 
@@ -95,7 +99,10 @@ def spread_pct(df: pd.DataFrame) -> pd.Series:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """case_stats plus bulk% (each paged case against the bulk case of the same payload)."""
-    st = case_stats(df).fillna({"memory": "host", "copy": "batch"})  # rows without the GPU columns: host rows
+    st = case_stats(df)
+    for col, dflt in (("memory", "host"), ("copy", "batch")):  # rows without the GPU columns: host rows
+        if col in st:
+            st[col] = st[col].astype(object).where(st[col].notna(), dflt)
     # the check pass is the iter == -1 row; under a workload every admitted request carries its own count
     rows = df[(df["iter"] == -1) | (df["workload"] != "none")]
     checked = rows.groupby("case")["nwrong"].apply(lambda s: s.sum(min_count=1))
@@ -126,6 +133,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     err = timed.groupby("case")["clock_err_s"].max() if "clock_err_s" in timed else pd.Series(dtype=float)
     st["clock_err_s"] = st["case"].map(err)
     st["clock_flag"] = st["clock_err_s"] > 0.05 * st["p50"]
+    st = st.join(costs.per_case(df), on="case")  # time per layer outside the wire
     return st
 
 

@@ -128,6 +128,13 @@ class Transport:
 
     name: ClassVar[str] = "?"
     caps: ClassVar[Caps] = Caps()
+    # seconds this rank spent inside the library call that moves or queues the bytes during post/start
+    # (a send that copies synchronously, a Put, a transfer submission): the rest of the posting time is
+    # kvbench's own (costs.py); transports add to it around that one call
+    lib_s: float = 0.0
+    # post/serve take any descriptor array in one library call, so a request's layers that are final together
+    # go as ONE post of their concatenated descriptors (prepare_request); its tag is the last layer's
+    batches: ClassVar[bool] = False
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -189,6 +196,52 @@ class Transport:
         """Post what ``prepare`` returned; non-blocking; a handle for ``wait`` (as ``post``)."""
         return self.post(*prepared)
 
+    def prepare_request(self, op: str, peer: int, layers: list[np.ndarray], tags: list[int]):
+        """``prepare`` for several layers of one request that are final together (serial posts: all of them;
+        streaming: one).  A transport that can post them in ONE native call (one transfer list, one batch,
+        one vectored write) returns its own object and answers ``start_request`` and ``serve_request`` in
+        kind; the default is a list of per-layer ``prepare`` results."""
+        if (one := self.one_post(layers)) is not None:
+            return _Whole(self.prepare(op, peer, one, tags[-1]))
+        return [self.prepare(op, peer, d, t) for d, t in zip(layers, tags)]
+
+    def start_request(self, prepared) -> list:
+        """Post what ``prepare_request`` returned; the handles ``wait`` takes (one, or one per layer)."""
+        if isinstance(prepared, _Whole):
+            return [self.start(prepared.prepared)]
+        return [self.start(p) for p in prepared]
+
+    def serve_request(self, op: str, peer: int, layers: list[np.ndarray], tags: list[int]) -> list:
+        """Target side of ``prepare_request``: the handles to wait for (default: ``serve`` per layer)."""
+        if (one := self.one_post(layers)) is not None:
+            return [self.serve(op, peer, one, tags[-1])]
+        return [self.serve(op, peer, d, t) for d, t in zip(layers, tags)]
+
+    def one_post(self, layers: list[np.ndarray]) -> np.ndarray | None:
+        """The layers' descriptor arrays joined into one post, or None where they go layer by layer (a
+        transport that does not batch, one layer, or the same array twice: the hot variant re-sends one
+        buffer, and one two-sided receive may not land twice on the same bytes).  Built once per list of
+        arrays: the harness reuses them every iteration and never changes them in place; the cache holds
+        them, so their ids stay theirs."""
+        if not self.batches or len(layers) < 2:
+            return None
+        cache = self.__dict__.setdefault("_joined", {})
+        key = tuple(id(d) for d in layers)
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) >= 4096:
+                cache.clear()
+                self.__dict__["_layers_in"] = {}
+            distinct = len(set(key)) == len(key)
+            hit = cache[key] = (layers, np.ascontiguousarray(np.concatenate(layers)) if distinct else None)
+            if distinct:
+                self.__dict__.setdefault("_layers_in", {})[id(hit[1])] = len(layers)
+        return hit[1]
+
+    def layers_in(self, descs: np.ndarray) -> int:
+        """How many layers ``descs`` joins (1 for one layer's array)."""
+        return self.__dict__.get("_layers_in", {}).get(id(descs), 1)
+
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """Target side of ``op`` (one-sided transports: nothing to do)."""
         return None
@@ -231,6 +284,15 @@ class Transport:
 
     def close(self) -> None:
         """Release connections and registrations. Must be idempotent."""
+
+
+class _Whole:
+    """A request's layers prepared as one post (``Transport.prepare_request``)."""
+
+    __slots__ = ("prepared",)
+
+    def __init__(self, prepared):
+        self.prepared = prepared
 
 
 def rdma_present() -> bool:

@@ -12,9 +12,9 @@ Options (``ctx.options``):
            the harness's pool; 3-6x slower on MPICH within a node)
   epoch    "lock_all" (default; one passive epoch from ready() to close()) or
            "lock" (Lock a peer at its first post, Unlock it at the last wait)
-  prep     "off" (default): build, commit and free the datatypes in every post,
-           as a request with a new block table must; "on": keep them while a
-           descriptor array is unchanged (like nixl's prep=on)
+  prep     "on" (default): keep the committed datatypes while a descriptor array
+           is unchanged (like nixl's prep=on: off the per-layer path); "off": build,
+           commit and free them in every post, as a request with a new block table must
   split    N (default 4): a layer of at most N descriptors (bulk rows, coalesced
            contiguous allocations: 1-2 per layer) moves as N contiguous calls
            instead of one hindexed call.  MPICH copies between two non-contiguous
@@ -22,6 +22,8 @@ Options (``ctx.options``):
            ~70% of a contiguous Put within a node; 0: always one hindexed call.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -47,6 +49,7 @@ class MpiTransport(MpiBase):
     """
 
     name = "mpi"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(one_sided=True, multi_node=True, notifies=True, network=True)
 
     def __new__(cls, ctx):
@@ -127,7 +130,7 @@ class MpiTransport(MpiBase):
         if len(descs):
             cols = (SRC, DST) if op == "push" else (DST, SRC)  # (origin, target)
             MPI, types = mpi(), None
-            if len(descs) <= self.split:  # a few ranges: contiguous calls, no datatype (see `split`)
+            if len(descs) <= self.split * self.layers_in(descs):  # a few ranges a layer: contiguous calls (`split`)
                 check_descs(descs, *self._bounds(peer, op == "push"))
                 arr, o, t = self._arr, cols[0], cols[1]
                 calls = [([arr[r[o]:r[o] + r[LEN]], r[LEN], MPI.BYTE], (r[t], r[LEN], MPI.BYTE)) for r in descs.tolist()]
@@ -139,8 +142,10 @@ class MpiTransport(MpiBase):
                     self._win.Lock(peer, MPI.LOCK_SHARED)
                     self._locked.add(peer)
                 call = self._win.Put if op == "push" else self._win.Get
+                a = time.perf_counter()
                 for origin, target in calls:
                     call(origin, peer, target)
+                self.lib_s += time.perf_counter() - a  # within a node MPICH copies in the call
             except MPI.Exception as exc:
                 raise fail(exc) from None
             if types is not None:

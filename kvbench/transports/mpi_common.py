@@ -90,7 +90,7 @@ class MpiBase(Transport):
         opts = ctx.options
         if opts.get("mode", self.MODE) not in ("rma", "sendrecv"):
             raise TransportError(f"mode '{opts['mode']}' is not one of: rma, sendrecv")
-        prep = str(opts.get("prep", "off")).lower()
+        prep = str(opts.get("prep", "on")).lower()
         if prep not in ("on", "off", "true", "false", "1", "0"):
             raise TransportError(f"mpi option prep='{prep}' must be on or off")
         self._types = Types(prep in ("on", "true", "1"))

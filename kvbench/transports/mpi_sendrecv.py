@@ -4,6 +4,8 @@ Options: ``prep`` (see mpi.py).
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .base import DST, OPS, SRC, Buffer, Caps, TransportError
@@ -16,6 +18,7 @@ class MpiSendRecvTransport(MpiBase):
     (MPI packs internally); wait = Wait.  No window."""
 
     name = "mpi-sendrecv"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(one_sided=False, multi_node=True, notifies=True, network=True)
     MODE = "sendrecv"
 
@@ -36,7 +39,9 @@ class MpiSendRecvTransport(MpiBase):
     def _xfer(self, sending: bool, peer: int, descs: np.ndarray, tag: int):
         (dtype,) = self._types.get(descs, (SRC if sending else DST,), self._bounds(peer, sending))
         msg = [self._arr, 1, dtype]
+        a = time.perf_counter()
         req = self._comm.Isend(msg, peer, tag) if sending else self._comm.Irecv(msg, peer, tag)
+        self.lib_s += time.perf_counter() - a
         self._types.done((dtype,))
         return req
 

@@ -8,9 +8,9 @@ that is the destination learning its data landed; for pull it keeps the
 passive prefill rank progressing (without a progress thread a passive UCX
 worker that is never polled stalls the first transfer) and ends its iteration.
 
-Options (on/off): ``prep`` (off: ``initialize_xfer`` per post; on:
-``prep_xfer_dlist`` once per descriptor array, ``make_prepped_xfer`` per post, as
-serving engines do), ``progress_thread``, ``telemetry`` (see ``telemetry()``).
+Options (on/off): ``prep`` (on, the default: ``prep_xfer_dlist`` once per
+descriptor array, ``make_prepped_xfer`` per post, as serving engines do; off:
+``initialize_xfer`` per post), ``progress_thread``, ``telemetry`` (see ``telemetry()``).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import struct
+import time
 import weakref
 from collections import Counter, OrderedDict, deque
 
@@ -33,8 +34,8 @@ _AGENTS: weakref.WeakSet = weakref.WeakSet()  # transports of this process with 
 _SERIAL = itertools.count()  # a new agent name per instance: a peer may still know the last one
 
 
-def _on(ctx: Context, key: str) -> bool:
-    val = str(ctx.options.get(key, "off")).lower()
+def _on(ctx: Context, key: str, default: str = "off") -> bool:
+    val = str(ctx.options.get(key, default)).lower()
     if val not in ("on", "off", "true", "false", "1", "0"):
         raise TransportError(f"nixl option {key}='{val}' must be on or off")
     return val in ("on", "true", "1")
@@ -44,6 +45,7 @@ class NixlTransport(Transport):
     """NIXL agent per rank; push = WRITE, pull = READ, one notification per post."""
 
     name = "nixl"
+    batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host", "cuda"), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
 
@@ -65,7 +67,7 @@ class NixlTransport(Transport):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.prep = _on(ctx, "prep")
+        self.prep = _on(ctx, "prep", "on")
         self.prog_thread = _on(ctx, "progress_thread")
         self.capture = _on(ctx, "telemetry")
         self.agent = None
@@ -190,7 +192,9 @@ class NixlTransport(Transport):
             else:
                 a = self.agent
                 h = a.initialize_xfer(xop, a.get_xfer_descs(loc, self.seg), a.get_xfer_descs(rem, self.seg), name, msg)
+            a = time.perf_counter()
             st = self.agent.transfer(h)
+            self.lib_s += time.perf_counter() - a
         except Exception as exc:
             raise TransportError(f"nixl: posting {xop} to rank {peer} failed: {exc}") from None
         if st == "ERR":

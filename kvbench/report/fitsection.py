@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -47,15 +48,26 @@ def add_section(page, runs) -> None:
         "(GB/s = 10^9 B/s). `kvbench fit FILE --leave-out BLOCKS` fits without some block sizes and predicts them; "
         "`kvbench plan --fabric FILE` uses these fits (docs/planning.md)."],
         tables=[("fitted link model per path", fit_rows), ("predicted against measured", shown)])
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
-    for (t, op), g in cases.groupby(["transport", "op"], sort=False):
-        ax.scatter(g["p50"] * 1e3, g["pred_s"] * 1e3, label=f"{t} {op}", s=18)
-    lim = [0, float(max(cases["p50"].max(), cases["pred_s"].max()) * 1e3 * 1.05)]
+    fig, ax = plt.subplots(figsize=(7.2, 4.8), layout="constrained")
+    groups = list(cases.groupby(["transport", "op"], sort=False))
+    # one colour per path: the ten strong colours first, then the light ones (the default cycle repeats after ten)
+    colors = list(plt.cm.tab10.colors) + list(plt.cm.tab20.colors[1::2])
+    for i, ((t, op), g) in enumerate(groups):
+        ax.scatter(g["p50"] * 1e3, g["pred_s"] * 1e3, label=f"{t} {op}", s=16, color=colors[i % len(colors)],
+                   marker="o" if i < len(colors) else "^")
+    both = pd.concat([cases["p50"], cases["pred_s"]]) * 1e3
+    lim = [float(both[both > 0].min()) / 1.2, float(both.max()) * 1.2]
     ax.plot(lim, lim, color="grey", lw=1, ls="--", label="predicted = measured")
+    ax.set_xscale("log")  # requests span microseconds to seconds: a log scale keeps each path readable
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("measured p50 per request (ms)")
     ax.set_ylabel("link model's prediction (ms)")
     ax.set_title("link model: predicted against measured, paged rows")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
     s.add_figure("link model: predicted against measured request time", fig)
     plt.close(fig)
     page.add_data("linkmodel", fit_rows)

@@ -6,7 +6,7 @@ from itertools import chain
 
 import pandas as pd
 
-from . import plots
+from . import fitsection, plots
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
@@ -123,13 +123,7 @@ CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "exposed_p50": "ex
 EXTRA_SECTIONS: list = []
 
 
-def _link_model(page, runs) -> None:
-    from .fitsection import add_section  # the link model's section, when a run sweeps enough block sizes
-
-    add_section(page, runs)
-
-
-EXTRA_SECTIONS.append(_link_model)
+EXTRA_SECTIONS.append(fitsection.add_section)  # the link model, when a run sweeps enough block sizes
 
 
 def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page, list[Run]]:
@@ -149,7 +143,7 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
     ok = st[st["status"] != "skipped"]
     bw, ex = ok[ok["kind"] == "bandwidth"], ok[ok["kind"] == "exposed"]
     if len(bw):
-        s = page.add_section("Bandwidth", [
+        page.add_section("Bandwidth", [
             "One request at a time, nothing else on its clock: time = until the destination knows the last byte "
             "landed (max over the pair's ranks). GB/s = payload / p50 time. bulk% = GB/s / the ceiling (the best of "
             "the same payload as one descriptor per layer or contiguous 64K-4M chunks, measured alongside; * = "
@@ -158,26 +152,21 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
             "hosts (nominal), a rate the transport or device layer reported (nominal), or, when they share a host, "
             "the best host copy of the same payload measured in the same run (measured, not nominal); "
             "--link-gbps overrides; 'unknown' where kvbench cannot tell."],
-            tables=[compact("bandwidth rows", bandwidth_table(bw))])
-        for cap, fig in chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),
-                              plots.latency_percentiles(bw)):
-            s.add_figure(cap, fig)
+            tables=[compact("bandwidth rows", bandwidth_table(bw))],
+            figures=chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),
+                          plots.latency_percentiles(bw)))
     if len(ex):
-        s = page.add_section("Exposed time", [
+        page.add_section("Exposed time", [
             "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
             "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
             "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s."],
-            tables=[compact("exposed-time rows", exposed_table(ex))])
-        for cap, fig in plots.exposed_vs_prompt(ex):
-            s.add_figure(cap, fig)
+            tables=[compact("exposed-time rows", exposed_table(ex))], figures=plots.exposed_vs_prompt(ex))
     if wl is not None:
-        s = page.add_section("Workload", [
+        page.add_section("Workload", [
             "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
             "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
             "arrival to KV landed. No GB/s here: these times include the queue."],
-            tables=[compact("workload rows", workload_table(wl))])
-        for cap, fig in plots.workload_tails(wl):
-            s.add_figure(cap, fig)
+            tables=[compact("workload rows", workload_table(wl))], figures=plots.workload_tails(wl))
     for extra in EXTRA_SECTIONS:
         extra(page, runs)
     skipped = st[st["status"] == "skipped"]

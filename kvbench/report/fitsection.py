@@ -1,14 +1,10 @@
 """The link model's section of the report page: per path the fitted costs, then predicted against measured."""
 from __future__ import annotations
 
-import matplotlib
-import matplotlib.ticker
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from . import linkmodel  # noqa: E402
+from . import linkmodel
+from .plots import _plt
 
 MIN_BLOCK_SIZES = 3  # three unknowns (γ, α, β): a path needs at least three distinct paged shapes to be fitted
 
@@ -48,6 +44,9 @@ def add_section(page, runs) -> None:
         "(GB/s = 10^9 B/s). `kvbench fit FILE --leave-out BLOCKS` fits without some block sizes and predicts them; "
         "`kvbench plan --fabric FILE` uses these fits (docs/planning.md)."],
         tables=[("fitted link model per path", fit_rows), ("predicted against measured", shown)])
+    plt = _plt()  # matplotlib, or one line saying how to install it
+    from matplotlib import ticker
+
     fig, ax = plt.subplots(figsize=(7.2, 4.8), layout="constrained")
     groups = list(cases.groupby(["transport", "op"], sort=False))
     # one colour per path: the ten strong colours first, then the light ones (the default cycle repeats after ten)
@@ -61,13 +60,12 @@ def add_section(page, runs) -> None:
     ax.set_xscale("log")  # requests span microseconds to seconds: a log scale keeps each path readable
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel("measured p50 per request (ms)")
     ax.set_ylabel("link model's prediction (ms)")
     ax.set_title("link model: predicted against measured, paged rows")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
-    s.add_figure("link model: predicted against measured request time", fig)
-    plt.close(fig)
+    s.add_figure("link model: predicted against measured request time", fig)  # png_of closes it
     page.add_data("linkmodel", fit_rows)

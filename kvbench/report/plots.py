@@ -75,6 +75,19 @@ def _legend(ax) -> None:
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, handlelength=3.5)
 
 
+def _finish(ax, ticks, xlabel: str, ylabel: str, title: str, zero: bool = True) -> None:
+    """A panel over a power-of-two axis (block size, prompt length): scale, ticks, labels, grid, legend."""
+    ax.set_xscale("log", base=2)
+    _xticks(ax, ticks)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if zero:
+        ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=.3)
+    _legend(ax)
+
+
 def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
     """Paged GB/s against block size per transport and op, with the bulk (dashed) and ceiling (dotted) lines."""
     paged = bw[(bw["variant"] == "paged") & bw["gbps"].notna()]
@@ -94,14 +107,7 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
                 if len(ceil) and (not len(bulk) or ceil.iloc[0] != bulk.iloc[0]):
                     ax.axhline(ceil.iloc[0], color=color, ls=":", lw=1.2,
                                label=f"ceiling {_label(lk, vary)} ({gl['ceil_name'].iloc[0]})")
-            ax.set_xscale("log", base=2)
-            _xticks(ax, gt["block_size"])
-            ax.set_xlabel("block size (tokens)")
-            ax.set_ylabel("GB/s (10^9 B/s)")
-            ax.set_ylim(bottom=0)
-            ax.set_title(t)
-            ax.grid(alpha=.3)
-            _legend(ax)
+            _finish(ax, gt["block_size"], "block size (tokens)", "GB/s (10^9 B/s)", t)
         yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables; dashed = bulk (one "
                     "descriptor per layer); dotted = ceiling (best of bulk and contiguous chunks)", fig)
 
@@ -136,13 +142,8 @@ def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
                 for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
                     ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=f"C{i}",
                             label=f"{_label(lk, vary)} {q}")
-            ax.set_xscale("log", base=2)
-            _xticks(ax, g[g["transport"] == t]["block_size"])
-            ax.set_xlabel("block size (tokens)")
-            ax.set_ylabel("time per request (ms)")
-            ax.set_title(t)
-            ax.grid(alpha=.3)
-            _legend(ax)
+            _finish(ax, g[g["transport"] == t]["block_size"], "block size (tokens)", "time per request (ms)", t,
+                    zero=False)
         yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}", fig)
 
 
@@ -166,14 +167,7 @@ def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
                             label=f"{tag}{op} {ov} hs={hs} blk={bs}")
                 if gl["model_ms"].notna().any():
                     ax.plot(x, gl["model_ms"], "--", color=f"C{i}", lw=1, label=f"model {tag}{op} {ov}")
-            ax.set_xscale("log", base=2)
-            _xticks(ax, g[g["transport"] == t]["tokens"])
-            ax.set_xlabel("prompt length (tokens)")
-            ax.set_ylabel("exposed time (ms)")
-            ax.set_ylim(bottom=0)
-            ax.set_title(t)
-            ax.grid(alpha=.3)
-            _legend(ax)
+            _finish(ax, g[g["transport"] == t]["tokens"], "prompt length (tokens)", "exposed time (ms)", t)
         yield (f"Exposed ms p50 (bar to p95) against prompt length, {model} {dtype}; dashed = the model "
                     "max(0, T - P) + T/L streaming, T serial", fig)
 

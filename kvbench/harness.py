@@ -378,7 +378,8 @@ class Harness:
             faults.hit("stall-case", self.rank, m["no"])
             if it >= 1:  # the peer is in the middle of this case's transfers
                 faults.hit("kill", self.rank, m["no"])
-        return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16)
+        # a timed iteration starts when the barrier ends; what it may do before that, Iteration.run does first
+        return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16, self.comm.barrier if it >= 0 else None)
 
     def _watchdog(self, m: dict) -> None:
         GUARD.case = case_label(m["no"], m["case"])
@@ -390,9 +391,8 @@ class Harness:
         self._watchdog(m)
         try:
             for k in range(warmup + iters):
-                self.comm.barrier()
-                t0 = time.perf_counter()
-                done, inside, hs, offset = self._once(m, m["next"])
+                done, inside, hs, offset = self._once(m, m["next"])  # from the end of a barrier
+                t0 = itr.t0
                 total = time.perf_counter() - t0
                 stages = s["t"].take_stages() if hasattr(s["t"], "take_stages") else None  # staged: per-stage seconds
                 m["next"] += 1  # tags stay distinct across rounds

@@ -199,48 +199,51 @@ class Iteration:
         # harness's own notifications, and per entry in
         # `order` the gap from the transport's landing stamp to its wait's return (None: harness-stamped)
         self.cost: dict = {"post_s": 0.0, "lib_s": 0.0, "notify_s": 0.0, "wake_s": []}
+        # serial: every layer at once; streaming: one layer at a time.  Per entry and group, its layers'
+        # descriptor arrays and tag offsets, built once: the same list every iteration lets a transport find
+        # what it derived from it (the joined arrays of one post, datatypes) without a step per layer
+        self.groups = [list(range(self.layers))] if not self.streaming else [[k] for k in range(self.layers)]
+        self.lists = {id(e): [[e.layers[k] for k in ks] for ks in self.groups] for e in entries}
+        self.offs = {id(e): [[(e.req << 12) | k for k in ks] for ks in self.groups] for e in entries}
+        # a request's layers as one post where the transport joins them (base.one_post)
+        self.one = {id(e): t.one_post(self.lists[id(e)][0]) for e in entries}
 
-    def run(self, tag0: int):
-        """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset)."""
-        t, op, inside = self.t, self.op, 0.0
-        note, wake, lib0 = 0.0, [], t.lib_s
+    def run(self, tag0: int, barrier=None):
+        """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset).
+
+        With ``barrier`` (timed iterations), the iteration starts when it returns (``t0``), and what depends
+        only on the block tables is done before it: both tables are known when a request is admitted, so an
+        engine registers its receives and builds its transfer requests before the prefill's last layer is
+        final (a serial post's prepare, every target's registrations; not with a handshake, whose grant
+        arrives inside the iteration).  Only starting the transfer and completing it are timed."""
+        t, op = self.t, self.op
+        ahead = barrier is not None and self.handshake == "off"
+        handles = ready = None
+        if ahead:
+            handles = self._register(tag0)
+            if not self.streaming and not self.signal:
+                ready = self._prepare(0, tag0)
+        if barrier is not None:
+            barrier()
+        inside, note, wake, lib0 = 0.0, 0.0, [], t.lib_s
         t0 = self.t0 = time.perf_counter()
         hs = self._handshake(t0) if self.handshake != "off" else 0.0
         self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
-        handles: dict[int, list] = {id(e): [] for e in self.order}
-        # serial: every layer at once; streaming: one layer at a time.  Targets register every layer now
-        # (data arrives when posted), in the order the initiator will post them: a stream transport
-        # (tcp) pairs a peer's posts and serves first-in first-out.  With signals, so do pull's reads.
-        groups = [range(self.layers)] if not self.streaming else [[k] for k in range(self.layers)]
-        tag = lambda e, k: tag0 | (e.req << 12) | k  # noqa: E731
-        a = time.perf_counter()
-        # a request's layers as one post where the transport joins them (base.one_post)
-        one = {id(e): t.one_post([e.layers[k] for k in ks]) for ks in groups[:1] for e in self.entries}
-        for ks in groups:
-            for e, peer in self.serve:
-                if self.signal and one[id(e)] is None:  # the initiator reads layer by layer as each is signalled
-                    handles[id(e)] += [t.serve(op, peer, e.layers[k], tag(e, k)) for k in ks]
-                else:  # as the initiator posts them (prepare_request)
-                    handles[id(e)] += t.serve_request(op, peer, [e.layers[k] for k in ks], [tag(e, k) for k in ks])
-            if self.signal:
-                for e, peer in self.init:
-                    if one[id(e)] is not None:  # one read of the whole request, on the last layer's signal
-                        handles[id(e)].append(t.post_when_ready(peer, one[id(e)], tag(e, ks[-1])))
-                    else:
-                        handles[id(e)] += [t.post_when_ready(peer, e.layers[k], tag(e, k)) for k in ks]
-        inside += time.perf_counter() - a
-        for ks in groups:
+        if handles is None:
+            a = time.perf_counter()
+            handles = self._register(tag0)
+            inside += time.perf_counter() - a
+        offs, one = self.offs, self.one
+        for g, ks in enumerate(self.groups):
             last = ks[-1] if len(ks) else -1
             # what can be done before the layers are final: the posts' checks and headers, the signals' tags
             a = time.perf_counter()
             if self.signal:
                 # a request read as one gets one signal, its last layer's
-                signals = [t.prepare_signal(peer, [tag(e, ks[-1])] if one[id(e)] is not None else
-                                            [tag(e, k) for k in ks]) for e, peer in self.serve]
-            else:
-                # one request's layers at once: a transport may post them in one native call (base.prepare_request)
-                ready = [(e, t.prepare_request(op, peer, [e.layers[k] for k in ks], [tag(e, k) for k in ks]))
-                         for e, peer in self.init]
+                signals = [t.prepare_signal(peer, [tag0 | offs[id(e)][g][-1]] if one[id(e)] is not None else
+                                            [tag0 | x for x in offs[id(e)][g]]) for e, peer in self.serve]
+            elif ready is None or g:
+                ready = self._prepare(g, tag0)
             inside += time.perf_counter() - a
             if self.is_prefill or self.local:  # the prefill side owns the clock
                 self.clock.wait_layer(last)
@@ -312,6 +315,34 @@ class Iteration:
             done.append((b if self.state_msg else landed) - t0)
         self.cost = {"post_s": post, "lib_s": lib, "notify_s": note, "wake_s": wake}
         return done, inside, hs, self.clock.t0 - t0
+
+    def _register(self, tag0: int) -> dict[int, list]:
+        """Every target's registrations, in the order the initiator will post (a stream transport, tcp, pairs a
+        peer's posts and serves first-in first-out); with signals, so do pull's reads.  Per entry: handles."""
+        t, op, offs, one = self.t, self.op, self.offs, self.one
+        handles: dict[int, list] = {id(e): [] for e in self.order}
+        for g, ks in enumerate(self.groups):
+            for e, peer in self.serve:
+                if self.signal and one[id(e)] is None:  # the initiator reads layer by layer as each is signalled
+                    handles[id(e)] += [t.serve(op, peer, e.layers[k], tag0 | x) for k, x in zip(ks, offs[id(e)][g])]
+                else:  # as the initiator posts them (prepare_request)
+                    handles[id(e)] += t.serve_request(op, peer, self.lists[id(e)][g],
+                                                      [tag0 | x for x in offs[id(e)][g]])
+            if self.signal:
+                for e, peer in self.init:
+                    if one[id(e)] is not None:  # one read of the whole request, on the last layer's signal
+                        handles[id(e)].append(t.post_when_ready(peer, one[id(e)], tag0 | offs[id(e)][g][-1]))
+                    else:
+                        handles[id(e)] += [t.post_when_ready(peer, e.layers[k], tag0 | x)
+                                           for k, x in zip(ks, offs[id(e)][g])]
+        return handles
+
+    def _prepare(self, g: int, tag0: int) -> list:
+        """Group ``g``'s posts, prepared: a request's layers at once, which a transport may post in one native
+        call (base.prepare_request)."""
+        t, op, offs = self.t, self.op, self.offs
+        return [(e, t.prepare_request(op, peer, self.lists[id(e)][g], [tag0 | x for x in offs[id(e)][g]]))
+                for e, peer in self.init]
 
     def _handshake(self, t0: float) -> float:
         """Allocate-then-stream: prefill asks, decode answers with its block table; returns the round trip."""

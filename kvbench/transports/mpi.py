@@ -84,6 +84,7 @@ class MpiTransport(MpiBase):
         self._pending: dict[int, list[int]] = {}  # peer -> tags pushed since its last Flush
         self._landed: dict[int, set[int]] = {}  # peer -> tags notified but not yet waited for
         self._note_buf = np.empty(_NOTE_MAX, dtype=np.int64)
+        self._one = np.empty(1, dtype=np.int64)  # a one-tag notification's buffer (sent eagerly)
         self._plans: dict = {}  # (id(descs), op, peer) -> (descs, call arguments): prep=on
 
     @classmethod
@@ -180,6 +181,10 @@ class MpiTransport(MpiBase):
     def _notify(self, peer: int) -> None:
         """After a Flush: tell the peer which of its pushes have landed (one message per 1024)."""
         MPI, tags = mpi(), self._pending.pop(peer, [])
+        if len(tags) == 1:  # one push (a serial request): 8 bytes go eagerly, no request to keep
+            self._one[0] = tags[0]
+            self._comm.Send([self._one, MPI.INT64_T], peer, _NOTE_TAG)
+            return
         for i in range(0, len(tags), _NOTE_MAX):
             arr = np.array(tags[i:i + _NOTE_MAX], dtype=np.int64)
             self._sends.append((self._comm.Isend([arr, MPI.INT64_T], peer, _NOTE_TAG), arr))

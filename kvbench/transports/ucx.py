@@ -5,7 +5,9 @@ one-sided UCX use the ``nixl`` transport (or ``mpi``).  push: the source sends,
 the destination receives; pull: the destination sends a small request and the
 source answers with the data (one more round trip, as in any two-sided pull).
 
-Scatter-gather: ucxx has no iov datatype, and ``tag_send_multi`` / one
+A serial request's layers are one post (base.prepare_request): one header,
+then its ranges pool to pool when each layer is one range (bulk), else one
+packed message.  Scatter-gather: ucxx has no iov datatype, and ``tag_send_multi`` / one
 ``tag_send`` per block cost a Python object and a message per block, so a layer
 of n > 1 descriptors is packed into page-aligned staging with one
 ``copy_batch`` (GIL released), sent as ONE tag message and unpacked likewise:
@@ -32,6 +34,7 @@ from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unava
 
 _MAGIC = 0x4B56424E55435831  # "KVBNUCX1"
 _PUSH_HDR, _PUSH_DATA, _PULL_REQ, _PULL_DATA = 1, 2, 3, 4
+_PUSH_PART, _PULL_PART = 5, 6  # a request's layers of one range each: one message per range, under one header
 
 
 def _tag(sender: int, kind: int, seq: int) -> int:
@@ -120,15 +123,33 @@ class UcxTransport(Transport):
             self._worker.progress()
         self._lanes = {str(p): _ep_info(ep.handle) for p, ep in self._eps.items()}
 
-    def one_post(self, layers):
-        """Join a request's layers only where each has several ranges (they are packed anyway): one range
-        per layer (bulk) goes pool to pool, layer by layer, where joining would add a pack and an unpack."""
-        one = super().one_post(layers)
-        return None if one is None or len(one) == len(layers) else one
+    def _send_parts(self, peer: int, seq: int, descs: np.ndarray, kind: int) -> list:
+        check_descs(descs, self._pool.nbytes, 1 << 62)
+        arr, me = self._pool.array, self.ctx.rank
+        return [self._send(peer, arr[s:s + n], _tag(me, kind, (seq << 12) | i))
+                for i, (s, n) in enumerate(zip(descs[:, SRC].tolist(), descs[:, LEN].tolist()))]
+
+    def _recv_parts(self, peer: int, seq: int, descs: np.ndarray, kind: int) -> list:
+        check_descs(descs, 1 << 62, self._pool.nbytes)
+        arr = self._pool.array
+        return [self._recv(arr[d:d + n], _tag(peer, kind, (seq << 12) | i))
+                for i, (d, n) in enumerate(zip(descs[:, DST].tolist(), descs[:, LEN].tolist()))]
+
+    def _whole(self, descs: np.ndarray) -> bool:
+        """A request's layers joined, one range each (bulk): one message per range, one header."""
+        return 1 < len(descs) == self.layers_in(descs)
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """push: pack and send (header + data); pull: send a request, receive into staging."""
+        """push: pack and send (header + data); pull: send a request, receive into staging.  A bulk request
+        (its layers joined, one range each) goes pool to pool, a message per range under one header."""
         me = self.ctx.rank
+        if self._whole(descs):  # a bulk request: its layers pool to pool, under one header
+            seq, hdr = self._next(op, "post", peer), _header(tag, descs)
+            if op == "push":
+                reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq))] + self._send_parts(peer, seq, descs, _PUSH_PART)
+            else:
+                reqs = [self._send(peer, hdr, _tag(me, _PULL_REQ, seq))] + self._recv_parts(peer, seq, descs, _PULL_PART)
+            return self._track(_Handle(reqs, (hdr,)))
         if op == "push":
             seq, hdr = self._next(op, "post", peer), _header(tag, descs)
             data, stage = self._pack(descs, may_wait=True)
@@ -143,6 +164,19 @@ class UcxTransport(Transport):
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: receive header + data and scatter; pull: answer the peer's request when it comes."""
+        if self._whole(descs):
+            seq, hdr = self._next(op, "serve", peer), np.zeros(4, np.uint64)
+            if op == "push":
+                reqs = [self._recv(hdr, _tag(peer, _PUSH_HDR, seq))] + self._recv_parts(peer, seq, descs, _PUSH_PART)
+                return self._track(_Handle(reqs, (hdr,), then=lambda h: _check(hdr, tag, descs, "push header")))
+
+            def answer_parts(h):
+                _check(hdr, tag, descs, "pull request")
+                h.reqs = self._send_parts(peer, seq, descs, _PULL_PART)
+
+            h = _Handle([self._recv(hdr, _tag(peer, _PULL_REQ, seq))], (hdr,), then=answer_parts)
+            self._reactive.append(h)
+            return h
         if op == "push":
             seq, hdr = self._next(op, "serve", peer), np.zeros(4, np.uint64)
             data, stage, unpack = self._recv_area(descs)

@@ -1,4 +1,7 @@
-"""The one timing loop: pools, registration, warm-up, barrier, iterations, check, rows.
+"""The one timing loop: pools, registration, warm-up, barrier, iterations; then the check and the rows.
+
+Beside it: requests.py (a case's geometry, pool size and plan of requests), checkpass.py (the clock match
+and the check transfer after the timed iterations) and rows.py (building and delivering result rows).
 
 The harness owns *how* a case is measured; transports own *what* moves.
 An iteration starts when a barrier ends.  Each rank records, for each of
@@ -9,33 +12,21 @@ over the two ranks of its pair, computed when results are read.
 """
 from __future__ import annotations
 
-import pickle
 import secrets
 import time
 from dataclasses import dataclass, field
 from itertools import groupby
 
-import numpy as np
-
-from . import clocks, costs, faults, memory, planes, preflight, transports, verify
-from . import model as M
-from .codecpath import codec_columns, codec_refused, codec_staging, codec_transport, lossy_columns
-from .descriptors import CHUNKS, bulk_descs, chunked, coalesced_descs, request_descs
+from . import checkpass, costs, faults, memory, preflight, requests, transports
+from .codecpath import codec_refused, codec_staging, codec_transport
+from .descriptors import CHUNKS
 from .guard import GUARD
 from .memory import device
-from .pool import BlockAllocator, Layout, Pool
-from .schedule import (
-    TAG_FINAL,
-    TAG_T0,
-    Entry,
-    Iteration,
-    SchemeError,
-    control_bytes,
-    make_pairs,
-    max_entries_per_rank,
-    offset_bulk,
-)
-from .transports.base import LEN, Context, TransportError
+from .pool import Pool
+from .requests import case_geometry, pool_bytes
+from .rows import Rows
+from .schedule import Entry, Iteration, SchemeError, make_pairs, max_entries_per_rank
+from .transports.base import Context, TransportError
 
 
 class UserError(ValueError):
@@ -59,32 +50,7 @@ class Options:
     transport_options: dict = field(default_factory=dict)
 
 
-def case_geometry(case: dict) -> dict:
-    """Shape numbers of a case: blocks, block bytes, payload (pure arithmetic)."""
-    shape = M.shard(M.get_model(case["model"]), case["tp"], case["pp"])
-    ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
-    if planes.scaled(case):  # values, block scales, tensor scales in planes of their own
-        return planes.geometry(case, shape, ntok)
-    bs = case["block_size"]
-    bb = M.block_bytes(shape, bs, case["dtype"])
-    nb = M.num_blocks(ntok, bs)
-    last = (ntok - (nb - 1) * bs) * shape.row_elems * M.dtype_bytes(case["dtype"])
-    return {"shape": shape, "ntok": ntok, "block_bytes": bb, "nblocks": nb, "last_bytes": last,
-            "full_bytes": shape.layers * shape.regions * nb * bb,
-            "payload": M.bytes_per_token(shape, case["dtype"]) * ntok}
-
-
-def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
-    """One pool size for a transport's cases: ``factor`` x the requests one rank holds at once.
-
-    ``entries`` is the number of pairs the busiest rank belongs to; each case
-    multiplies it by its own ``inflight``.
-    """
-    need = max(case_geometry(c)["full_bytes"] * c.get("inflight", 1) for c in cases) * entries
-    return -(-int(need * factor) // memory.PAGE) * memory.PAGE
-
-
-class Harness:
+class Harness(Rows):
     """Runs expanded cases on every rank; rank 0 gets the rows through ``sink``."""
 
     def __init__(self, comm, opts: Options, sink=None):
@@ -301,59 +267,8 @@ class Harness:
             self.finish(m, s)
 
     def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
-        """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both."""
-        fmt = planes.fit(case["layout"], g, s["nbytes"]) if "fmt" in g else None
-        lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
-                                            g["block_bytes"], s["nbytes"])
-        bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
-        seed = self.opts.seed * 1_000_003 + self.case_no
-        allocs: dict[str, BlockAllocator] = {}
-        mine, slots = {}, {}
-        for i, (src, dst) in enumerate(s["pairs"]):
-            for req in range(case["inflight"]):
-                for side, r in (("src", src), ("dst", dst)):
-                    if r != self.rank:
-                        continue
-                    if side not in allocs:
-                        allocs[side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
-                    ids = allocs[side].allocate(g["nblocks"], "contiguous" if bulk else case["alloc"])
-                    if ids is None:
-                        raise TransportError(f"pool of {lay.nblocks} blocks per layer cannot hold the requests "
-                                             f"in flight; raise --pool-factor")
-                    mine[(i, req, side)] = ids
-                    slots[(i, req, side)] = sum(1 for key in slots if key[2] == side)
-        blocks, allslots = {}, {}
-        for part, sl in ([(mine, slots)] if s["local"] else self.comm.allgather((mine, slots))):
-            blocks.update(part)
-            allslots.update(sl)
-        entries = []
-        for i, (src, dst) in enumerate(s["pairs"]):
-            if self.rank not in (src, dst):
-                continue
-            for req in range(case["inflight"]):
-                layers = []
-                descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
-                if fmt:  # scale planes beside the values: their own descriptors
-                    entries.append(Entry(i, req, src, dst, planes.request_layers(
-                        fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")]))
-                    continue
-                per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
-                for layer, d in enumerate(per_layer):
-                    if bulk:
-                        d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))
-                    layers.append(np.ascontiguousarray(d))
-                if bulk:  # requests sharing a pool get disjoint slices of each layer
-                    if case["variant"] == "hot":  # every layer is layer 0's range: the same buffer, cache-hot
-                        layers = [layers[0]] * len(layers)
-                    layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")])
-                    for j, d in enumerate(layers):
-                        start, span = lay.layer_span(0 if case["variant"] == "hot" else j)
-                        if int((d[:, :2] + d[:, 2:3]).max()) > start + span:
-                            raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
-                    if case["variant"] in CHUNKS:
-                        layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
-                entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
-        return entries
+        """Control plane (untimed): the case's entries (requests.py)."""
+        return requests.plan(self, case, g, s)
 
     def measure(self, case: dict, s: dict) -> None:
         m = self.prepare(case, s)
@@ -424,9 +339,9 @@ class Harness:
         nwrong = None
         self._watchdog(m)
         try:
-            m["clock"] = self.one_clock(m)
+            m["clock"] = checkpass.one_clock(self, m)
             if self.opts.check:
-                nwrong = self.check(m, s)
+                nwrong = checkpass.check(self, m, s)
         finally:
             GUARD.disarm()
         # rows follow `entries`; the iteration completed them in `itr.order`
@@ -435,148 +350,6 @@ class Harness:
         self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
                   m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)},
                   stages=m.get("stages"), cost=costs.reorder(m.get("cost", []), pos), took=m.get("took"))
-
-    def one_clock(self, m: dict) -> dict[int, tuple]:
-        """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
-        offset's error bound, half the best round trip; the offset).  Exposed times and the pair's time are
-        corrected by the skew (clocks.py)."""
-        itr = m["itr"]
-        offsets = clocks.sync(self.comm, itr.sources, itr.dests)
-        t0s = np.asarray(m.get("t0s", []), dtype=np.float64)
-        reqs = [self.comm.isend_bytes(t0s.tobytes(), d, TAG_T0) for d in itr.dests]
-        out = {self.rank: (np.zeros(len(t0s)), 0.0, 0.0)}  # source and destination in one process
-        for src, (off, rtt) in offsets.items():
-            theirs = bytearray(t0s.nbytes)
-            self.comm.recv_bytes(theirs, src, TAG_T0)
-            out[src] = (t0s - off - np.frombuffer(theirs, np.float64), rtt / 2, off)
-        self.comm.waitall(reqs)
-        return out
-
-    def check(self, m: dict, s: dict) -> list[int]:
-        """One more transfer, built to catch lies (verify.py): the source's layers take a new epoch of the
-        pattern when final, the destination's ranges hold the complement of what they must receive, and the
-        destination copies them aside the moment it believes them complete; wrong elements per entry."""
-        case, entries, itr = m["case"], m["entries"], m["itr"]
-        epoch = 1 + (m["no"] * 40503) % 0xFFFF
-        src_pool, dst_pool = (device.buf(s["pools"][0]), device.buf(s["pools"][-1])) if s["pools"] else (None, None)
-        chk = device.checker(s["pools"][-1]) if s["pools"] else verify  # device pools: the same rules, on the device
-        mine = [e for e in entries if e.dst == self.rank]
-        for e in mine:
-            for d in e.layers:
-                chk.poison(dst_pool, d, e.src, epoch)
-        copies: dict[int, tuple] = {}
-        landed: dict[int, float] = {}
-
-        def final(ks):
-            for e in entries:
-                if e.src == self.rank:
-                    for k in ks:
-                        chk.write_epoch(src_pool, e.layers[k], self.rank, epoch)
-
-        itr.on_final = final
-        itr.on_landed = lambda e, at: (copies.setdefault(id(e), chk.snapshot(dst_pool, e.layers)),
-                                       landed.setdefault(id(e), at))
-        self.comm.barrier()
-        try:
-            self._once(m, -1)
-        finally:
-            itr.on_final = itr.on_landed = None
-        self.landed_after_posted(m, mine, landed, dict(itr.bound_at))
-        if mine and self.opts.inject_corruption:
-            copy = copies[id(mine[0])][0]
-            copy[: self.opts.inject_corruption] ^= 0xFF
-        elem = m["g"].get("elem") or M.dtype_bytes(case["dtype"])  # scaled formats: bytes (values share them)
-        if case.get("codec", "").startswith("cast-"):  # lossy: elements outside the codec's stated tolerance
-            from .codecpath import lossy_check
-
-            m["errors"] = {id(e): lossy_check(copies[id(e)], e, epoch, case) for e in mine}
-            return [m["errors"][id(e)][0] if e.dst == self.rank else 0 for e in entries]
-        return [chk.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == self.rank else 0 for e in entries]
-
-    def landed_after_posted(self, m: dict, mine: list, landed: dict, bounds: dict) -> None:
-        """A destination's completion stamp cannot precede the moment its source posted the request's last layer
-        (a pull: made it final), on one clock: a transport whose stamp does is not reporting when bytes landed."""
-        itr = m["itr"]
-        reqs = [self.comm.isend_bytes(pickle.dumps(bounds), d, TAG_FINAL) for d in itr.dests]
-        for src in itr.sources:
-            st = self.comm.probe(src, TAG_FINAL)
-            buf = bytearray(st)
-            self.comm.recv_bytes(buf, src, TAG_FINAL)
-            bounds = {**pickle.loads(bytes(buf)), **bounds}
-        self.comm.waitall(reqs)
-        for e in mine:
-            _, err, off = m["clock"][e.src]
-            early = bounds[(e.pair, e.req)] - (landed[id(e)] - off)
-            if early > err + 1e-4:
-                raise TransportError(
-                    f"its completion stamp says the bytes landed {early * 1e6:.0f} us before the source posted the "
-                    f"last layer (clocks matched within {err * 1e6:.0f} us): the transport's completion time "
-                    "is not when the bytes landed")
-
-    # ----- rows --------------------------------------------------------------------------
-    def base_row(self, case: dict, g: dict | None = None, no: int | None = None) -> dict:
-        bulk = case.get("variant", "paged") != "paged"
-        return {
-            "case": self.case_no if no is None else no, "variant": case.get("variant", "paged"), "transport": case["transport"],
-            "op": case["op"], "memory": case.get("memory", "host"), "copy": case.get("copy", "batch"),
-            "prefill": case.get("prefill", "clock"), "model": case["model"], "tokens": case["tokens"],
-            "prefix_hit": case["prefix_hit"], "block_size": 0 if bulk else case["block_size"],
-            "block_bytes": CHUNKS.get(case.get("variant"), 0) if bulk or g is None else g["block_bytes"],
-            "layout": case["layout"],
-            "allocation": case["variant"] if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
-            "dtype": case["dtype"], "codec": case.get("codec", "none"), "fill": self.opts.fill,
-            "scales": case.get("scales", "none"),
-            "overlap": case["overlap"], "scheme": case["scheme"],
-            "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
-            "layers": (g or case_geometry(case))["shape"].layers,
-            "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
-            "pages": self.opts.pages,
-        }
-
-    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None, cost=None, took=None) -> None:
-        rows = []
-        nan = float("nan")
-        prefill_s = float(case["prefill_ms"]) / 1e3
-        for k, e in enumerate(entries):
-            role = "both" if e.src == e.dst else ("prefill" if e.src == self.rank else "decode")
-            base = dict(self.base_row(case, g, no), rank=self.rank, role=role, pair=e.pair, req=e.req,
-                        payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
-                        descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
-                        queue_s=nan, arrival_s=nan, completion=rules[k])
-            # a destination's times move onto its source's clock: + (its barrier exit - the source's)
-            skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
-            for it, (done, over, hs, exposed, rnd) in enumerate(rec):
-                skew = float(skews[it]) if skews is not None else 0.0
-                rows.append(dict(base, **stage_columns(stages[it] if stages else None),
-                                 iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
-                                 handshake_s=hs if e.src == self.rank else nan,
-                                 exposed_s=nan if exposed[k] is None else exposed[k] + skew,
-                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
-                                 **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
-                                 **real_prefill_s(took, it, e.src)))
-            if nwrong is not None:
-                rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
-                                 nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
-                                 clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
-        self.deliver(rows)
-
-    def emit_skipped(self, case: dict, reason: str) -> None:
-        self.case_no += 1
-        row = dict(self.base_row(dict(case, variant="paged")), rank=self.rank, role="", pair=-1, req=0, iter=-1,
-                   seconds=float("nan"), harness_seconds=float("nan"),
-                   payload_bytes=case_geometry(case)["payload"], wire_bytes=0, descriptors=0,
-                   status="skipped", reason=reason, nwrong=None, prefill_s=float("nan"), handshake_s=float("nan"),
-                   exposed_s=float("nan"), queue_s=float("nan"), arrival_s=float("nan"), skew_s=float("nan"),
-                   clock_err_s=float("nan"), clock_offset_s=float("nan"), completion="")
-        self.deliver([row] if self.rank == 0 else [])
-
-    def deliver(self, rows: list[dict]) -> None:
-        everything = self.comm.gather(rows)
-        if self.rank == 0:
-            flat = [r for part in everything for r in part]
-            if self.sink:
-                self.sink(flat)
 
 
 def device_reason(cls, case: dict) -> str | None:
@@ -589,18 +362,6 @@ def device_reason(cls, case: dict) -> str | None:
     from . import copy
 
     return device.probe(kind) or copy.probe(case.get("copy", "batch"), "cuda" if kind == "cuda" else "cpu")
-
-
-def real_prefill_s(took: list | None, it: int, src: int) -> dict:
-    """A real prefill's measured seconds (on the source, sent to its destinations) as the row's prefill_s."""
-    return {"prefill_s": took[it][src]} if took and src in took[it] else {}
-
-
-def stage_columns(stages: dict | None) -> dict:
-    """A row's per-stage seconds (staged: gather, wire, scatter on this rank in this iteration; else empty)."""
-    nan = float("nan")
-    stages = stages or {}
-    return {f"{k}_s": float(stages.get(k, nan)) for k in ("gather", "wire", "scatter")}
 
 
 def case_label(no: int, case: dict) -> str:

@@ -173,7 +173,7 @@ def run(a, argv: list[str]) -> int:
 
 def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
     """Rank 0, after validation and preflight: the preamble, the result files, the live table."""
-    from .report import OVERLAP_COLUMNS, LivePrinter, header_lines, overlap_header_lines, uses_overlap
+    from .report import LivePrinter, columns_for, header_lines, overlap_header_lines, uses_overlap
     from .results import ResultWriter, git_commit, library_versions, system_description
 
     suite, cases = cfg.suite, cfg.cases
@@ -200,8 +200,9 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
         writer, done = ResultWriter(cfg.results, cfg.name, meta), []
     print(f"# run id: {h.run_id}   results: {writer.path}")
     overlap = uses_overlap(cases)
-    printer = LivePrinter(lambda s: print(s, flush=True), OVERLAP_COLUMNS if overlap else None)
-    for line in overlap_header_lines() if overlap else header_lines():
+    columns = columns_for(cases, overlap)
+    printer = LivePrinter(lambda s: print(s, flush=True), columns)
+    for line in overlap_header_lines(columns) if overlap else header_lines(columns):
         print(line)
     sys.stdout.flush()
     return writer, printer, done

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import model as M
 from . import transports
+from .inputs import BlockSize, DType, ModelName, Positive, PrefixHit, Tokens, unique
 from .pool import LAYOUTS, parse_alloc
 from .yamlfile import read
 
@@ -55,19 +56,19 @@ class Axes(BaseModel):
     model_config = STRICT
     transport: list[str] = Field(default=["loopback", "shm"], min_length=1)
     op: list[Literal["push", "pull"]] = Field(default=["push"], min_length=1)
-    model: list[str] = Field(default=["llama-3-8b"], min_length=1)
-    tokens: list[int] = Field(default=[1024], min_length=1)
-    prefix_hit: list[int] = Field(default=[0], min_length=1)
-    block_size: list[int] = Field(default=[16], min_length=1)
+    model: list[ModelName] = Field(default=["llama-3-8b"], min_length=1)
+    tokens: list[Tokens] = Field(default=[1024], min_length=1)
+    prefix_hit: list[PrefixHit] = Field(default=[0], min_length=1)
+    block_size: list[BlockSize] = Field(default=[16], min_length=1)
     layout: list[Literal["auto", "layer-major", "block-major", "mla"]] = Field(default=["auto"], min_length=1)
     alloc: list[str] = Field(default=["random"], min_length=1)
     coalesce: list[Literal["off", "on"]] = Field(default=["off"], min_length=1)
-    dtype: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "nvfp4"]] = Field(default=["fp16"], min_length=1)
+    dtype: list[DType] = Field(default=["fp16"], min_length=1)
     # fp8 scale planes (formats.py): none, tensor, block:<n>; nvfp4 carries its own
     scales: list[str] = Field(default=["none"], min_length=1)
-    tp: list[int] = Field(default=[1], min_length=1)
-    pp: list[int] = Field(default=[1], min_length=1)
-    inflight: list[int] = Field(default=[1], min_length=1)
+    tp: list[Positive] = Field(default=[1], min_length=1)
+    pp: list[Positive] = Field(default=[1], min_length=1)
+    inflight: list[Positive] = Field(default=[1], min_length=1)
     overlap: list[Literal["serial", "streaming"]] = Field(default=["serial"], min_length=1)
     prefill_ms: list[float | Literal["auto"]] = Field(default=[0.0], min_length=1)
     handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
@@ -84,12 +85,7 @@ class Axes(BaseModel):
     @field_validator("*")
     @classmethod
     def _unique(cls, v):
-        seen = set()
-        for x in v:
-            if x in seen:
-                raise ValueError(f"{x!r} is listed twice")
-            seen.add(x)
-        return v
+        return unique(v)
 
     @field_validator("transport")
     @classmethod
@@ -97,36 +93,6 @@ class Axes(BaseModel):
         for t in v:
             if t not in transports.REGISTRY:
                 raise ValueError(f"'{t}' is not one of: {', '.join(transports.names())}")
-        return v
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, v):
-        for m in v:
-            M.get_model(m)
-        return v
-
-    @field_validator("block_size")
-    @classmethod
-    def _block(cls, v):
-        for b in v:
-            M.check_block_size(b)
-        return v
-
-    @field_validator("tokens", "tp", "pp", "inflight")
-    @classmethod
-    def _positive(cls, v):
-        for x in v:
-            if x <= 0:
-                raise ValueError(f"{x} is not a positive integer")
-        return v
-
-    @field_validator("prefix_hit")
-    @classmethod
-    def _hit(cls, v):
-        for x in v:
-            if x < 0:
-                raise ValueError(f"{x} is negative (prompt tokens already cached at decode: 0 or more)")
         return v
 
     @field_validator("arrival")

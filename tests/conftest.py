@@ -100,3 +100,21 @@ def kvbench_cli(*args, timeout=60):
     """Run `python -m kvbench ...` without MPI (size, list, env, report)."""
     return subprocess.run([sys.executable, "-m", "kvbench", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout)
+
+
+def table_rows(out: str) -> list[dict]:
+    """The bandwidth table's rows in ``out`` (`kvbench run` or `kvbench report`), keyed by its header's names.
+
+    Tests read a column by name: which columns show depends on the run (report/tables.py columns_for).  A
+    skipped row has its leading columns and 'skipped' (the reason)."""
+    head, rows = None, []
+    for ln in out.splitlines():
+        if ln.startswith("#transport"):
+            head = ["transport", *ln.split()[1:]]
+        elif head and ln.strip() and not ln.startswith("#"):
+            lead, _, reason = ln.partition(" skipped: ")
+            if reason:
+                rows.append(dict(zip(head, lead.split())) | {"skipped": reason})
+            else:
+                rows.append(dict(zip(head, ln.split(), strict=True)))  # a row that does not fit its header fails
+    return rows

@@ -1,6 +1,6 @@
 """The non-MPI commands: list, env, report, help."""
 from kvbench import transports
-from tests.conftest import kvbench_cli
+from tests.conftest import kvbench_cli, table_rows
 
 
 def test_list_shows_every_transport_with_a_status():
@@ -32,5 +32,8 @@ def test_report_reprints_a_stored_table(kvrun):
     assert run.code == 0, run.err
     r = kvbench_cli("report", run.results)
     assert r.returncode == 0, r.stderr
-    rows = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("shm")]
-    assert len(rows) == 2 and all(ln.split()[-3] == "0" for ln in rows)  # bulk + paged, #wrong 0 (then clock, us/L)
+    rows = table_rows(r.stdout)
+    assert [x["alloc"] for x in rows] == ["bulk", "random"] and all(x["#wrong"] == "0" for x in rows)
+    assert table_rows(run.out) == rows  # the live table, reprinted from the result file
+    # a host run without codec, scale planes or a real prefill shows none of those columns
+    assert not {"mem", "copy", "codec", "scales", "prefill"} & set(rows[0])

@@ -93,11 +93,35 @@ def test_fp8_halves_the_bytes_and_the_time():
     (["--block-size", "24"], "not a positive power of two"),
     (["-m", "gpt-9"], "model 'gpt-9' is not one of"),
     (["--tp", "2,4"], "plan: --tp takes one value, not 2,4"),
+    (["-m", "llama-3-8b,llama-3-8b"], "plan: -m: 'llama-3-8b' is listed twice"),  # once printed its rows twice
+    (["--percentiles", "50:0"], "plan: prompt lengths p50: 0 is not a positive prompt length"),
 ])
 def test_bad_input_is_one_line(args, msg):
     r = kvbench_cli("plan", *args)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and msg in r.stderr, r.stderr
+
+
+# not dtype: a run also takes nvfp4, which plan cannot price (its bytes depend on its scale planes)
+@pytest.mark.parametrize("plan_field,axis,value", [
+    ("models", "model", "gpt-9"), ("block_size", "block_size", 24),
+    ("prompts", "tokens", 0), ("tp", "tp", 0), ("prefix_hit", "prefix_hit", -5),
+])
+def test_plan_and_run_refuse_a_value_in_the_same_words(plan_field, axis, value):
+    """One validator (kvbench/inputs.py) for both: the words after the flag or field name are the same."""
+    from kvbench import suite as S
+
+    ok = dict(models=["llama-3-8b"], dtypes=["fp16"], prompts={"p50": 1024}, prompt_desc="", prefill_tflops=400,
+              ttft_ms=200, rate=1, saving=0.5, block_size=16, tp=1, pp=1, prefix_hit=0, fabrics=["100GbE"])
+    bad = {"p50": value} if plan_field == "prompts" else [value] if plan_field == "models" else value
+    with pytest.raises(plan.ValidationError) as exc:
+        plan.PlanInput(**dict(ok, **{plan_field: bad}))
+    said_plan = plan.one_line(exc.value).split(": ", 2)[2]
+    with pytest.raises(S.SuiteError) as exc:
+        S.validate({"axes": {axis: [value]}})
+    said_run = str(exc.value).split("': ", 1)[1]
+    assert said_plan == said_run, (said_plan, said_run)
+    assert str(value) in said_run
 
 
 def test_a_named_rate_in_gbit():

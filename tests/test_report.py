@@ -385,3 +385,26 @@ def test_compare_reads_an_older_schema_it_can_upgrade(tmp_path, kv):
     df.to_parquet(old)  # as a version-1 writer left it
     r = kv("compare", a, old, "--fail-above", "5%")
     assert r.returncode == 0 and "2 case(s) compared" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_live_table_adds_a_column_only_for_an_axis_a_case_leaves_at_its_default():
+    from kvbench.report import tables as T
+
+    heads = lambda cols: [h for h, _, _ in cols]  # noqa: E731
+    host = {"memory": "host", "copy": "batch", "scales": "none", "codec": "none", "prefill": "clock"}
+    assert T.columns_for([host, {}]) == T.COLUMNS  # a result from before these columns reads as defaults
+    assert T.columns_for([host, {"codec": float("nan")}], overlap=True) == T.OVERLAP_COLUMNS
+    mixed = [host, host | {"codec": "zstd", "scales": "block:32", "prefill": "real"}]
+    h = heads(T.columns_for(mixed))
+    assert h[h.index("dtype"):h.index("dtype") + 3] == ["dtype", "scales", "codec"]
+    assert h[h.index("infl") + 1] == "prefill" and "mem" not in h and len(h) == len(T.COLUMNS) + 3
+    h = heads(T.columns_for(mixed + [host | {"memory": "cuda"}], overlap=True))  # no dtype, infl: beside their kin
+    assert h[:2] == ["transport", "mem"] and h[h.index("handshk") + 1] == "prefill"
+    assert h[h.index("tokens") + 1:h.index("tokens") + 3] == ["scales", "codec"]
+    cols = T.columns_for(mixed)
+    row = T.format_line(dict.fromkeys(["transport", "op", "model", "tokens", "dtype"], "x") | mixed[1]
+                        | {"status": "skipped", "reason": "why"}, cols)
+    assert row.split() == ["x"] * 4 + ["skipped:", "why"]
+    assert any(ln.startswith("# scales = fp8 scale planes; codec = the wire encoding; prefill = clock")
+               for ln in T.header_lines(cols))
+    assert not any("codec =" in ln for ln in T.header_lines())

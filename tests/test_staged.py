@@ -6,6 +6,7 @@ import pytest
 pytest.importorskip("torch")
 
 from kvbench.transports.staging import split  # noqa: E402
+from tests.conftest import table_rows  # noqa: E402
 
 # 256 tokens of llama-3-8b: 1 MiB per layer; 256 KiB chunks make 4 per layer, so slots are reused within a layer
 SMALL = ["-t", "staged", "--memory", "torch-cpu", "-m", "llama-3-8b", "--tokens", "256", "-n", "3", "-w", "1",
@@ -37,6 +38,9 @@ def test_staged_push_and_pull_over_tcp_land_every_byte_with_stage_times(kvrun, e
     assert set(ok["status"]) == {"ok"} and set(ok["memory"]) == {"torch-cpu"}
     assert set(ok["op"]) == {"push", "pull"} and set(ok["variant"]) == {"bulk", "paged"}
     assert set(ok["copy"]) == {"kernel" if "kernel" in extra else "batch"}
+    live = table_rows(r.out)  # the live table names where the pools live, and a copy engine other than batch
+    assert len(live) == 4 and {x["mem"] for x in live} == {"torch-cpu"}
+    assert [x.get("copy") for x in live] == ["kernel" if "kernel" in extra else None] * 4
     check = df[(df["iter"] == -1) & (df["role"] == "decode")]
     assert len(check) == 4 and (check["nwrong"] == 0).all()
     src, dst = ok[ok["role"] == "prefill"], ok[ok["role"] == "decode"]

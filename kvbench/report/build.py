@@ -197,11 +197,12 @@ def main(files: list[str], out_dir: str | None, link_gbps: str | None = None, sa
     for path in files:
         df, meta = tables.read(path)
         st = tables.summarize(df)
-        exposed = tables.uses_overlap(meta.get("cases") or st.rename(columns={"prefill_ms_set": "prefill_ms"})
-                                      .to_dict("records"))
+        cases = meta.get("cases") or st.rename(columns={"prefill_ms_set": "prefill_ms"}).to_dict("records")
+        exposed = tables.uses_overlap(cases)
+        columns = tables.columns_for(cases, exposed)
         say(f"# {path}  suite={meta.get('suite', {}).get('name', '?')}  commit={meta.get('git_commit', '?')}")
-        for line in tables.overlap_header_lines() if exposed else tables.header_lines():
+        for line in tables.overlap_header_lines(columns) if exposed else tables.header_lines(columns):
             say(line)
         for _, r in st.iterrows():
-            say(tables.format_line(r.to_dict(), tables.OVERLAP_COLUMNS if exposed else None))
+            say(tables.format_line(r.to_dict(), columns))
     return 0

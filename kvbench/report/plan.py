@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from .. import model as M
+from ..inputs import BlockSize, KVDType, ModelName, Positive, PrefixHit, Tokens, check_tokens, unique
 
 RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GB/s|Gb/s|Gbps|Gbit)\s*$")
 PAYS_MARGIN = 0.5  # pays: the exposed transfer costs at most half of what disaggregation saves
@@ -29,41 +30,21 @@ class PlanInput(BaseModel):
     """Everything `kvbench plan` takes, validated; errors name the flag."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    models: list[str] = Field(min_length=1)
-    dtypes: list[Literal["fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2"]] = Field(min_length=1)
-    prompts: dict[str, int] = Field(min_length=1)  # percentile label -> prompt tokens
+    models: Annotated[list[ModelName], AfterValidator(unique)] = Field(min_length=1)
+    dtypes: Annotated[list[KVDType], AfterValidator(unique)] = Field(min_length=1)
+    prompts: dict[str, Tokens] = Field(min_length=1)  # percentile label -> prompt tokens
     prompt_desc: str
     mean_tokens: float | None = Field(None, gt=0)  # the mean prompt when the distribution gives one (load)
     prefill_tflops: float = Field(gt=0)
     ttft_ms: float = Field(gt=0)
     rate: float = Field(ge=0)  # requests per second per prefill rank
     saving: float = Field(ge=0, le=10)  # share of the prefill time disaggregation saves
-    block_size: int = Field(gt=0)
-    tp: int = Field(ge=1)
-    pp: int = Field(ge=1)
-    prefix_hit: int = Field(ge=0)
+    block_size: BlockSize
+    tp: Positive
+    pp: Positive
+    prefix_hit: PrefixHit
     fabrics: list[str] = Field(min_length=1)
     overlap: Literal["serial", "streaming"] = "streaming"  # which exposure the net gain and the verdict use
-
-    @field_validator("models")
-    @classmethod
-    def _models(cls, v):
-        for m in v:
-            M.get_model(m)
-        return v
-
-    @field_validator("prompts")
-    @classmethod
-    def _prompts(cls, v):
-        for k, t in v.items():
-            if t <= 0:
-                raise ValueError(f"{k}: {t} tokens is not a positive prompt length")
-        return v
-
-    @field_validator("block_size")
-    @classmethod
-    def _block(cls, v):
-        return M.check_block_size(v)
 
 
 def one_line(exc: ValidationError) -> str:
@@ -73,7 +54,9 @@ def one_line(exc: ValidationError) -> str:
             "ttft_ms": "--ttft-ms", "rate": "--rate", "saving": "--saving", "block_size": "--block-size",
             "tp": "--tp", "pp": "--pp", "prefix_hit": "--prefix-hit", "fabrics": "--fabric", "overlap": "--overlap"}
     loc = str(err["loc"][0]) if err["loc"] else ""
-    return f"plan: {flag.get(loc, loc)}: {err['msg'].removeprefix('Value error, ')}"
+    # a prompt length is named by its percentile label (p95), a list item by its value in the message
+    key = "".join(f" {p}" for p in err["loc"][1:2] if isinstance(p, str))
+    return f"plan: {flag.get(loc, loc)}{key}: {err['msg'].removeprefix('Value error, ')}"
 
 
 # ---- prompt-length distributions -------------------------------------------------------------------------
@@ -112,8 +95,11 @@ def prompts_from(tokens: list[int] | None, percentiles: str | None,
                 raise ValueError(f"plan: --percentiles: '{part}' is not PERCENTILE:TOKENS (e.g. 50:1024)") from None
         return out, "percentiles " + ", ".join(f"{k} {v}" for k, v in out.items()), None
     tokens = tokens or [4096]
-    if any(t <= 0 for t in tokens):
-        raise ValueError(f"plan: --tokens: {min(tokens)} is not a positive prompt length")
+    try:  # each length of a sample: a bad one could hide behind the percentiles PlanInput checks
+        for t in tokens:
+            check_tokens(t)
+    except ValueError as exc:
+        raise ValueError(f"plan: --tokens: {exc}") from None
     if len(set(tokens)) == 1:
         return {"all": tokens[0]}, f"fixed {tokens[0]} tokens", float(tokens[0])
     return (_weighted_percentiles(tokens, [1] * len(tokens)), f"a sample of {len(tokens)} prompt lengths",

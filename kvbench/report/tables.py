@@ -42,6 +42,38 @@ COLUMNS = [
 ]
 REFERENCES = ("bulk", "chunk-64K", "chunk-256K", "chunk-1M", "chunk-4M")  # the ceiling is the best of these
 
+# Axes nearly every run keeps at their default: a column each, shown only when some case of the run leaves it, so
+# the usual host table stays nccl-tests narrow while a GPU, codec or real-prefill run says what each row moved.
+# axis -> (default, column, the default column it follows; axes after the same one keep this order)
+VARIANT_AXES = {
+    "memory": ("host", ("mem", 9, lambda r: _axis(r, "memory")), "transport"),
+    "copy": ("batch", ("copy", 6, lambda r: _axis(r, "copy")), "transport"),
+    "scales": ("none", ("scales", 9, lambda r: _axis(r, "scales")), "dtype"),
+    "codec": ("none", ("codec", 13, lambda r: _axis(r, "codec")), "dtype"),
+    "prefill": ("clock", ("prefill", 7, lambda r: _axis(r, "prefill")), "infl"),
+}
+OVERLAP_ANCHORS = {"dtype": "tokens", "infl": "handshk"}  # the exposed-time table has neither dtype nor infl
+
+
+def _axis(r, key: str) -> str:
+    """A case's value on a variant axis; its default when the result predates the column."""
+    v = r.get(key)
+    return VARIANT_AXES[key][0] if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
+
+
+def variant_axes(cases) -> list[str]:
+    """The variant axes on which some case (a suite case or a summarized row) leaves the default."""
+    return [k for k, (dflt, _, _) in VARIANT_AXES.items() if any(_axis(c, k) != dflt for c in cases)]
+
+
+def columns_for(cases, overlap: bool = False) -> list:
+    """The live table's columns for these cases: the default ones plus a column per variant axis they use."""
+    extra: dict[str, list] = {}
+    for key in variant_axes(cases):
+        _, col, anchor = VARIANT_AXES[key]
+        extra.setdefault(OVERLAP_ANCHORS.get(anchor, anchor) if overlap else anchor, []).append(col)
+    return [c for col in (OVERLAP_COLUMNS if overlap else COLUMNS) for c in (col, *extra.get(col[0], ()))]
+
 
 def _clock(r) -> str:
     """'ok', or 'SKEW' when the pair's clock correction is uncertain by more than 5% of the p50."""
@@ -56,9 +88,9 @@ def _f(x, spec: str) -> str:
     return "-" if x is None or pd.isna(x) else format(x, spec)
 
 
-def header_lines() -> list[str]:
+def header_lines(columns=None) -> list[str]:
     """Column headers, '#'-prefixed like nccl-tests."""
-    cols = " ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
+    cols = " ".join(f"{h:>{w}}" for h, w, _ in columns or COLUMNS)
     cols = "#" + cols[1:]  # the first column is wider than its name
     return ["# GB/s = 10^9 bytes/s of one request's KV payload at its p50 time; time = until the destination",
             "# knows the last byte landed (max over the pair's ranks); aggGB/s = all requests of all pairs of an",
@@ -69,7 +101,20 @@ def header_lines() -> list[str]:
             "# clock = SKEW when the ranks' clocks are matched only within more than 5% of p50 (clocks.py);",
             "# us/L = kvbench's own time per layer outside the wire: posting calls + its notifications + landing",
             "# stamp to wait return (us, median over iterations of the slowest rank; costs.py)",
-            "#", cols]
+            *_variant_note(columns), "#", cols]
+
+
+VARIANT_NOTES = {"mem": "mem = where the pools live", "copy": "copy = the copy engine of device bytes",
+                 "scales": "scales = fp8 scale planes", "codec": "codec = the wire encoding",
+                 "prefill": "prefill = clock (a timer) or real (the model's matmuls)"}
+
+
+def _variant_note(columns) -> list[str]:
+    """The header line saying what the variant columns a table shows mean (none shown: no line)."""
+    shown = [h for h, _, _ in columns or () if h in VARIANT_NOTES]
+    if not shown:
+        return []
+    return ["# " + "; ".join(VARIANT_NOTES[h] for h in shown) + " (shown as some case leaves the default)"]
 
 
 def format_line(r: dict, columns=None) -> str:
@@ -161,13 +206,13 @@ OVERLAP_COLUMNS = [
 ]
 
 
-def overlap_header_lines() -> list[str]:
+def overlap_header_lines(columns=None) -> list[str]:
     """Headers of the exposed-time table (suites with a prefill clock, streaming or a handshake)."""
-    cols = " ".join(f"{h:>{w}}" for h, w, _ in OVERLAP_COLUMNS)
+    cols = " ".join(f"{h:>{w}}" for h, w, _ in columns or OVERLAP_COLUMNS)
     return ["# exposed = time from prefill end until decode knows the last byte landed (decode's clock, start",
             "# synchronized by a barrier), ms; P = prefill time; T = payload / bulk GB/s of this path;",
             "# model = max(0, T - P) + T/L when streaming, T when serial; diff = exp p50 - model;",
-            "# hs = allocate-then-stream handshake round trip (us, p50)", "#", "#" + cols[1:]]
+            "# hs = allocate-then-stream handshake round trip (us, p50)", *_variant_note(columns), "#", "#" + cols[1:]]
 
 
 def uses_overlap(cases: list[dict]) -> bool:

@@ -56,6 +56,8 @@ class Comm:
         self.size = self.world.Get_size()
         self.hostname = socket.gethostname()
         self._transport_comm = None
+        # zero-byte messages' buffers, built once: notifications sit on timed paths
+        self._empty, self._empty_in = [b"", 0, MPI.BYTE], [bytearray(0), 0, MPI.BYTE]
 
     def barrier(self) -> None:
         self.world.Barrier()
@@ -77,11 +79,11 @@ class Comm:
 
     def notify(self, dest: int, tag: int = _NOTIFY_TAG) -> None:
         """Tell ``dest`` that bytes it is waiting for have landed (zero-byte send)."""
-        self.world.Send([b"", 0, _mpi().BYTE], dest=dest, tag=tag)
+        self.world.Send(self._empty, dest, tag)
 
     def wait_notify(self, source: int, tag: int = _NOTIFY_TAG) -> None:
         """Block until ``source`` calls ``notify`` for us."""
-        self.world.Recv([bytearray(0), 0, _mpi().BYTE], source=source, tag=tag)
+        self.world.Recv(self._empty_in, source, tag)
 
     def isend_bytes(self, buf, dest: int, tag: int):
         """Non-blocking send of a bytes-like control message; returns a request to ``waitall``."""

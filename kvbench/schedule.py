@@ -132,7 +132,8 @@ class PrefillClock:
         return self.t0 + self.total_s
 
     def wait_layer(self, layer: int) -> None:
-        sleep_until(self.ready_at(layer))
+        if self.total_s:  # no prefill (bulk rows, serial): every layer is final at the start
+            sleep_until(self.ready_at(layer))
 
 
 def sleep_until(deadline: float) -> None:
@@ -263,10 +264,9 @@ class Iteration:
                     note += time.perf_counter() - a
                     a = time.perf_counter()
                     for e, _ in self.serve:  # a two-sided source sends a layer once its destination asked
-                        mine = handles[id(e)]
-                        for k in ks:
-                            if k < len(mine):  # a request served as one handle has nothing to answer per layer
-                                t.answer(mine[k])
+                        # (a request served as one handle is answered once)
+                        for h in handles[id(e)][ks[0]:last + 1] if ks else ():
+                            t.answer(h)
                     inside += time.perf_counter() - a
             elif op == "pull" and not self.signal:
                 for src in self.sources:

@@ -186,7 +186,7 @@ def main() -> int:
     ap.add_argument("-w", "--warmup", type=int, help="warm-up iterations at every size (default 10%% of timed, >= 3)")
     ap.add_argument("--repeat", type=int, default=3, help="kvbench/reference pairs per path (default 3)")
     ap.add_argument("--quick", action="store_true",
-                    help="a short check: sizes 16 KiB and 1 MiB, one repeat (6 minutes at a load of 8 on 2 cores)")
+                    help="a short check: sizes 16 KiB and 1 MiB, one repeat (4-6 minutes at a load of 7-10 on 2 cores)")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
     ap.add_argument("--case-timeout", type=float, default=60, help="kvbench --timeout per case, seconds")
     ap.add_argument("--launch-timeout", type=float, default=300, help="seconds one mpiexec launch may take")

@@ -13,10 +13,22 @@ outside the wire from the run's sidecar (``layer_cost_us``, costs.py): its
 posting Python (post), the library's data call it wraps (lib, paid by the
 reference too), its notifications (note) and landing-stamp-to-wait-return (wake).
 
+Each size gets about the same payload per case, so small requests (tens of
+microseconds) get hundreds of iterations and their medians settle: timed
+iterations = clamp(round(--budget 64 MiB / (SIZE x 16)), 16, --max-iters 400)
+(16 KiB: 256, 64 KiB: 64, 256 KiB to 4 MiB: 16), warm-up 10% of them (at least
+3).  kvbench's -n applies to every case of a launch, so the sizes are grouped by
+count and each group is launched on both sides back to back (kvbench first on
+even repeats, the reference first on odd ones).  Both sides time
+an iteration from the source's barrier exit: the destination's times are moved
+onto the source's clock by the barrier-exit skew (kvbench: harness.one_clock;
+the reference: the same ping-pong offset, after its timed loop).
+
 The model is MLA with a 512-wide fp16 latent and no RoPE part: 1 KiB per token
 per layer, so a request of SIZE/1024 tokens has SIZE bytes per layer.
 
-    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 3] [-n 20]
+    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 3] \\
+        [-n 20 | --budget 64 --max-iters 400]
 
 This process never imports mpi4py; it launches ``mpiexec -n 2`` for each run.
 Exit code 0 when every run finished (the targets are reported, not enforced);
@@ -52,6 +64,30 @@ BLOCK = 16 * KIB  # kvbench's default 16-token blocks of this model
 PATHS = ("tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake")
 MODEL_YAML = "name: fidelity-mla512\nlayers: {layers}\nattention: mla\nkv_lora_rank: 512\nrope_dim: 0\n"
 TARGET_SIZE, TARGET_RATIO, TARGET_SMALL = 64 * KIB, 0.9, 0.8  # the issue's acceptance
+# timed payload per case and bounds on its iterations: 16 KiB 256, 64 KiB 64, >= 256 KiB 16 (three launches per
+# path and side, since a launch costs 2-20 s here)
+BUDGET_MIB, MIN_ITERS, MAX_ITERS = 64, 16, 400
+
+
+def iterations(sizes: list[int], budget_mib: float = BUDGET_MIB, lo: int = MIN_ITERS, hi: int = MAX_ITERS,
+               fixed: int | None = None) -> list[int]:
+    """Timed iterations per size: about the same payload per case (``fixed``: that many at every size)."""
+    if fixed is not None:
+        return [fixed] * len(sizes)
+    return [min(hi, max(lo, round(budget_mib * (1 << 20) / (s * LAYERS)))) for s in sizes]
+
+
+def warmups(iters: list[int], fixed: int | None = None) -> list[int]:
+    """Warm-up iterations per size: 10% of the timed ones, at least 3 (``fixed``: that many)."""
+    return [fixed if fixed is not None else max(3, n // 10) for n in iters]
+
+
+def groups(sizes: list[int], iters: list[int], warm: list[int]) -> list[tuple[list[int], int, int]]:
+    """Sizes that share (iterations, warm-up), in order of first appearance: one kvbench launch each."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for s, n, w in zip(sizes, iters, warm):
+        out.setdefault((n, w), []).append(s)
+    return [(ss, n, w) for (n, w), ss in out.items()]
 
 
 def run_job(cmd: list[str], timeout: float, label: str) -> str:
@@ -63,52 +99,64 @@ def run_job(cmd: list[str], timeout: float, label: str) -> str:
     sys.exit(f"fidelity: {label} failed (exit {rc}): {shlex.join(cmd)}\n{tail}")
 
 
-def kvbench_cmd(a, mpirun: list[str], transport: str, model: str, outdir: str) -> list[str]:
+def kvbench_cmd(a, mpirun: list[str], transport: str, model: str, outdir: str, sizes: list[int], iters: int,
+                warmup: int) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "kvbench")
     kv = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "kvbench"]
-    tokens = ",".join(str(s // KIB) for s in a.sizes)
+    tokens = ",".join(str(s // KIB) for s in sizes)
     # the custom model comes from a YAML file: with --layers/--kv-lora-rank flags only rank 0
     # registers it and the other rank fails to validate the suite
     return mpirun + ["-n", "2"] + kv + [
         "run", "-t", transport, "--op", ",".join(a.ops), "--variants", "bulk,paged", "--alloc", "random",
-        "-m", model, "--dtype", "fp16", "--tokens", tokens, "-n", str(a.iters), "-w", str(a.warmup),
+        "-m", model, "--dtype", "fp16", "--tokens", tokens, "-n", str(iters), "-w", str(warmup),
         "-c", str(a.check), "--timeout", str(a.case_timeout), "-o", outdir,
         "--name", f"fidelity-{transport}"] + shlex.split(a.kvbench_args)
 
 
-def ref_cmd(a, mpirun: list[str], transport: str) -> list[str]:
+def ref_cmd(a, mpirun: list[str], transport: str, sizes: list[int], iters: int, warmup: int) -> list[str]:
     return mpirun + ["-n", "2", sys.executable, os.path.join(HERE, "fidelity_ref.py"), "--refs", transport,
                      "--ops", ",".join(a.ops), "--variants", "bulk,paged", "--block", str(BLOCK),
-                     "--sizes", ",".join(map(str, a.sizes)), "--layers", str(LAYERS),
-                     "--iters", str(a.iters), "--warmup", str(a.warmup)]
+                     "--sizes", ",".join(map(str, sizes)), "--layers", str(LAYERS),
+                     "--iters", str(iters), "--warmup", str(warmup)]
 
 
-def kvbench_numbers(outdir: str) -> dict[tuple, tuple[float, dict]]:
-    """From one run: (op, variant, size) -> (GB/s as kvbench computes it, its per-layer costs in us)."""
+def kvbench_numbers(outdir: str) -> dict[tuple, tuple[float, float, float, dict]]:
+    """From one run: (op, variant, size) -> (GB/s as kvbench computes it, p50 request time in us, median
+    barrier-exit skew in us, its per-layer costs in us)."""
     import pandas as pd
 
     (path,) = glob.glob(os.path.join(outdir, "*", "*.parquet"))
     with open(path[: -len(".parquet")] + ".meta.json") as fh:
         meta = json.load(fh)
-    st = case_stats(pd.read_parquet(path))
+    df = pd.read_parquet(path)
+    st = case_stats(df)
     st = st[(st["status"] == "ok") & st["variant"].isin(["bulk", "paged"])]
+    skew = df[df["iter"] >= 0].groupby("case")["skew_s"].median()  # NaN on source rows: the destination's
     cost = meta.get("layer_cost_us", {})
-    return {(r.op, r.variant, int(r.tokens) * KIB): (float(r.gbps), cost.get(str(int(r.case)), {}))
+    return {(r.op, r.variant, int(r.tokens) * KIB): (float(r.gbps), float(r.p50) * 1e6,
+                                                     float(skew.get(r.case, float("nan"))) * 1e6,
+                                                     cost.get(str(int(r.case)), {}))
             for r in st.itertuples()}
 
 
-def ref_numbers(out: str) -> dict[tuple, float]:
-    """(op, variant, size) -> GB/s from fidelity_ref.py's CSV lines."""
+def ref_numbers(out: str) -> dict[tuple, tuple[float, float, float]]:
+    """(op, variant, size) -> (GB/s, p50 request time in us, median skew in us) from fidelity_ref.py's CSV
+    lines (ref,op,variant,size_bytes,layers,iters,p50_us,gbps_p50,skew_us)."""
     got = {}
     for line in out.splitlines():
         p = line.strip().split(",")
-        if len(p) == 6 and p[1] in ("push", "pull"):
-            got[(p[1], p[2], int(p[3]))] = float(p[5])
+        if len(p) == 9 and p[1] in ("push", "pull"):
+            got[(p[1], p[2], int(p[3]))] = (float(p[7]), float(p[6]), float(p[8]))
     return got
 
 
 def fmt_size(n: int) -> str:
     return f"{n // (1 << 20)} MiB" if n >= 1 << 20 else f"{n // KIB} KiB"
+
+
+def us(x: float) -> str:
+    """A request time in microseconds, 8 columns wide."""
+    return f"{x:>8.1f}" if x < 1e5 else f"{x:>8.0f}"
 
 
 def target(size: int) -> float:
@@ -128,22 +176,33 @@ def main() -> int:
     ap.add_argument("--ops", default="push,pull", help="push, pull or both (default both)")
     ap.add_argument("--sizes", default="16384,65536,262144,1048576,4194304",
                     help="bytes per layer, multiples of 16384 (comma-separated)")
-    ap.add_argument("-n", "--iters", type=int, default=15, help="timed iterations per case, both sides (default 15)")
-    ap.add_argument("-w", "--warmup", type=int, default=3, help="warm-up iterations per case, both sides (default 3)")
+    ap.add_argument("-n", "--iters", type=int,
+                    help=f"timed iterations at every size, both sides (default: by size, --budget MiB of "
+                         f"payload per case, {MIN_ITERS}..--max-iters)")
+    ap.add_argument("--budget", type=float, default=BUDGET_MIB,
+                    help=f"MiB of timed payload per case, which sets its iterations (default {BUDGET_MIB})")
+    ap.add_argument("--max-iters", type=int, default=MAX_ITERS,
+                    help=f"most timed iterations of a size-scaled case (default {MAX_ITERS})")
+    ap.add_argument("-w", "--warmup", type=int, help="warm-up iterations at every size (default 10%% of timed, >= 3)")
     ap.add_argument("--repeat", type=int, default=3, help="kvbench/reference pairs per path (default 3)")
     ap.add_argument("--quick", action="store_true",
-                    help="a check in two to three minutes: sizes 16 KiB and 1 MiB, one repeat, 10 iterations")
+                    help="a short check: sizes 16 KiB and 1 MiB, one repeat (4-6 minutes at a load of 7-10 on 2 cores)")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
     ap.add_argument("--case-timeout", type=float, default=60, help="kvbench --timeout per case, seconds")
-    ap.add_argument("--launch-timeout", type=float, default=240, help="seconds one mpiexec launch may take")
+    ap.add_argument("--launch-timeout", type=float, default=300, help="seconds one mpiexec launch may take")
     ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, e.g. \"-O mpi.prep=off\"")
     ap.add_argument("--keep", metavar="DIR", help="keep kvbench's result files under DIR (default: discarded)")
     a = ap.parse_args()
     if a.quick:
-        a.sizes, a.repeat, a.iters, a.warmup = "16384,1048576", 1, 10, 2
+        a.sizes, a.repeat = "16384,1048576", 1
     a.sizes = [int(s) for s in a.sizes.split(",") if s]
     if not a.sizes or any(s <= 0 or s % BLOCK for s in a.sizes):
         ap.error(f"--sizes: positive multiples of {BLOCK}")
+    if (a.iters is not None and a.iters < 1) or a.max_iters < MIN_ITERS or (a.warmup is not None and a.warmup < 0) \
+            or not a.budget > 0:
+        ap.error(f"-n: at least 1; --max-iters: at least {MIN_ITERS}; -w: at least 0; --budget: above 0")
+    a.iters = iterations(a.sizes, a.budget, hi=a.max_iters, fixed=a.iters)
+    a.warmup = warmups(a.iters, a.warmup)
     a.ops = [o for o in a.ops.split(",") if o]
     if not a.ops or any(o not in ("push", "pull") for o in a.ops):
         ap.error("--ops: push, pull")
@@ -159,42 +218,52 @@ def main() -> int:
     with open(model, "w") as fh:
         fh.write(MODEL_YAML.format(layers=LAYERS))
 
-    kvb: dict = {}  # (transport, op, variant, size) -> [GB/s per repeat]
+    # (transport, op, variant, size) -> per repeat: kvbench (GB/s, p50 us, skew us, costs), reference (GB/s, p50 us,
+    # skew us)
+    kvb: dict = {}
     ref: dict = {}
-    cost: dict = {}  # -> [per-layer cost dict per repeat]
+    load: list[float] = []  # the machine's 1-minute load average after each launch
     try:
         for rep in range(a.repeat):
             for t in transports:
-                outdir = os.path.join(work, f"{t}-{rep}")
-                steps = [("kvbench", kvbench_cmd(a, mpirun, t, model, outdir)), ("reference", ref_cmd(a, mpirun, t))]
-                for what, cmd in steps if rep % 2 == 0 else steps[::-1]:
-                    out = run_job(cmd, a.launch_timeout, f"{what} {t} (repeat {rep + 1})")
-                    if what == "kvbench":
-                        for key, (g, c) in kvbench_numbers(outdir).items():
-                            kvb.setdefault((t, *key), []).append(g)
-                            cost.setdefault((t, *key), []).append(c)
-                    else:
-                        for key, g in ref_numbers(out).items():
-                            ref.setdefault((t, *key), []).append(g)
+                # each group of sizes runs on both sides back to back, so a pair sees the same phase of a shared machine
+                for g, (ss, n, w) in enumerate(groups(a.sizes, a.iters, a.warmup)):
+                    outdir = os.path.join(work, f"{t}-{rep}-{g}")
+                    steps = [("kvbench", kvbench_cmd(a, mpirun, t, model, outdir, ss, n, w)),
+                             ("reference", ref_cmd(a, mpirun, t, ss, n, w))]
+                    for what, cmd in steps if rep % 2 == 0 else steps[::-1]:
+                        t1 = time.monotonic()
+                        out = run_job(cmd, a.launch_timeout, f"{what} {t} (repeat {rep + 1})")
+                        load.append(os.getloadavg()[0])
+                        print(f"#   {what} {t} {'+'.join(map(fmt_size, ss))} x {n}: {time.monotonic() - t1:.1f} s",
+                              file=sys.stderr, flush=True)
+                        got = kvbench_numbers(outdir) if what == "kvbench" else ref_numbers(out)
+                        for key, v in got.items():
+                            (kvb if what == "kvbench" else ref).setdefault((t, *key), []).append(v)
                 print(f"# repeat {rep + 1}/{a.repeat} {t} done ({time.monotonic() - start:.0f} s)", file=sys.stderr,
                       flush=True)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    print(f"# kvbench measurement fidelity: {', '.join(transports)}, {' and '.join(a.ops)}; bulk rows (one "
-          f"descriptor per layer) and paged rows (random {BLOCK // KIB} KiB blocks), {LAYERS} layers per request, "
-          f"vs plain references (benchmarks/fidelity_ref.py), 2 ranks on {socket.gethostname()}")
-    print(f"# iterations={a.iters} warmup={a.warmup} repeats={a.repeat}; GB = 10^9 B; size = bytes per layer; "
-          f"payload = size x {LAYERS}")
-    print("# GB/s: payload / p50 time (barrier -> destination knows the last byte landed, max over the ranks), "
-          "median over repeats; ratio: kvbench / reference, median over repeats of each back-to-back pair (min..max)")
-    print("# us/layer: kvbench's own time per layer outside the wire (sidecar layer_cost_us, median over repeats): "
-          "cost = post + note + wake; post = its posting Python, lib = the library call it wraps (the reference "
-          "pays it too), note = its notifications, wake = landing stamp -> wait return")
+    plan = ", ".join(f"{fmt_size(s)} {n}/{w}" for s, n, w in zip(a.sizes, a.iters, a.warmup))
+    print(f"# kvbench measurement fidelity: {', '.join(transports)}, {' and '.join(a.ops)}; 2 ranks on "
+          f"{socket.gethostname()}; vs plain references (benchmarks/fidelity_ref.py)")
+    print(f"# bulk rows: one descriptor per layer; paged rows: random {BLOCK // KIB} KiB blocks; {LAYERS} layers per "
+          f"request; size = bytes per layer; payload = size x {LAYERS}; GB = 10^9 B")
+    print(f"# iterations timed/warm-up per size: {plan}; repeats={a.repeat}")
+    print("# p50: request time, barrier exit -> destination knows the last byte landed, max over the two ranks,")
+    print("#   the destination's time moved onto the source's clock (barrier-exit skew, ping-pong offset): one rule")
+    print("#   on both sides")
+    print("# GB/s = payload / p50; kv us, ref us: p50 per request; GB/s and us: median over repeats; ratio: kvbench /")
+    print("#   reference GB/s, median over repeats of each back-to-back pair (min..max); (kv us - ref us) / "
+          f"{LAYERS}: what kvbench pays per layer")
+    print("# us/layer (sidecar layer_cost_us, median over repeats): kvbench's own time per layer outside the wire,")
+    print("#   cost = post + note + wake; post = its posting Python; lib = the library call it wraps (the reference")
+    print("#   pays it too); note = its notifications; wake = landing stamp -> wait return")
     print(f"# target: ratio >= {TARGET_RATIO} at >= {fmt_size(TARGET_SIZE)} per layer, >= {TARGET_SMALL} below")
-    print(f"{'path':>12} {'op':>4} {'rows':>5} {'size':>7} {'kvbench':>8} {'ref':>8} {'ratio':>6} {'(min..max)':>11} "
-          f"{'cost':>6} {'post':>6} {'lib':>6} {'note':>5} {'wake':>5}  verdict")
+    print(f"{'path':>12} {'op':>4} {'rows':>5} {'size':>7} {'kvGB/s':>7} {'refGB/s':>7} {'kv us':>8} {'ref us':>8} "
+          f"{'ratio':>6} {'(min..max)':>11} {'cost':>6} {'post':>6} {'lib':>6} {'note':>5} {'wake':>5}  verdict")
     misses = []
     for t in transports:
         for op in a.ops:
@@ -202,19 +271,30 @@ def main() -> int:
                 for size in a.sizes:
                     key = (t, op, variant, size)
                     k, r = kvb.get(key, []), ref.get(key, [])
-                    ratios = [x / y for x, y in zip(k, r) if y > 0]
+                    ratios = [x[0] / y[0] for x, y in zip(k, r) if y[0] > 0]
                     m = med(ratios)
                     rng = f"{min(ratios):.2f}..{max(ratios):.2f}" if ratios else "-"
-                    c = {f: med([x.get(f) for x in cost.get(key, [])]) for f in
+                    c = {f: med([x[3].get(f) for x in k]) for f in
                          ("cost_us", "post_us", "lib_us", "notify_us", "wake_us")}
                     ok = m >= target(size)
                     if not ok:
                         misses.append(key)
-                    print(f"{t:>12} {op:>4} {variant:>5} {fmt_size(size):>7} {med(k):>8.3f} {med(r):>8.3f} {m:>6.2f} "
-                          f"{rng:>11} {c['cost_us']:>6.1f} {c['post_us']:>6.1f} {c['lib_us']:>6.1f} "
+                    print(f"{t:>12} {op:>4} {variant:>5} {fmt_size(size):>7} {med(x[0] for x in k):>7.3f} "
+                          f"{med(y[0] for y in r):>7.3f} {us(med(x[1] for x in k))} {us(med(y[1] for y in r))} "
+                          f"{m:>6.2f} {rng:>11} {c['cost_us']:>6.1f} {c['post_us']:>6.1f} {c['lib_us']:>6.1f} "
                           f"{c['notify_us']:>5.1f} {c['wake_us']:>5.1f}  {'ok' if ok else 'MISS'}")
+    skews = [f"{t} {med(x[2] for key, v in kvb.items() if key[0] == t for x in v):.1f} / "
+             f"{med(y[2] for key, v in ref.items() if key[0] == t for y in v):.1f}" for t in transports]
+    print("# barrier-exit skew added to the destination's times, us, kvbench / reference (median over iterations,")
+    print("#   then over rows and repeats):")
+    for i in range(0, len(skews), 3):
+        print(f"#   {'; '.join(skews[i:i + 3])}")
     print(f"# {len(misses)} of {sum(1 for t in transports for _ in a.ops for _ in (0, 1) for _ in a.sizes)} rows "
-          f"miss the target; total {time.monotonic() - start:.0f} s")
+          f"miss the target; total {time.monotonic() - start:.0f} s; load average {min(load):.1f}..{max(load):.1f} "
+          f"on {os.cpu_count()} CPUs")
+    if max(load) > (os.cpu_count() or 1):
+        print("# the machine was oversubscribed: a rank waits whole time slices (ms) in some iterations, so the times")
+        print("#   are bimodal and a p50 flips between the modes; ratios below ~1 ms per request are not reliable")
     return 0
 
 

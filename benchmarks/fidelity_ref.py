@@ -13,8 +13,11 @@ pre-faulted pool (kvbench's layer-major pools at --pool-factor 2), as
 An iteration starts when a barrier ends; each rank stops its clock when its part
 is done and the destination's part ends when it knows the bytes landed (its own
 receive completed, or the initiator's notification arrived: the same completion
-rule as kvbench); the iteration's time is the max over the two ranks, GB/s =
-SIZE x LAYERS / the median time (GB = 1e9 B).  ``push``: the source initiates;
+rule as kvbench).  As kvbench does, the destination's times are moved onto the
+source's clock after timing: a ping-pong (the best of 8 round trips) gives the
+clocks' offset, and each iteration's barrier-exit skew (the destination's exit
+minus the source's) is added to the destination's time; the iteration's time is
+then the max over the two ranks, GB/s = SIZE x LAYERS / the median time (GB = 1e9 B).  ``push``: the source initiates;
 ``pull``: the source says the layers are final (one zero-byte MPI message, as
 kvbench's harness does) and the destination initiates.  Descriptors are built
 and handed to the library before timing (prepared lists, datatypes, iovecs); a
@@ -32,9 +35,11 @@ put), as kvbench must.  After timing the destination checks every byte.
 * ``nixl``, ``ucx``, ``mooncake``: fidelity_ref_engines.py.
 
     mpiexec -n 2 python benchmarks/fidelity_ref.py --refs tcp --ops push,pull --variants bulk,paged \\
-        --sizes 65536,1048576 --layers 16 --iters 30 --warmup 5
+        --sizes 65536,1048576 --layers 16 --iters 200,30 --warmup 20,5
 
-Prints ``#`` lines, then ``ref,op,variant,size_bytes,layers,gbps_p50`` lines.
+``--iters`` and ``--warmup`` take one number for every size or one per size.
+Prints ``#`` lines, then ``ref,op,variant,size_bytes,layers,iters,p50_us,gbps_p50,skew_us`` lines
+(p50_us: the median request time; skew_us: the median barrier-exit skew added to the destination's times).
 """
 from __future__ import annotations
 
@@ -90,17 +95,65 @@ def verify(comm, src_pool_pattern: np.ndarray | None, dst: np.ndarray | None, d:
         raise SystemExit(f"fidelity_ref: {what}: {bad} wrong bytes at the destination")
 
 
-def timed(comm, warmup: int, iters: int, once) -> float:
-    """Run ``once()`` warmup + iters times, each from the end of a barrier; median of the max over ranks."""
-    times = []
+def per_size(text: str, sizes: list[int], what: str) -> list[int]:
+    """``--iters``/``--warmup``: one count for every size, or one per size (comma-separated, as --sizes)."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if len(counts) == 1:
+        counts *= len(sizes)
+    if len(counts) != len(sizes) or min(counts) < 0:
+        raise SystemExit(f"fidelity_ref: --{what}: one count >= 0, or one per size ({len(sizes)}), got {text!r}")
+    return counts
+
+
+SYNC_TAG, SYNC_ROUNDS = 11, 8
+
+
+def skews(comm, t0s: np.ndarray) -> np.ndarray | None:
+    """On rank 1 (the destination): per iteration, its barrier exit minus rank 0's, on rank 0's clock.
+
+    The clocks' offset comes from the best (shortest) of SYNC_ROUNDS ping-pongs, as kvbench's
+    one_clock does, so both sides time from the source's barrier exit.
+    """
+    stamp = np.zeros(1)
+    if comm.rank == 0:
+        for _ in range(SYNC_ROUNDS):
+            comm.Recv(stamp, source=1, tag=SYNC_TAG)
+            stamp[0] = time.perf_counter()
+            comm.Send(stamp, dest=1, tag=SYNC_TAG)
+        comm.Send(t0s, dest=1, tag=SYNC_TAG)
+        return None
+    best = (float("inf"), 0.0)  # (round trip, this clock minus rank 0's)
+    for _ in range(SYNC_ROUNDS):
+        a = time.perf_counter()
+        comm.Send(stamp, dest=0, tag=SYNC_TAG)
+        comm.Recv(stamp, source=0, tag=SYNC_TAG)
+        c = time.perf_counter()
+        best = min(best, (c - a, (a + c) / 2 - float(stamp[0])))
+    theirs = np.empty_like(t0s)
+    comm.Recv(theirs, source=0, tag=SYNC_TAG)
+    return t0s - best[1] - theirs
+
+
+def timed(comm, warmup: int, iters: int, once) -> tuple[float, float]:
+    """Run ``once()`` warmup + iters times, each from the end of a barrier: (median over iterations of the
+    max over ranks, the destination's time moved onto the source's clock; median barrier-exit skew), seconds."""
+    t0s, times = np.zeros(iters), np.zeros(iters)
     for it in range(warmup + iters):
         comm.Barrier()
         t0 = time.perf_counter()
         once()
         if it >= warmup:
-            times.append(time.perf_counter() - t0)
-    both = comm.gather(times)
-    return float(np.median(np.max(np.array(both), axis=0))) if comm.rank == 0 else 0.0
+            t0s[it - warmup], times[it - warmup] = t0, time.perf_counter() - t0
+    sk = skews(comm, t0s)
+    if comm.rank == 1:
+        comm.Send(times + sk, dest=0, tag=SYNC_TAG)
+        return 0.0, float(np.median(sk))
+    theirs = np.empty_like(times)
+    comm.Recv(theirs, source=1, tag=SYNC_TAG)
+    return float(np.median(np.maximum(times, theirs))), 0.0
 
 
 def ready(comm, op: str) -> None:
@@ -211,7 +264,7 @@ def sendrecv_once(comm, buf: np.ndarray, d: np.ndarray, op: str):
 
 
 def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
-    """Every (op, variant, size) of one reference: rows (ref, op, variant, size, GB/s)."""
+    """Every (op, variant, size) of one reference: rows (ref, op, variant, size, iters, p50 s, skew s) on rank 0."""
     out = []
     nbytes = 2 * max(a.sizes) * a.layers
     win = None
@@ -225,7 +278,7 @@ def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
     state = tcp_setup(comm, nbytes) if ref == "tcp" else (engines.setup(ref, comm, buf, a) if engines else None)
     for op in ops:
         for variant in variants:
-            for size in a.sizes:
+            for size, iters, warmup in zip(a.sizes, a.iters, a.warmup):
                 d = descriptors(size, min(a.block, size), a.layers, variant, a.seed + size)
                 src = pattern(nbytes, size % 251)
                 buf[:] = src if comm.rank == 0 else 0
@@ -240,11 +293,12 @@ def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
                     once = sendrecv_once(comm, buf, d, op)
                 else:
                     once = engines.make_once(ref, comm, state, buf, d, op, ready)
-                t = timed(comm, a.warmup, a.iters, once)
+                t, skew = timed(comm, warmup, iters, once)
                 if win is not None:
                     win.Sync()
                 verify(comm, src, buf, d, f"{ref} {op} {variant} {size} B")
-                out.append((ref, op, variant, size, size * a.layers / t / 1e9 if comm.rank == 0 else 0.0))
+                skew = comm.bcast(skew, root=1)
+                out.append((ref, op, variant, size, iters, t, skew))
                 if engines and ref not in ("tcp", "mpi", "mpi-sendrecv"):
                     engines.release(ref, state)
     if ref == "tcp":
@@ -270,11 +324,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="16384,65536,262144,1048576,4194304", help="bytes per layer")
     ap.add_argument("--block", type=int, default=16384, help="paged: bytes per block (default 16384)")
     ap.add_argument("--layers", type=int, default=16, help="layers per request (default 16)")
-    ap.add_argument("--iters", type=int, default=30, help="timed iterations per size")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
+    ap.add_argument("--iters", default="30", help="timed iterations: one count, or one per size (default 30)")
+    ap.add_argument("--warmup", default="5", help="untimed iterations: one count, or one per size (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the paged blocks' places")
     a = ap.parse_args()
     a.sizes = [int(s) for s in a.sizes.split(",")]
+    a.iters, a.warmup = per_size(a.iters, a.sizes, "iters"), per_size(a.warmup, a.sizes, "warmup")
+    if min(a.iters) < 1:
+        raise SystemExit("fidelity_ref: --iters: at least 1 per size")
     refs = [r for r in a.refs.split(",") if r]
     if any(r not in REFS for r in refs):
         print(f"fidelity_ref: --refs: {', '.join(REFS)}", file=sys.stderr)
@@ -296,10 +353,12 @@ def main() -> int:
         rows += run_ref(comm, ref, a, a.ops.split(","), a.variants.split(","), engines)
     if comm.rank == 0:
         print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} layers per request, block {a.block} B (paged), "
-              f"iters={a.iters} warmup={a.warmup}; GB/s = size x layers / median(max over ranks) / 1e9")
-        print("ref,op,variant,size_bytes,layers,gbps_p50")
-        for ref, op, variant, size, g in rows:
-            print(f"{ref},{op},{variant},{size},{a.layers},{g:.4f}")
+              f"iters={','.join(map(str, a.iters))} warmup={','.join(map(str, a.warmup))}; GB/s = size x layers / "
+              "median(max over ranks, destination on the source's clock) / 1e9")
+        print("ref,op,variant,size_bytes,layers,iters,p50_us,gbps_p50,skew_us")
+        for ref, op, variant, size, iters, t, skew in rows:
+            print(f"{ref},{op},{variant},{size},{a.layers},{iters},{t * 1e6:.2f},{size * a.layers / t / 1e9:.4f},"
+                  f"{skew * 1e6:.2f}")
         sys.stdout.flush()
     if engines:
         engines.finish()

@@ -21,11 +21,38 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
               "-n", "3", "-w", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith(("tcp ", "mpi-sendrecv "))]
-    # path op rows size unit kvbench ref ratio (min..max) cost post lib note wake verdict
+    # path op rows size unit kvGB/s refGB/s kv-us ref-us ratio (min..max) cost post lib note wake verdict
     assert {(row[0], row[1], row[2]) for row in rows} == {(t, op, v) for t in ("tcp", "mpi-sendrecv")
                                                           for op in ("push", "pull") for v in ("bulk", "paged")}
     assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in rows)  # kvbench GB/s, reference GB/s
-    assert all(float(row[9]) >= 0 and row[-1] in ("ok", "MISS") for row in rows)  # kvbench's us per layer
+    for row in rows:  # the p50 request times agree with the GB/s beside them: payload = 16 layers x 64 KiB
+        for gbps, us in ((row[5], row[7]), (row[6], row[8])):
+            assert float(us) == pytest.approx(16 * 65536 / float(gbps) / 1e3, rel=0.05)
+    assert all(float(row[11]) >= 0 and row[-1] in ("ok", "MISS") for row in rows)  # kvbench's us per layer
+    assert "64 KiB 3/1" in r.stdout  # -n/-w: that many at every size
+    assert "# barrier-exit skew" in r.stdout
+
+
+def test_fidelity_iterations_scale_with_size_and_parse_per_size():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import fidelity
+    import fidelity_ref
+
+    sizes = [16384, 65536, 262144, 1048576, 4194304]
+    iters = fidelity.iterations(sizes)
+    assert iters == sorted(iters, reverse=True) and iters[0] > 100 and iters[-1] == fidelity.MIN_ITERS
+    assert fidelity.iterations(sizes, budget_mib=1 << 20) == [fidelity.MAX_ITERS] * 5
+    assert fidelity.iterations(sizes, fixed=7) == [7] * 5
+    warm = fidelity.warmups(iters)
+    assert all(w >= 3 and w >= n // 10 for n, w in zip(iters, warm)) and fidelity.warmups(iters, 0) == [0] * 5
+    grouped = fidelity.groups(sizes, iters, warm)  # every size once, one launch per distinct (iterations, warm-up)
+    assert sorted(s for ss, _, _ in grouped for s in ss) == sizes
+    assert len({(n, w) for _, n, w in grouped}) == len(grouped)
+    assert fidelity_ref.per_size("400,200,60,15,15", sizes, "iters") == [400, 200, 60, 15, 15]
+    assert fidelity_ref.per_size("30", sizes, "iters") == [30] * 5
+    for bad in ("400,200", "x", "", "5,-1,1,1,1"):
+        with pytest.raises(SystemExit, match="--iters"):
+            fidelity_ref.per_size(bad, sizes, "iters")
 
 
 def test_overlap_prints_a_verdict_per_row():

@@ -76,6 +76,10 @@ class NixlTransport(Transport):
         self.notifs: Counter = Counter()  # (agent name, message) -> arrived, not yet consumed
         self.cache: OrderedDict = OrderedDict()
         self.live: set = set()  # xfer handles posted and not yet waited
+        # prep=on: per cached array, one xfer handle re-posted with each post's notification (NIXL allows it
+        # once the last post completed), as an engine keeps its transfer requests
+        self.xfers: dict = {}  # cache key -> handle
+        self.kept: set = set()
         self.tele: deque = deque(maxlen=65536)
         self.env_set = ""
 
@@ -159,7 +163,13 @@ class NixlTransport(Transport):
         ent = (descs, loc, rem, lh, rh, idx)
         self.cache[key] = ent
         if len(self.cache) > _CACHE_MAX:
-            for h in self.cache.popitem(last=False)[1][3:5]:
+            old, ent = self.cache.popitem(last=False)
+            x = self.xfers.pop(old, None)
+            if x is not None:
+                self.kept.discard(x)
+                if x not in self.live:  # else released when its wait ends
+                    x.release()
+            for h in ent[3:5]:
                 if h is not None:
                     h.release()
         return ent
@@ -188,17 +198,23 @@ class NixlTransport(Transport):
         xop = "WRITE" if op == "push" else "READ"
         try:
             if self.prep:
-                h = self.agent.make_prepped_xfer(xop, lh, idx, rh, idx, msg)
+                key = (op, peer, id(descs))
+                h = self.xfers.get(key)
+                if h is None or h in self.live:  # the first post of this array, or it is in flight twice (hot)
+                    h = self.agent.make_prepped_xfer(xop, lh, idx, rh, idx, msg)
+                    if key not in self.xfers:
+                        self.xfers[key] = h
+                        self.kept.add(h)
             else:
                 a = self.agent
                 h = a.initialize_xfer(xop, a.get_xfer_descs(loc, self.seg), a.get_xfer_descs(rem, self.seg), name, msg)
             a = time.perf_counter()
-            st = self.agent.transfer(h)
+            st = self.agent.transfer(h, msg)
             self.lib_s += time.perf_counter() - a
         except Exception as exc:
             raise TransportError(f"nixl: posting {xop} to rank {peer} failed: {exc}") from None
         if st == "ERR":
-            h.release()
+            self._drop(h)
             raise TransportError(f"nixl: {xop} to rank {peer} failed at post")
         self.live.add(h)
         return h
@@ -248,13 +264,21 @@ class NixlTransport(Transport):
         self.live.discard(handle)
         if st != "DONE":
             with contextlib.suppress(Exception):
-                handle.release()
+                self._drop(handle)
             raise TransportError(f"nixl: transfer failed ({st})")
         if self.capture:
             t = a.get_xfer_telemetry(handle)
             self.tele.append({"post_us": t.postDuration, "xfer_us": t.xferDuration,
                               "bytes": t.totalBytes, "descs": t.descCount})
-        handle.release()
+        if handle not in self.kept:  # kept handles are posted again
+            handle.release()
+
+    def _drop(self, h) -> None:
+        """Release a handle that failed, and forget it if it was kept for re-posting."""
+        if h in self.kept:
+            self.kept.discard(h)
+            self.xfers = {k: v for k, v in self.xfers.items() if v is not h}
+        h.release()
 
     # -- facts and teardown --------------------------------------------------
     def telemetry(self) -> list[dict]:
@@ -282,7 +306,7 @@ class NixlTransport(Transport):
             return
         _AGENTS.discard(self)
         # best effort: an active transfer that cannot be cancelled is freed with the agent
-        steps = [h.release for h in self.live]
+        steps = [h.release for h in self.live | self.kept]
         steps += [h.release for ent in self.cache.values() for h in ent[3:5] if h is not None]
         steps += [lambda n=name: a.remove_remote_agent(n) for name, *_ in self.peers.values()]
         if self.reg is not None:
@@ -291,6 +315,8 @@ class NixlTransport(Transport):
             with contextlib.suppress(Exception):
                 step()
         self.live.clear()
+        self.kept.clear()
+        self.xfers.clear()
         self.cache.clear()
         self.peers.clear()
         self.reg = None

@@ -24,13 +24,13 @@ memory), ``staging_mib``.  ``info()["lanes"]`` is what UCX really selected.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 
 import numpy as np
 
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, rdma_present
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, rdma_present
+from .ucx_buffers import UcxBuffers, ep_info
 
 _MAGIC = 0x4B56424E55435831  # "KVBNUCX1"
 _PUSH_HDR, _PUSH_DATA, _PULL_REQ, _PULL_DATA = 1, 2, 3, 4
@@ -50,7 +50,7 @@ class _Handle:
         self.reqs, self.keep, self.then, self.stage = reqs, keep, then, stage
 
 
-class UcxTransport(Transport):
+class UcxTransport(UcxBuffers, Transport):
     """ucxx worker per rank; one tag message per layer (plus a header), polled progress."""
 
     name = "ucx"
@@ -84,6 +84,7 @@ class UcxTransport(Transport):
         self._in_use = 0
         self._cap = int(float(ctx.options.get("staging_mib", 1024)) * (1 << 20))
         self._lanes: dict[str, dict] = {}
+        self._parts: dict = {}  # (id(descs), column[, "rows"]) -> (descs, its ucxx views or its pack rows)
 
     def register(self, pool) -> bytes:
         """Create the UCX context and worker; return this worker's address."""
@@ -121,23 +122,24 @@ class UcxTransport(Transport):
         """Record the lanes and tag protocols UCX chose for each endpoint."""
         for _ in range(100):
             self._worker.progress()
-        self._lanes = {str(p): _ep_info(ep.handle) for p, ep in self._eps.items()}
+        self._lanes = {str(p): ep_info(ep.handle) for p, ep in self._eps.items()}
 
     def _send_parts(self, peer: int, seq: int, descs: np.ndarray, kind: int) -> list:
-        check_descs(descs, self._pool.nbytes, 1 << 62)
-        arr, me = self._pool.array, self.ctx.rank
-        return [self._send(peer, arr[s:s + n], _tag(me, kind, (seq << 12) | i))
-                for i, (s, n) in enumerate(zip(descs[:, SRC].tolist(), descs[:, LEN].tolist()))]
+        views, ep, tag, me = self._views(descs, SRC), self._eps[peer], self._api.UCXXTag, self.ctx.rank
+        base = _tag(me, kind, seq << 12)
+        a = time.perf_counter()
+        reqs = [ep.tag_send(v, tag(base | i)) for i, v in enumerate(views)]
+        self.lib_s += time.perf_counter() - a  # the library's calls (costs.py)
+        return reqs
 
     def _recv_parts(self, peer: int, seq: int, descs: np.ndarray, kind: int) -> list:
-        check_descs(descs, 1 << 62, self._pool.nbytes)
-        arr = self._pool.array
-        return [self._recv(arr[d:d + n], _tag(peer, kind, (seq << 12) | i))
-                for i, (d, n) in enumerate(zip(descs[:, DST].tolist(), descs[:, LEN].tolist()))]
+        views, recv, tag = self._views(descs, DST), self._worker.tag_recv, self._api.UCXXTag
+        base = _tag(peer, kind, seq << 12)
+        return [recv(v, tag(base | i)) for i, v in enumerate(views)]
 
     def _whole(self, descs: np.ndarray) -> bool:
         """A request's layers joined, one range each (bulk): one message per range, one header."""
-        return 1 < len(descs) == self.layers_in(descs)
+        return 1 < len(descs) == self.layers_in(descs) <= 4096  # the range's index takes a tag's low 12 bits
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: pack and send (header + data); pull: send a request, receive into staging.  A bulk request
@@ -234,13 +236,6 @@ class UcxTransport(Transport):
             h.stage = None
         return True
 
-    def _track(self, h: _Handle) -> _Handle:
-        if h.stage is not None:
-            if len(self._staged) > 256:  # completed handles are dropped lazily
-                self._staged = [x for x in self._staged if x.stage is not None]
-            self._staged.append(h)
-        return h
-
     def _next(self, op: str, side: str, peer: int) -> int:
         self._seq[op, side, peer] = seq = self._seq.get((op, side, peer), -1) + 1
         return seq
@@ -253,51 +248,6 @@ class UcxTransport(Transport):
 
     def _recv(self, arr, tag):
         return self._worker.tag_recv(self._Array(arr), self._api.UCXXTag(tag))
-
-    def _staging(self, nbytes: int, may_wait: bool) -> np.ndarray:
-        while may_wait and self._in_use and self._in_use + nbytes > self._cap:
-            self._staged = [h for h in self._staged if h.stage is not None]
-            self.wait(self._staged.pop(0))  # frees the oldest staging buffer
-        fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
-        if fits:
-            buf = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))  # best fit
-        else:
-            from ..memory import alloc_host
-
-            if sum(b.nbytes for b in self._free) + self._in_use + nbytes > self._cap:
-                self._free.clear()  # drop idle buffers of the wrong size before growing
-            buf = alloc_host(1 << max(20, (nbytes - 1).bit_length()))  # page-aligned, pre-faulted
-        self._in_use += buf.nbytes
-        return buf
-
-    def _pack(self, descs, may_wait: bool):
-        """(bytes to send, staging or None): the pool range itself when n == 1."""
-        check_descs(descs, self._pool.nbytes, 1 << 62)
-        if len(descs) == 1:
-            s, n = int(descs[0, SRC]), int(descs[0, LEN])
-            return self._pool.array[s : s + n], None
-        from .._native import copy_batch
-
-        offs, total = _packed(descs)
-        stage = self._staging(total, may_wait)
-        rows = np.ascontiguousarray(np.stack([descs[:, SRC], offs, descs[:, LEN]], 1))
-        a = time.perf_counter()
-        copy_batch(stage, self._pool.array, rows)  # the pack a two-sided path must do: data movement
-        self.lib_s += time.perf_counter() - a
-        return stage[:total], stage
-
-    def _recv_area(self, descs):
-        """(receive buffer, staging or None, completion callback that scatters into the pool)."""
-        check_descs(descs, 1 << 62, self._pool.nbytes)
-        if len(descs) == 1:
-            d, n = int(descs[0, DST]), int(descs[0, LEN])
-            return self._pool.array[d : d + n], None, lambda h: None
-        from .._native import copy_batch
-
-        offs, total = _packed(descs)
-        stage = self._staging(total, may_wait=True)
-        rows = np.ascontiguousarray(np.stack([offs, descs[:, DST], descs[:, LEN]], 1))
-        return stage[:total], stage, lambda h: copy_batch(self._pool.array, stage, rows)
 
     def info(self) -> dict:
         """Versions, one-sidedness, and the UCX lanes/protocols actually selected per peer."""
@@ -327,6 +277,7 @@ class UcxTransport(Transport):
             pass
         self._eps.clear()
         self._reactive, self._staged, self._free = [], [], []
+        self._parts.clear()
         self._worker = self._uctx = None
 
 
@@ -338,37 +289,3 @@ def _check(got: np.ndarray, tag: int, descs: np.ndarray, what: str) -> None:
     want = _header(tag, descs)
     if not np.array_equal(got, want):
         raise TransportError(f"ucx: {what} mismatch (stream mixed up): got {got.tolist()}, expected {want.tolist()}")
-
-
-def _packed(descs: np.ndarray):
-    ends = np.cumsum(descs[:, LEN])
-    return ends - descs[:, LEN], int(ends[-1])
-
-
-def _ep_info(ep_handle: int) -> dict:
-    """Lanes and the tag-send protocol table from ``ucp_ep_print_info`` (ucxx does not expose it)."""
-    try:
-        import libucx
-
-        ucp = ctypes.CDLL(os.path.join(os.path.dirname(libucx.__file__), "lib", "libucp.so"))
-        libc = ctypes.CDLL(None)
-        libc.open_memstream.restype = ctypes.c_void_p
-        libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t)]
-        libc.fclose.argtypes = [ctypes.c_void_p]
-        ucp.ucp_ep_print_info.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        buf, size = ctypes.c_char_p(), ctypes.c_size_t()
-        fp = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
-        ucp.ucp_ep_print_info(ep_handle, fp)
-        libc.fclose(fp)
-        lines = ctypes.string_at(buf, size.value).decode(errors="replace").splitlines()
-    except Exception as exc:
-        return {"error": str(exc)}
-    lanes = [" ".join(ln.split("lane[", 1)[1].split()[1:2] + ln.split()[-1:]) for ln in lines if "lane[" in ln]
-    proto, table = [], False
-    for ln in lines:
-        table = table or "ucp_tag_send* from host memory" in ln
-        if table and ln.count("|") == 4:
-            proto.append(" ".join(c.strip() for c in ln.strip("# ").strip("|").split("|")))
-        elif table and proto:
-            break
-    return {"lanes": lanes, "tag_send": proto}

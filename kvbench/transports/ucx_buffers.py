@@ -1,0 +1,131 @@
+"""The ucx transport's buffers: its pool ranges as ucxx views, the pack rows of scattered layers, and the
+page-aligned staging they are packed into (capped by ``staging_mib``), each built once per descriptor array
+(the harness never changes one in place); and the lanes UCX selected (``ep_info``)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import numpy as np
+
+from .base import DST, LEN, SRC, check_descs
+
+
+class UcxBuffers:
+    """Mixin of UcxTransport: needs ``_pool``, ``_Array``, ``_parts``, ``_free``, ``_staged``, ``_in_use``,
+    ``_cap``, ``wait`` and ``lib_s``."""
+
+    def _views(self, descs: np.ndarray, col: int) -> list:
+        """The pool ranges of ``descs``'s column ``col`` as ucxx buffers, checked and built once per array (the
+        harness never changes one in place), as a program keeps its registered views."""
+        hit = self._parts.get((id(descs), col))
+        if hit is not None and hit[0] is descs:
+            return hit[1]
+        check_descs(descs, *((self._pool.nbytes, 1 << 62) if col == SRC else (1 << 62, self._pool.nbytes)))
+        arr = self._pool.array
+        views = [self._Array(arr[o:o + n]) for o, n in zip(descs[:, col].tolist(), descs[:, LEN].tolist())]
+        if len(self._parts) >= 4096:
+            self._parts.clear()
+        self._parts[(id(descs), col)] = (descs, views)
+        return views
+
+    def _track(self, h):
+        if h.stage is not None:
+            if len(self._staged) > 256:  # completed handles are dropped lazily
+                self._staged = [x for x in self._staged if x.stage is not None]
+            self._staged.append(h)
+        return h
+
+    def _staging(self, nbytes: int, may_wait: bool) -> np.ndarray:
+        while may_wait and self._in_use and self._in_use + nbytes > self._cap:
+            self._staged = [h for h in self._staged if h.stage is not None]
+            self.wait(self._staged.pop(0))  # frees the oldest staging buffer
+        fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
+        if fits:
+            buf = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))  # best fit
+        else:
+            from ..memory import alloc_host
+
+            if sum(b.nbytes for b in self._free) + self._in_use + nbytes > self._cap:
+                self._free.clear()  # drop idle buffers of the wrong size before growing
+            buf = alloc_host(1 << max(20, (nbytes - 1).bit_length()))  # page-aligned, pre-faulted
+        self._in_use += buf.nbytes
+        return buf
+
+    def _rows(self, descs: np.ndarray, col: int) -> tuple[np.ndarray, int]:
+        """copy_batch's rows between the pool's ranges (column ``col``) and packed staging, and the packed
+        bytes: checked and built once per array (the harness never changes one in place)."""
+        key = (id(descs), col, "rows")
+        hit = self._parts.get(key)
+        if hit is not None and hit[0] is descs:
+            return hit[1]
+        check_descs(descs, *((self._pool.nbytes, 1 << 62) if col == SRC else (1 << 62, self._pool.nbytes)))
+        offs, total = _packed(descs)
+        cols = [descs[:, SRC], offs] if col == SRC else [offs, descs[:, DST]]
+        rows = np.ascontiguousarray(np.stack(cols + [descs[:, LEN]], 1))
+        if len(self._parts) >= 4096:
+            self._parts.clear()
+        self._parts[key] = (descs, (rows, total))
+        return rows, total
+
+    def _pack(self, descs, may_wait: bool):
+        """(bytes to send, staging or None): the pool range itself when n == 1."""
+        if len(descs) == 1:
+            check_descs(descs, self._pool.nbytes, 1 << 62)
+            s, n = int(descs[0, SRC]), int(descs[0, LEN])
+            return self._pool.array[s : s + n], None
+        from .._native import copy_batch
+
+        rows, total = self._rows(descs, SRC)
+        stage = self._staging(total, may_wait)
+        a = time.perf_counter()
+        copy_batch(stage, self._pool.array, rows)  # the pack a two-sided path must do: data movement
+        self.lib_s += time.perf_counter() - a
+        return stage[:total], stage
+
+    def _recv_area(self, descs):
+        """(receive buffer, staging or None, completion callback that scatters into the pool)."""
+        if len(descs) == 1:
+            check_descs(descs, 1 << 62, self._pool.nbytes)
+            d, n = int(descs[0, DST]), int(descs[0, LEN])
+            return self._pool.array[d : d + n], None, lambda h: None
+        from .._native import copy_batch
+
+        rows, total = self._rows(descs, DST)
+        stage = self._staging(total, may_wait=True)
+        return stage[:total], stage, lambda h: copy_batch(self._pool.array, stage, rows)
+
+
+def _packed(descs: np.ndarray):
+    ends = np.cumsum(descs[:, LEN])
+    return ends - descs[:, LEN], int(ends[-1])
+
+
+def ep_info(ep_handle: int) -> dict:
+    """Lanes and the tag-send protocol table from ``ucp_ep_print_info`` (ucxx does not expose it)."""
+    try:
+        import libucx
+
+        ucp = ctypes.CDLL(os.path.join(os.path.dirname(libucx.__file__), "lib", "libucp.so"))
+        libc = ctypes.CDLL(None)
+        libc.open_memstream.restype = ctypes.c_void_p
+        libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t)]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        ucp.ucp_ep_print_info.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+        fp = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+        ucp.ucp_ep_print_info(ep_handle, fp)
+        libc.fclose(fp)
+        lines = ctypes.string_at(buf, size.value).decode(errors="replace").splitlines()
+    except Exception as exc:
+        return {"error": str(exc)}
+    lanes = [" ".join(ln.split("lane[", 1)[1].split()[1:2] + ln.split()[-1:]) for ln in lines if "lane[" in ln]
+    proto, table = [], False
+    for ln in lines:
+        table = table or "ucp_tag_send* from host memory" in ln
+        if table and ln.count("|") == 4:
+            proto.append(" ".join(c.strip() for c in ln.strip("# ").strip("|").split("|")))
+        elif table and proto:
+            break
+    return {"lanes": lanes, "tag_send": proto}

@@ -1,0 +1,125 @@
+"""What a timed iteration does before its barrier and what it times (schedule.Iteration.run).
+
+Without a handshake both block tables are known at admission, so a serial request's prepared post and the
+target's registrations come before the barrier; only the start and the completion follow it.  With a
+handshake, in streaming mode, or in the check pass (no barrier handed in), they stay inside the iteration.
+A recording transport and communicator log the order of the calls; no MPI is involved.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvbench.schedule import Entry, Iteration
+from kvbench.transports.base import Caps, Context, Transport
+
+
+class Comm:
+    size = 2
+
+    def __init__(self, rank: int, log: list):
+        self.rank, self.log = rank, log
+
+    def barrier(self):
+        self.log.append("barrier")
+
+    def notify(self, *a):
+        self.log.append("notify")
+
+    def wait_notify(self, *a):
+        self.log.append("wait_notify")
+
+    def isend_bytes(self, *a):
+        return None
+
+    def recv_bytes(self, *a):
+        pass
+
+    def waitall(self, *a):
+        pass
+
+
+class Recorder(Transport):
+    """One-sided, completion notified by the transport (no harness messages on push)."""
+
+    name = "recorder"
+    batches = True
+    caps = Caps(one_sided=True, notifies=True, network=True)
+
+    def __init__(self, log: list):
+        super().__init__(Context(0, 2, "h", "r"))
+        self.log, self.tags = log, []
+
+    def prepare_request(self, op, peer, layers, tags):
+        self.log.append("prepare")
+        return super().prepare_request(op, peer, layers, tags)
+
+    def start_request(self, prepared):
+        self.log.append("start")
+        return super().start_request(prepared)
+
+    def serve_request(self, op, peer, layers, tags):
+        self.log.append("serve")
+        return super().serve_request(op, peer, layers, tags)
+
+    def post(self, op, peer, descs, tag=0):
+        return ("posted", len(descs), tag)
+
+    def serve(self, op, peer, descs, tag=0):
+        return ("served", len(descs), tag)
+
+    def wait(self, handle):
+        self.log.append(f"wait {handle[0]} {handle[1]}")
+        self.tags.append(handle[2])
+
+
+def iteration(rank: int, op: str = "push", **case):
+    log: list = []
+    layers = [np.array([[k * 4096, k * 4096, 1024]], dtype=np.int64) for k in range(4)]
+    entry = Entry(0, 0, 0, 1, layers, np.arange(4))
+    spec = {"op": op, "handshake": "off", "overlap": "serial", "prefill_ms": 0.0, "prefill": "clock", **case}
+    itr = Iteration(Recorder(log), Comm(rank, log), rank, [entry], spec, False)
+    return itr, log
+
+
+@pytest.mark.parametrize("op", ["push", "pull"])
+def test_serial_prepares_before_the_barrier_and_times_start_and_completion(op):
+    init_rank = 0 if op == "push" else 1
+    itr, log = iteration(init_rank, op)
+    done, *_ = itr.run(5 << 16, itr.comm.barrier)
+    # one post of the request's 4 layers (joined), prepared before the barrier, started after it
+    assert log[:2] == ["prepare", "barrier"]
+    assert log[2:] == (["start"] if op == "push" else ["wait_notify", "start"]) + ["wait posted 4"]
+    assert len(done) == 1 and done[0] >= 0.0
+    itr, log = iteration(1 - init_rank, op)
+    itr.run(5 << 16, itr.comm.barrier)
+    # the target registers its one receive before the barrier
+    assert log[:2] == ["serve", "barrier"]
+    assert log[-1] == "wait served 4"
+
+
+def test_the_check_pass_and_a_handshake_keep_everything_inside_the_iteration():
+    itr, log = iteration(0)
+    itr.run(5 << 16)  # the check pass: the caller's barrier came before
+    assert log == ["prepare", "start", "wait posted 4"]
+    itr, log = iteration(0, handshake="serial")
+    itr.run(5 << 16, itr.comm.barrier)
+    assert log.index("barrier") < log.index("prepare") < log.index("start")
+
+
+def test_streaming_prepares_each_layer_inside_the_iteration():
+    itr, log = iteration(0, overlap="streaming")
+    itr.run(5 << 16, itr.comm.barrier)
+    assert log[0] == "barrier"
+    assert log[1:] == ["prepare", "start"] * 4 + ["wait posted 1"] * 4
+
+
+def test_tags_are_new_every_iteration_and_the_same_lists_are_reused():
+    itr, log = iteration(0)
+    itr.run(5 << 16, itr.comm.barrier)
+    joined = itr.t.one_post(itr.lists[id(itr.entries[0])][0])
+    itr.run(6 << 16, itr.comm.barrier)
+    assert itr.t.one_post(itr.lists[id(itr.entries[0])][0]) is joined  # found by the list's identity
+    assert len(joined) == 4 and joined[:, 2].sum() == 4096
+    # the joined post carries the last layer's tag, new in every iteration
+    assert itr.t.tags == [(5 << 16) | 3, (6 << 16) | 3]

@@ -57,9 +57,8 @@ def check(h, m: dict, s: dict) -> list[int]:
     itr.on_final = final
     itr.on_landed = lambda e, at: (copies.setdefault(id(e), chk.snapshot(dst_pool, e.layers)),
                                    landed.setdefault(id(e), at))
-    h.comm.barrier()
     try:
-        h._once(m, -1)
+        h._once(m, -1)  # from the end of a barrier, in the timed iterations' order of calls
     finally:
         itr.on_final = itr.on_landed = None
     landed_after_posted(h, m, mine, landed, dict(itr.bound_at))

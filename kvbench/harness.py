@@ -289,12 +289,16 @@ class Harness(Rows):
     def _once(self, m: dict, it: int):
         if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
             raise TransportError("injected fault (KVBENCH_FAULT)")
-        if it >= 0:
-            faults.hit("stall-case", self.rank, m["no"])
-            if it >= 1:  # the peer is in the middle of this case's transfers
-                faults.hit("kill", self.rank, m["no"])
-        # a timed iteration starts when the barrier ends; what it may do before that, Iteration.run does first
-        return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16, self.comm.barrier if it >= 0 else None)
+
+        def start():  # the iteration starts when the barrier ends (Iteration.run first does what may precede it)
+            self.comm.barrier()
+            if it >= 0:  # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
+                faults.hit("stall-case", self.rank, m["no"])
+                if it >= 1:  # the peer is in the middle of this case's transfers
+                    faults.hit("kill", self.rank, m["no"])
+
+        # timed iterations and the check pass (it -1) alike: the same calls in the same order
+        return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16, start)
 
     def _watchdog(self, m: dict) -> None:
         GUARD.case = case_label(m["no"], m["case"])

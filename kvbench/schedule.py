@@ -218,7 +218,7 @@ class Iteration:
         final (a serial post's prepare, every target's registrations; not with a handshake, whose grant
         arrives inside the iteration).  Only starting the transfer and completing it are timed."""
         t, op = self.t, self.op
-        ahead = barrier is not None and self.handshake == "off"
+        ahead = barrier is not None and self.handshake == "off" and t.ahead
         handles = ready = None
         if ahead:
             handles = self._register(tag0)

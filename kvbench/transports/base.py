@@ -135,6 +135,9 @@ class Transport:
     # post/serve take any descriptor array in one library call, so a request's layers that are final together
     # go as ONE post of their concatenated descriptors (prepare_request); its tag is the last layer's
     batches: ClassVar[bool] = False
+    # its registrations (serve, post_when_ready) and prepared posts may be made before the iteration starts
+    # (Iteration.run): False where registering starts a clock of its own (staged's stage times)
+    ahead: ClassVar[bool] = True
 
     def __init__(self, ctx: Context):
         self.ctx = ctx

@@ -157,6 +157,9 @@ class MpiTransport(MpiBase):
         hit = self._plans.get(key)
         if hit is not None and hit[0] is descs:
             return hit[1], None
+        if self._types.enabled and len(self._plans) >= 4096:  # together, and before building: no plan keeps a
+            self._plans.clear()                                 # datatype its cache has freed
+            self._types.clear()  # MPI lets posted operations finish with freed datatypes
         MPI, types = mpi(), None
         cols = (SRC, DST) if op == "push" else (DST, SRC)  # (origin, target)
         if len(descs) <= self.split * self.layers_in(descs):  # a few ranges a layer: contiguous calls (`split`)
@@ -167,9 +170,6 @@ class MpiTransport(MpiBase):
             types = self._types.get(descs, cols, self._bounds(peer, op == "push"))
             calls = [([self._arr, 1, types[0]], (0, 1, types[1]))]
         if self._types.enabled:
-            if len(self._plans) >= 4096:  # together, so no plan keeps a datatype its cache evicted
-                self._plans.clear()
-                self._types.clear()  # MPI lets posted operations finish with freed datatypes
             self._plans[key] = (descs, calls)
             return calls, None
         return calls, types
@@ -181,7 +181,9 @@ class MpiTransport(MpiBase):
     def _notify(self, peer: int) -> None:
         """After a Flush: tell the peer which of its pushes have landed (one message per 1024)."""
         MPI, tags = mpi(), self._pending.pop(peer, [])
-        if len(tags) == 1:  # one push (a serial request): 8 bytes go eagerly, no request to keep
+        # one push (a serial request): 8 bytes, which every MPI we know sends eagerly (MPICH, Open MPI), so
+        # the blocking Send returns at once and there is no request to keep
+        if len(tags) == 1:
             self._one[0] = tags[0]
             self._comm.Send([self._one, MPI.INT64_T], peer, _NOTE_TAG)
             return

@@ -35,7 +35,8 @@ class Types:
 
     The harness reuses one descs array per layer for every iteration and never
     changes one in place (base.one_post), so the key is the array itself: the
-    entry holds it, its id stays its own, and a hit costs one dict lookup.
+    entry holds it, its id stays its own, and a hit costs one dict lookup.  A
+    one-row array is keyed by its row (staged builds a new one per chunk).
     """
 
     def __init__(self, enabled: bool):
@@ -44,9 +45,11 @@ class Types:
 
     def get(self, descs: np.ndarray, cols: tuple, bounds: tuple) -> tuple:
         """One datatype per column in ``cols``; bounds = (src, dst) pool bytes."""
-        key = (id(descs), cols, bounds)
+        # one-row arrays (bulk layers, staged's chunks, built anew per chunk) by their row, others by identity
+        one = len(descs) == 1
+        key = (tuple(descs[0].tolist()) if one else id(descs), cols, bounds)
         hit = self.entries.get(key)
-        if hit is not None and hit[0] is descs:
+        if hit is not None and (one or hit[0] is descs):
             return hit[1]
         check_descs(descs, *bounds)
         if len(descs) == 1:  # bulk: one contiguous range, no numpy column copies on the timed path
@@ -56,9 +59,7 @@ class Types:
             lens = np.ascontiguousarray(descs[:, LEN])
             types = tuple(hindexed(mpi(), lens, np.ascontiguousarray(descs[:, c])) for c in cols)
         if self.enabled:
-            if hit is not None:
-                self._free(hit[1])
-            elif len(self.entries) >= _CACHE_MAX:
+            if len(self.entries) >= _CACHE_MAX:  # MPI lets posted operations finish with freed datatypes
                 self._free(self.entries.pop(next(iter(self.entries)))[1])
             self.entries[key] = (descs, types)
         return types

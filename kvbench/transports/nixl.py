@@ -80,6 +80,7 @@ class NixlTransport(Transport):
         # once the last post completed), as an engine keeps its transfer requests
         self.xfers: dict = {}  # cache key -> handle
         self.kept: set = set()
+        self.once: set = set()  # cache keys posted at least once
         self.tele: deque = deque(maxlen=65536)
         self.env_set = ""
 
@@ -164,6 +165,7 @@ class NixlTransport(Transport):
         self.cache[key] = ent
         if len(self.cache) > _CACHE_MAX:
             old, ent = self.cache.popitem(last=False)
+            self.once.discard(old)
             x = self.xfers.pop(old, None)
             if x is not None:
                 self.kept.discard(x)
@@ -200,11 +202,12 @@ class NixlTransport(Transport):
             if self.prep:
                 key = (op, peer, id(descs))
                 h = self.xfers.get(key)
-                if h is None or h in self.live:  # the first post of this array, or it is in flight twice (hot)
+                if h is None or h in self.live:  # not kept yet, or in flight twice (hot)
                     h = self.agent.make_prepped_xfer(xop, lh, idx, rh, idx, msg)
-                    if key not in self.xfers:
+                    if key in self.once and key not in self.xfers:  # kept from an array's second post on
                         self.xfers[key] = h
                         self.kept.add(h)
+                    self.once.add(key)  # (a workload posts most of its arrays once: nothing to keep)
             else:
                 a = self.agent
                 h = a.initialize_xfer(xop, a.get_xfer_descs(loc, self.seg), a.get_xfer_descs(rem, self.seg), name, msg)
@@ -317,6 +320,7 @@ class NixlTransport(Transport):
         self.live.clear()
         self.kept.clear()
         self.xfers.clear()
+        self.once.clear()
         self.cache.clear()
         self.peers.clear()
         self.reg = None

@@ -107,6 +107,8 @@ class StagedTransport(Transport):
         self.live.add(job)
         return job
 
+    ahead = False  # a registration starts the destination thread's wire clock: inside the iteration only
+
     def post(self, op, peer, descs, tag=0):
         job = self._job(op, peer, descs, tag, op == "push")
         self.queues[(peer, "src" if op == "push" else "dst")].put(job)

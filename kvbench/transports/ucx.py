@@ -150,7 +150,8 @@ class UcxTransport(UcxBuffers, Transport):
             if op == "push":
                 reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq))] + self._send_parts(peer, seq, descs, _PUSH_PART)
             else:
-                reqs = [self._send(peer, hdr, _tag(me, _PULL_REQ, seq))] + self._recv_parts(peer, seq, descs, _PULL_PART)
+                parts = self._recv_parts(peer, seq, descs, _PULL_PART)  # posted before the request: none arrive unexpected
+                reqs = [self._send(peer, hdr, _tag(me, _PULL_REQ, seq))] + parts
             return self._track(_Handle(reqs, (hdr,)))
         if op == "push":
             seq, hdr = self._next(op, "post", peer), _header(tag, descs)

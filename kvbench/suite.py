@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import model as M
 from . import transports
@@ -50,29 +50,65 @@ STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 warnings.filterwarnings("ignore", message='Field name "copy"', category=UserWarning)  # the axis is named copy
 
 
+def _checked(check):
+    """An axis value's type: ``check`` refuses a bad value with the line the user sees (its list position named)."""
+    return AfterValidator(lambda v: (check(v), v)[1])
+
+
+def _transport(t: str) -> None:
+    if t not in transports.REGISTRY:
+        raise ValueError(f"'{t}' is not one of: {', '.join(transports.names())}")
+
+
+def _prefill_ms(p) -> None:
+    if p != "auto" and p < 0:
+        raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
+
+
+def _scales(x: str) -> None:
+    from .formats import parse_scales
+
+    parse_scales(x)
+
+
+def _codec(c: str) -> None:
+    from .codecs import NAMES
+
+    if c not in NAMES:
+        raise ValueError(f"'{c}' is not one of: {', '.join(NAMES)}")
+
+
+TransportName = Annotated[str, _checked(_transport)]
+Alloc = Annotated[str, _checked(parse_alloc)]
+Arrival = Annotated[str, _checked(parse_arrival)]
+PrefillMs = Annotated[float | Literal["auto"], _checked(_prefill_ms)]
+Scales = Annotated[str, _checked(_scales)]
+Codec = Annotated[str, _checked(_codec)]
+
+
 class Axes(BaseModel):
     """Sweep axes; each is a list of values, none twice."""
 
     model_config = STRICT
-    transport: list[str] = Field(default=["loopback", "shm"], min_length=1)
+    transport: list[TransportName] = Field(default=["loopback", "shm"], min_length=1)
     op: list[Literal["push", "pull"]] = Field(default=["push"], min_length=1)
     model: list[ModelName] = Field(default=["llama-3-8b"], min_length=1)
     tokens: list[Tokens] = Field(default=[1024], min_length=1)
     prefix_hit: list[PrefixHit] = Field(default=[0], min_length=1)
     block_size: list[BlockSize] = Field(default=[16], min_length=1)
     layout: list[Literal["auto", "layer-major", "block-major", "mla"]] = Field(default=["auto"], min_length=1)
-    alloc: list[str] = Field(default=["random"], min_length=1)
+    alloc: list[Alloc] = Field(default=["random"], min_length=1)
     coalesce: list[Literal["off", "on"]] = Field(default=["off"], min_length=1)
     dtype: list[DType] = Field(default=["fp16"], min_length=1)
     # fp8 scale planes (formats.py): none, tensor, block:<n>; nvfp4 carries its own
-    scales: list[str] = Field(default=["none"], min_length=1)
+    scales: list[Scales] = Field(default=["none"], min_length=1)
     tp: list[Positive] = Field(default=[1], min_length=1)
     pp: list[Positive] = Field(default=[1], min_length=1)
     inflight: list[Positive] = Field(default=[1], min_length=1)
     overlap: list[Literal["serial", "streaming"]] = Field(default=["serial"], min_length=1)
-    prefill_ms: list[float | Literal["auto"]] = Field(default=[0.0], min_length=1)
+    prefill_ms: list[PrefillMs] = Field(default=[0.0], min_length=1)
     handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
-    arrival: list[str] = Field(default=["none"], min_length=1)
+    arrival: list[Arrival] = Field(default=["none"], min_length=1)
     # GPU issue: where the pools live (host: numpy; torch-cpu, pinned, cuda: torch tensors, memory/device.py)
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
     memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
@@ -80,61 +116,12 @@ class Axes(BaseModel):
     # prefill: the clock (a timer of prefill_ms) or real (the model's matmuls where the pools live, prefill.py)
     prefill: list[Literal["clock", "real"]] = Field(default=["clock"], min_length=1)
     # wire encodings (docs/codecs.md): none, exp-split, cast-fp8-e4m3, cast-fp8-e5m2, zstd, lz4
-    codec: list[str] = Field(default=["none"], min_length=1)
+    codec: list[Codec] = Field(default=["none"], min_length=1)
 
     @field_validator("*")
     @classmethod
     def _unique(cls, v):
         return unique(v)
-
-    @field_validator("transport")
-    @classmethod
-    def _transport(cls, v):
-        for t in v:
-            if t not in transports.REGISTRY:
-                raise ValueError(f"'{t}' is not one of: {', '.join(transports.names())}")
-        return v
-
-    @field_validator("arrival")
-    @classmethod
-    def _arrival(cls, v):
-        for a in v:
-            parse_arrival(a)
-        return v
-
-    @field_validator("prefill_ms")
-    @classmethod
-    def _prefill(cls, v):
-        for p in v:
-            if p != "auto" and p < 0:
-                raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
-        return v
-
-    @field_validator("scales")
-    @classmethod
-    def _scales(cls, v):
-        from .formats import parse_scales
-
-        for x in v:
-            parse_scales(x)
-        return v
-
-    @field_validator("codec")
-    @classmethod
-    def _codec(cls, v):
-        from .codecs import NAMES
-
-        for c in v:
-            if c not in NAMES:
-                raise ValueError(f"'{c}' is not one of: {', '.join(NAMES)}")
-        return v
-
-    @field_validator("alloc")
-    @classmethod
-    def _alloc(cls, v):
-        for a in v:
-            parse_alloc(a)
-        return v
 
 
 class Workload(BaseModel):

@@ -70,6 +70,15 @@ def _groups(d: pd.DataFrame):
             yield key, g
 
 
+def _transport_panels(d: pd.DataFrame, title: str):
+    """Per payload group (``_groups``): its key, a figure with one panel per transport, the line keys that vary,
+    and (panel, transport, that transport's rows) for each panel."""
+    for key, g in _groups(d):
+        transports = list(dict.fromkeys(g["transport"]))
+        fig, axes = _panels(len(transports), f"{title}: {_group_title(key)}")
+        yield key, fig, _varying(g, LINE_KEYS), [(ax, t, g[g["transport"] == t]) for ax, t in zip(axes, transports)]
+
+
 def _legend(ax) -> None:
     """Below the panel, so that no line is hidden behind it."""
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, handlelength=3.5)
@@ -91,12 +100,8 @@ def _finish(ax, ticks, xlabel: str, ylabel: str, title: str, zero: bool = True) 
 def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
     """Paged GB/s against block size per transport and op, with the bulk (dashed) and ceiling (dotted) lines."""
     paged = bw[(bw["variant"] == "paged") & bw["gbps"].notna()]
-    for key, g in _groups(paged):
-        transports = list(dict.fromkeys(g["transport"]))
-        fig, axes = _panels(len(transports), "Achieved bandwidth against block size: " + _group_title(key))
-        vary = _varying(g, LINE_KEYS)
-        for ax, t in zip(axes, transports):
-            gt = g[g["transport"] == t]
+    for key, fig, vary, panels in _transport_panels(paged, "Achieved bandwidth against block size"):
+        for ax, t, gt in panels:
             for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS)):
                 gl = gl.sort_values("block_size")
                 color = f"C{i}"
@@ -132,18 +137,14 @@ def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
 def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
     """p50, p95 and p99 request time (ms) against block size, per transport; colour = op."""
     paged = bw[(bw["variant"] == "paged") & bw["p50"].notna()]
-    for key, g in _groups(paged):
-        transports = list(dict.fromkeys(g["transport"]))
-        fig, axes = _panels(len(transports), "Request time percentiles: " + _group_title(key))
-        vary = _varying(g, LINE_KEYS)
-        for ax, t in zip(axes, transports):
-            for i, (lk, gl) in enumerate(g[g["transport"] == t].groupby(LINE_KEYS)):
+    for key, fig, vary, panels in _transport_panels(paged, "Request time percentiles"):
+        for ax, t, gt in panels:
+            for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS)):
                 gl = gl.sort_values("block_size")
                 for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
                     ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=f"C{i}",
                             label=f"{_label(lk, vary)} {q}")
-            _finish(ax, g[g["transport"] == t]["block_size"], "block size (tokens)", "time per request (ms)", t,
-                    zero=False)
+            _finish(ax, gt["block_size"], "block size (tokens)", "time per request (ms)", t, zero=False)
         yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}", fig)
 
 

@@ -2,4 +2,5 @@
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("kvbench._native", ["kvbench/_native.c"], extra_compile_args=["-O2"]),
-                   Extension("kvbench._codec", ["kvbench/_codec.c"], extra_compile_args=["-O3"])])
+                   Extension("kvbench._codec", ["kvbench/_codec.c"], extra_compile_args=["-O3"]),
+                   Extension("kvbench._mpicalls", ["kvbench/_mpicalls.c"], extra_compile_args=["-O2"])])

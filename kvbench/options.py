@@ -49,6 +49,9 @@ class MpiOptions(_Opts):
     prep: OnOff = Field("on", description="keep committed datatypes while a descriptor array is unchanged (off: "
                         "build them in every post, as a request with a new block table must)")
     split: int = Field(4, ge=0, description="layers of at most N descriptors move as N contiguous calls")
+    calls: Literal["native", "mpi4py"] = Field("native", description="native: a request's Puts/Gets, its Flush and "
+                                                "notice, the destination's receive and Win.Sync each one call into "
+                                                "C; mpi4py: every MPI call through mpi4py")
     mode: Literal["rma", "sendrecv"] = Field("rma", description="sendrecv: the two-sided mpi-sendrecv")
 
 

@@ -88,3 +88,19 @@ def test_mpi_hindexed_and_split_calls_move_the_same_bytes(kvrun, split):
     assert set(ok[ok.variant == "paged"].descriptors) == {32 * 2 * 13}
     meta = r.meta()
     assert {i["split"] for i in meta["transports"]["mpi"]} == {int(split)}
+
+
+@pytest.mark.parametrize("opts,calls", [
+    (["-O", "calls=mpi4py"], "mpi4py: -O calls=mpi4py"),
+    (["-O", "epoch=lock", "-O", "split=64"], "native"),
+    (["-O", "prep=off", "-O", "window=create"], "native"),
+])
+def test_mpi_native_and_mpi4py_calls_move_the_same_bytes(kvrun, opts, calls):
+    """The C calls (the default) and mpi4py's, under each epoch, window and prep, two requests in flight (one
+    notice lists both tags): every byte lands, and the sidecar says who made the calls."""
+    if unavailable("mpi"):
+        pytest.skip(f"unavailable: {unavailable('mpi')}")
+    r = kvrun(["-t", "mpi", *opts, "--op", "push,pull", "-b", "16", "--inflight", "1,2", *TINY], timeout=240)
+    ok = assert_clean(r, "mpi")
+    assert set(ok.inflight) == {1, 2}
+    assert {i["calls"] for i in r.meta()["transports"]["mpi"]} == {calls}

@@ -1,5 +1,12 @@
-"""mpi transport options: the sendrecv alias and one-line option errors (no MPI needed to build them)."""
+"""mpi transport options: the sendrecv alias and one-line option errors (no MPI needed to build them); the
+C calls (mpi_native.py) against the MPI library under mpiexec: bytes, errors, and what turns them off."""
+import os
+import subprocess
+import sys
+
 import pytest
+
+from conftest import ROOT, mpiexec
 
 from kvbench.transports.base import Context, TransportError
 from kvbench.transports.mpi import MpiTransport
@@ -25,8 +32,77 @@ def test_mode_sendrecv_selects_the_two_sided_transport_fully_initialised():
     (dict(epoch="fence"), "epoch 'fence' is not one of: lock_all, lock"),
     (dict(prep="maybe"), "prep='maybe' must be on or off"),
     (dict(split="two"), "split='two' must be an integer >= 0"),
+    (dict(calls="c"), "calls='c' is not one of: native, mpi4py"),
 ])
 def test_bad_option_is_one_line(opts, needle):
     with pytest.raises(TransportError, match=needle) as e:
         MpiTransport(ctx(**opts))
     assert "\n" not in str(e.value)
+
+
+NATIVE_SCRIPT = r"""
+import numpy as np
+from mpi4py import MPI
+from kvbench.transports import mpi_native
+from kvbench.transports.mpi_native import NativeCalls
+
+comm = MPI.COMM_WORLD.Dup()
+me, peer = comm.rank, 1 - comm.rank
+win = MPI.Win.Allocate(1 << 16, 1, MPI.INFO_NULL, comm)
+win.Lock_all(MPI.MODE_NOCHECK)
+arr = np.frombuffer(win.tomemory(), np.uint8)
+arr[:] = 0
+one, notes = np.zeros(1, np.int64), np.zeros(8, np.int64)
+n = NativeCalls(MPI, comm, win, one, notes)
+assert n.reason == "" and "libmpi" in n.library, (n.reason, n.library)
+base = arr.ctypes.data
+# rank 0 puts 3 ranges into rank 1 (a gap left untouched), rank 1 gets 1 range back from rank 0
+put = np.array([[0, 1000, 100], [200, 3000, 7], [4096, 8192, 4096]], np.int64)
+if me == 0:
+    arr[:8192] = np.arange(8192) % 251
+    assert n.rma("push", peer, base, put, 0, 1) == (0, -1)
+    one[0] = 12345
+    assert n.flush_send(peer, True, 77) == 0
+else:
+    assert n.recv_sync(peer, 77) == (0, 1) and notes[0] == 12345
+    src = np.arange(8192) % 251
+    for s, d, ln in put.tolist():
+        assert (arr[d:d + ln] == src[s:s + ln]).all(), (s, d, ln)
+    assert not arr[1100:3000].any() and not arr[3007:8192].any()  # nothing outside the ranges
+    assert n.rma("pull", peer, base, np.array([[16, 60000, 64]], np.int64), 1, 0) == (0, -1)
+    assert n.flush_send(peer, False, 0) == 0
+    assert (arr[60000:60064] == src[16:80]).all()
+comm.Barrier()
+# an MPI error comes back as the library's code and the failing row (no byte moves for a bad rank)
+rc, row = n.rma("push", 7, base, put, 0, 1)
+assert rc != 0 and row == 0 and "rank" in MPI.Exception(rc).Get_error_string().lower(), rc
+try:
+    n.rma("push", peer, base, np.array([[0, 0, 1 << 31]], np.int64), 0, 1)
+    raise AssertionError("a row over 2^31-1 bytes was accepted")
+except ValueError as exc:
+    assert "at most 2^31-1" in str(exc)
+# no MPI library found: off, with the reason
+mpi_native._loaded_mpi_libraries = lambda: []
+off = NativeCalls(MPI, comm, win, one, notes)
+assert off.reason.startswith("no loaded libmpi* library exports MPI_Put"), off.reason
+comm.Barrier()
+win.Unlock_all()
+win.Free()
+print(f"<native ok {me}>", flush=True)
+"""
+
+
+def test_native_calls_move_exact_ranges_and_return_mpi_errors(tmp_path):
+    """Two ranks: the C Puts and Gets move exactly the rows' bytes, the notice arrives with its tag after the
+    Flush, an invalid rank returns MPI's error code with the failing row, a row too long for one call is
+    refused before anything moves, and without a loaded MPI library the calls are off with the reason."""
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec: run `make install` (installs the mpich wheel)")
+    script = tmp_path / "native.py"
+    script.write_text(NATIVE_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([exe, "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env=env, start_new_session=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "<native ok 0>" in r.stdout and "<native ok 1>" in r.stdout, r.stdout  # the ranks' lines may interleave

@@ -20,6 +20,11 @@ Options (``ctx.options``):
            instead of one hindexed call.  MPICH copies between two non-contiguous
            datatypes through a 16 KiB bounce buffer (MPIR_Localcopy), measured at
            ~70% of a contiguous Put within a node; 0: always one hindexed call.
+  calls    "native" (default): a request's contiguous Puts/Gets, the Flush with its
+           completion notice and the destination's receive with Win.Sync are each
+           one call into C (mpi_native.py), as a C engine makes them; "mpi4py":
+           every MPI call through mpi4py (about a microsecond of Python each).
+           Where the C calls cannot be set up, mpi4py is used and info() says why.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import numpy as np
 from .. import memory
 from .base import DST, LEN, OPS, SRC, Buffer, Caps, TransportError, check_descs
 from .mpi_common import MpiBase, fail, mpi
+from .mpi_native import NativeCalls
 
 _NOTE_TAG = 32000  # completion notifications (MPI guarantees tags up to 32767)
 _NOTE_MAX = 1024  # tags per notification message
@@ -75,6 +81,11 @@ class MpiTransport(MpiBase):
             raise TransportError(f"mpi option split='{opts['split']}' must be an integer >= 0") from None
         if self.split < 0:
             raise TransportError(f"mpi option split={self.split} must be >= 0")
+        self.calls = opts.get("calls", "native")
+        if self.calls not in ("native", "mpi4py"):
+            raise TransportError(f"mpi option calls='{self.calls}' is not one of: native, mpi4py")
+        self._native: NativeCalls | None = None
+        self._native_off = "" if self.calls == "native" else "-O calls=mpi4py"  # why mpi4py makes every call
         self._win = None
         self._owned = False  # the window's memory came from Win.Allocate
         self._posted: dict[int, int] = {}  # peer -> operations posted so far
@@ -120,26 +131,40 @@ class MpiTransport(MpiBase):
         """Open the passive-target epoch (lock_all: once for the whole run)."""
         if self.epoch == "lock_all" and not self._open:
             self._win.Lock_all(mpi().MODE_NOCHECK)
+        if self.calls == "native" and self._native is None and not self._native_off:
+            native = NativeCalls(mpi(), self._comm, self._win, self._one, self._note_buf)
+            self._native, self._native_off = (None, native.reason) if native.reason else (native, "")
+            self._base = self._arr.ctypes.data
         self._open = True
 
-    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """Put (push) or Get (pull) all of the layer's blocks in one call."""
+    def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """The MPI calls' arguments, built (prep=on: found) before the layer is final: ``start`` only calls MPI."""
         if op not in OPS:
             raise TransportError(f"op '{op}' is not one of: {', '.join(OPS)}")
         if not self._open:
             raise TransportError("mpi: post before ready()")
+        calls, types = self._calls(op, peer, descs) if len(descs) else (None, None)
+        return op, peer, tag, calls, types
+
+    def start(self, prepared):
+        """Put (push) or Get (pull) all of the layer's blocks (one hindexed call, or one call into C)."""
+        op, peer, tag, calls, types = prepared
         seq = self._posted.get(peer, 0)
-        if len(descs):
+        if calls is not None:
             MPI = mpi()
-            calls, types = self._calls(op, peer, descs)
             try:
                 if self.epoch == "lock" and peer not in self._locked:
                     self._win.Lock(peer, MPI.LOCK_SHARED)
                     self._locked.add(peer)
-                call = self._win.Put if op == "push" else self._win.Get
                 a = time.perf_counter()
-                for origin, target in calls:
-                    call(origin, peer, target)
+                if type(calls) is tuple:  # native: (descs, origin column, target column), one call into C
+                    rc, row = self._native.rma(op, peer, self._base, *calls)
+                    if rc:
+                        raise fail(MPI.Exception(rc))
+                else:
+                    call = self._win.Put if op == "push" else self._win.Get
+                    for origin, target in calls:
+                        call(origin, peer, target)
                 self.lib_s += time.perf_counter() - a  # within a node MPICH copies in the call
             except MPI.Exception as exc:
                 raise fail(exc) from None
@@ -150,9 +175,14 @@ class MpiTransport(MpiBase):
                 self._pending.setdefault(peer, []).append(tag)
         return ("rma", op, peer, seq, tag)
 
-    def _calls(self, op: str, peer: int, descs: np.ndarray) -> tuple[list, tuple | None]:
-        """The (origin, target) arguments of the MPI calls that move ``descs``, and the datatypes to free after
-        posting (prep=off); prep=on builds them once per array (the harness never changes one in place)."""
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Put (push) or Get (pull) all of the layer's blocks."""
+        return self.start(self.prepare(op, peer, descs, tag))
+
+    def _calls(self, op: str, peer: int, descs: np.ndarray) -> tuple[list | tuple, tuple | None]:
+        """The (origin, target) arguments of the MPI calls that move ``descs`` (native calls: the rows and their
+        origin and target columns), and the datatypes to free after posting (prep=off); prep=on builds them
+        once per array (the harness never changes one in place)."""
         key = (id(descs), op, peer)
         hit = self._plans.get(key)
         if hit is not None and hit[0] is descs:
@@ -165,7 +195,11 @@ class MpiTransport(MpiBase):
         if len(descs) <= self.split * self.layers_in(descs):  # a few ranges a layer: contiguous calls (`split`)
             check_descs(descs, *self._bounds(peer, op == "push"))
             arr, o, t = self._arr, cols[0], cols[1]
-            calls = [([arr[r[o]:r[o] + r[LEN]], r[LEN], MPI.BYTE], (r[t], r[LEN], MPI.BYTE)) for r in descs.tolist()]
+            if self._native is not None and (not len(descs) or int(descs[:, LEN].max()) < 2 ** 31):
+                calls = (np.ascontiguousarray(descs, dtype=np.int64), o, t)
+            else:
+                calls = [([arr[r[o]:r[o] + r[LEN]], r[LEN], MPI.BYTE], (r[t], r[LEN], MPI.BYTE))
+                         for r in descs.tolist()]
         else:
             types = self._types.get(descs, cols, self._bounds(peer, op == "push"))
             calls = [([self._arr, 1, types[0]], (0, 1, types[1]))]
@@ -178,9 +212,26 @@ class MpiTransport(MpiBase):
         """Push: the handle names the notification to wait for; pull: nothing."""
         return ("note", peer, tag) if op == "push" else None
 
-    def _notify(self, peer: int) -> None:
-        """After a Flush: tell the peer which of its pushes have landed (one message per 1024)."""
-        MPI, tags = mpi(), self._pending.pop(peer, [])
+    def _flush(self, peer: int) -> None:
+        """Flush the peer (every operation posted to it so far completes), then tell it which of its pushes
+        have landed."""
+        tags = self._pending.pop(peer, [])
+        if self._native is None:
+            self._win.Flush(peer)
+            self._notify(peer, tags)
+            return
+        # the Flush and a one-tag notice in one call into C
+        if len(tags) == 1:
+            self._one[0] = tags[0]
+        rc = self._native.flush_send(peer, len(tags) == 1, _NOTE_TAG)
+        if rc:
+            raise fail(mpi().Exception(rc))
+        if len(tags) > 1:
+            self._notify(peer, tags)
+
+    def _notify(self, peer: int, tags: list[int]) -> None:
+        """Tell the peer which of its pushes have landed (one message per 1024 tags)."""
+        MPI = mpi()
         # one push (a serial request): 8 bytes, which every MPI we know sends eagerly (MPICH, Open MPI), so
         # the blocking Send returns at once and there is no request to keep
         if len(tags) == 1:
@@ -198,6 +249,12 @@ class MpiTransport(MpiBase):
         """Destination: receive notifications from ``peer`` until ``tag`` is listed; Win.Sync after each."""
         MPI, landed = mpi(), self._landed.setdefault(peer, set())
         while tag not in landed:
+            if self._native is not None and self.epoch == "lock_all":  # the receive and Win.Sync in one C call
+                rc, n = self._native.recv_sync(peer, _NOTE_TAG)
+                if rc:
+                    raise fail(MPI.Exception(rc))
+                landed.update(self._note_buf[:n].tolist())
+                continue
             st = MPI.Status()
             self._comm.Recv([self._note_buf, MPI.INT64_T], peer, _NOTE_TAG, st)
             landed.update(self._note_buf[: st.Get_count(MPI.INT64_T)].tolist())
@@ -223,18 +280,20 @@ class MpiTransport(MpiBase):
                 self._win.Unlock(peer)  # epoch "lock": the peer's last handle
                 self._locked.discard(peer)
                 self._flushed[peer] = seq
+                self._notify(peer, self._pending.pop(peer, []))
             elif self._flushed.get(peer, 0) < seq:
-                self._win.Flush(peer)
                 self._flushed[peer] = self._posted[peer]  # Flush completes all of them
-            else:
-                return  # completed and notified by an earlier Flush
-            self._notify(peer)
+                self._flush(peer)
+            # else: completed and notified by an earlier Flush
         except MPI.Exception as exc:
             raise fail(exc) from None
 
     def info(self) -> dict:
-        """MPI library, mpi4py version, mode, prep, split, window kind, epoch."""
+        """MPI library, mpi4py version, mode, prep, split, window kind, epoch, who makes the calls."""
         info = dict(super().info(), split=self.split, window=self.window, epoch=self.epoch)
+        # who makes the per-request calls, and where C was asked for but could not be set up, why not
+        info["calls"] = "native" if self._native is not None else "mpi4py" + (f": {self._native_off}" if
+                                                                               self._native_off else "")
         if self._owned and self._arr is not None:  # the library chose the window's pages: record what it got
             info["window_pages"] = memory.page_report(self._arr)
         return info

@@ -11,10 +11,17 @@ from .base import LEN, Transport, TransportError, check_descs
 _CACHE_MAX = 4096  # datatype sets kept; a case needs layers x peers of them
 
 
-def mpi():
-    from mpi4py import MPI  # lazy: optional dependency
+_MPI = None
 
-    return MPI
+
+def mpi():
+    """mpi4py's MPI module, imported on first use (an optional dependency); then one global lookup."""
+    global _MPI
+    if _MPI is None:
+        from mpi4py import MPI
+
+        _MPI = MPI
+    return _MPI
 
 
 def fail(exc) -> TransportError:

@@ -99,6 +99,11 @@ def _header(kind: int, tag: int, descs: np.ndarray) -> bytes:
     return _HDR.pack(MAGIC, kind, tag, int(descs[0, LEN]) if n == 1 else int(descs[:, LEN].sum()), n)
 
 
+def headers(plan: tuple, tag: int, descs: np.ndarray) -> tuple:
+    """Per part of a plan (the caller's steps, the receive thread's), its steps' headers."""
+    return tuple(tuple(_header(kind, tag, descs) for _, kind, _ in steps) for steps in plan)
+
+
 def _describe(h: tuple) -> str:
     magic, kind, tag, nbytes, n = h
     if magic != MAGIC:
@@ -157,14 +162,15 @@ class _Conn:
             self.ctl_thread = threading.Thread(target=self._signals, daemon=True)
             self.ctl_thread.start()
 
-    def submit(self, here: tuple, queued: tuple, args: tuple) -> _Job:
-        """Run the ``here`` steps now, then queue the ``queued`` ones; the handle of the last."""
+    def submit(self, here: tuple, queued: tuple, descs: np.ndarray, heads: tuple) -> _Job:
+        """Run the ``here`` steps now, then queue the ``queued`` ones; the handle of the last.  ``heads``: the
+        steps' headers (``headers``), packed ahead."""
         job = None
         if here:
-            job = _Job(here, args, _DONE)
+            job = _Job(here, (descs, heads[0]), _DONE)
             self._do(job, True)
         if queued:  # after a failed send too: the receive job then reports the connection's error
-            job = _Job(queued, args, threading.Event())
+            job = _Job(queued, (descs, heads[1]), threading.Event())
             self.queue.put(job)
         return job
 
@@ -173,7 +179,8 @@ class _Conn:
         now = self.pending.setdefault(tag, _header(REQUEST, tag, descs)) is None  # its signal came first
         if now:
             del self.pending[tag]
-        return self.submit(((True, REQUEST, None),) if now else (), ((False, REPLY, DST),), (tag, descs))
+        here, queued = ((True, REQUEST, None),) if now else (), ((False, REPLY, DST),)
+        return self.submit(here, queued, descs, headers((here, queued), tag, descs))
 
     def signal(self, signals: bytes) -> None:
         """Pull source: READY headers, packed ahead (``TcpTransport.prepare_signal``), in one write."""
@@ -214,9 +221,9 @@ class _Conn:
         try:
             if self.error is not None:
                 raise self.error
-            tag, descs = job.args
-            for step in job.steps:
-                job.at = self._move(*step, tag, descs, inline)  # when the last byte landed (or left), before anyone is woken
+            descs, heads = job.args
+            for step, hdr in zip(job.steps, heads):
+                job.at = self._move(*step, hdr, descs, inline)  # when the last byte landed (or left), before anyone is woken
         except Exception as exc:
             if not isinstance(exc, TransportError):
                 exc = TransportError(f"tcp: connection to rank {self.peer} failed: {exc}")
@@ -226,9 +233,8 @@ class _Conn:
             if job.done is not _DONE:
                 job.done.set()
 
-    def _move(self, sending: bool, kind: int, col: int | None, tag: int, descs: np.ndarray,
+    def _move(self, sending: bool, kind: int, col: int | None, hdr: bytes, descs: np.ndarray,
               inline: bool = False) -> float:
-        hdr = _header(kind, tag, descs)
         if col is None or not len(descs):
             descs, col = _NO_DESCS, SRC  # header only (a pull request)
         if sending:
@@ -364,12 +370,13 @@ class TcpTransport(Transport):
         return self.start(self.prepare(op, peer, descs, tag))
 
     def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> tuple:
-        """The checks, ahead of the layer: ``start`` only writes (push) or queues (pull)."""
-        return self._checked(op, peer, descs, True), _PLAN[(op, True)], (tag, descs)
+        """The checks and the headers, ahead of the layer: ``start`` only writes (push) or queues (pull)."""
+        plan = _PLAN[(op, True)]
+        return self._checked(op, peer, descs, True), plan, descs, headers(plan, tag, descs)
 
     def start(self, prepared: tuple) -> _Job:
-        conn, plan, args = prepared
-        return conn.submit(*plan, args)
+        conn, plan, descs, heads = prepared
+        return conn.submit(*plan, descs, heads)
 
     @property
     def lib_s(self) -> float:
@@ -378,7 +385,8 @@ class TcpTransport(Transport):
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """push: receive this layer into the DST ranges; pull: await the request, then send."""
-        return self._checked(op, peer, descs, False).submit(*_PLAN[(op, False)], (tag, descs))
+        plan = _PLAN[(op, False)]
+        return self._checked(op, peer, descs, False).submit(*plan, descs, headers(plan, tag, descs))
 
     def post_when_ready(self, peer: int, descs: np.ndarray, tag: int = 0) -> _Job:
         """Pull: receive into the DST ranges; the request goes out when ``peer`` signals ``tag``."""

@@ -202,10 +202,12 @@ def tcp_once(comm, sock, buf: np.ndarray, d: np.ndarray, op: str):
     sending, one = comm.rank == 0, bytearray(1)
 
     def once():
-        if op == "pull":  # the destination asks: one byte
+        if op == "pull":  # the source's layer-ready byte (kvbench's tcp signals on a socket), then the ask
             if sending:
+                sock.sendall(one)
                 sock.recv_into(one, 1, socket.MSG_WAITALL)
             else:
+                sock.recv_into(one, 1, socket.MSG_WAITALL)
                 sock.sendall(one)
         for iov, ends in iovs:
             _vec(sock, iov, ends, sending)
@@ -251,6 +253,7 @@ def sendrecv_once(comm, buf: np.ndarray, d: np.ndarray, op: str):
 
     def once():
         if op == "pull":
+            ready(comm, op)  # the source's layer-ready message, then the destination asks
             if me == 1:
                 ask = comm.Isend([empty, 0, MPI.BYTE], 0, 5)
                 comm.Irecv([buf, 1, dtype], 0, 6).Wait()

@@ -124,35 +124,57 @@ class UcxTransport(UcxBuffers, Transport):
             self._worker.progress()
         self._lanes = {str(p): ep_info(ep.handle) for p, ep in self._eps.items()}
 
-    def _send_parts(self, peer: int, seq: int, descs: np.ndarray, kind: int) -> list:
-        views, ep, tag, me = self._views(descs, SRC), self._eps[peer], self._api.UCXXTag, self.ctx.rank
-        base = _tag(me, kind, seq << 12)
+    def _part_tags(self, sender: int, kind: int, seq: int, n: int) -> list:
+        """The UCX tags of a bulk request's ``n`` range messages (built ahead: a Python object each)."""
+        tag, base = self._api.UCXXTag, _tag(sender, kind, seq << 12)
+        return [tag(base | i) for i in range(n)]
+
+    def _send_parts(self, peer: int, views: list, tags: list) -> list:
+        ep = self._eps[peer]
         a = time.perf_counter()
-        reqs = [ep.tag_send(v, tag(base | i)) for i, v in enumerate(views)]
+        reqs = [ep.tag_send(v, t) for v, t in zip(views, tags)]
         self.lib_s += time.perf_counter() - a  # the library's calls (costs.py)
         return reqs
 
     def _recv_parts(self, peer: int, seq: int, descs: np.ndarray, kind: int) -> list:
-        views, recv, tag = self._views(descs, DST), self._worker.tag_recv, self._api.UCXXTag
-        base = _tag(peer, kind, seq << 12)
-        return [recv(v, tag(base | i)) for i, v in enumerate(views)]
+        recv = self._worker.tag_recv
+        return [recv(v, t) for v, t in zip(self._views(descs, DST), self._part_tags(peer, kind, seq, len(descs)))]
 
     def _whole(self, descs: np.ndarray) -> bool:
         """A request's layers joined, one range each (bulk): one message per range, one header."""
         return 1 < len(descs) == self.layers_in(descs) <= 4096  # the range's index takes a tag's low 12 bits
+
+    def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """A bulk request (its layers joined, one range each) is built ahead: its header, views and tags; a
+        pull also posts its receives here (the destination's own buffers: the data then never arrives
+        unexpected), so that ``start`` only sends.  Other posts are built in ``start`` (a push packs the
+        layer, which is final only then)."""
+        if not self._whole(descs) or op not in ("push", "pull"):
+            return None, op, peer, descs, tag
+        me, T = self.ctx.rank, self._api.UCXXTag
+        seq, hdr = self._next(op, "post", peer), _header(tag, descs)
+        if op == "push":
+            msgs = [self._Array(hdr), *self._views(descs, SRC)]
+            tags = [T(_tag(me, _PUSH_HDR, seq)), *self._part_tags(me, _PUSH_PART, seq, len(descs))]
+            return "push", peer, hdr, msgs, tags
+        parts = self._recv_parts(peer, seq, descs, _PULL_PART)
+        return "pull", peer, hdr, [self._Array(hdr)], [T(_tag(me, _PULL_REQ, seq))], parts
+
+    def start(self, prepared):
+        """Send what ``prepare`` built (a bulk pull: its request; its receives are posted)."""
+        if prepared[0] is None:
+            return self.post(*prepared[1:])
+        reqs = self._send_parts(*prepared[1:2], *prepared[3:5])
+        if prepared[0] == "pull":
+            reqs += prepared[5]
+        return self._track(_Handle(reqs, (prepared[2],)))
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: pack and send (header + data); pull: send a request, receive into staging.  A bulk request
         (its layers joined, one range each) goes pool to pool, a message per range under one header."""
         me = self.ctx.rank
         if self._whole(descs):  # a bulk request: its layers pool to pool, under one header
-            seq, hdr = self._next(op, "post", peer), _header(tag, descs)
-            if op == "push":
-                reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq))] + self._send_parts(peer, seq, descs, _PUSH_PART)
-            else:
-                parts = self._recv_parts(peer, seq, descs, _PULL_PART)  # posted before the request: none arrive unexpected
-                reqs = [self._send(peer, hdr, _tag(me, _PULL_REQ, seq))] + parts
-            return self._track(_Handle(reqs, (hdr,)))
+            return self.start(self.prepare(op, peer, descs, tag))
         if op == "push":
             seq, hdr = self._next(op, "post", peer), _header(tag, descs)
             data, stage = self._pack(descs, may_wait=True)
@@ -167,15 +189,18 @@ class UcxTransport(UcxBuffers, Transport):
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: receive header + data and scatter; pull: answer the peer's request when it comes."""
+        want = _header(tag, descs)  # what the peer's header must say
         if self._whole(descs):
             seq, hdr = self._next(op, "serve", peer), np.zeros(4, np.uint64)
             if op == "push":
                 reqs = [self._recv(hdr, _tag(peer, _PUSH_HDR, seq))] + self._recv_parts(peer, seq, descs, _PUSH_PART)
-                return self._track(_Handle(reqs, (hdr,), then=lambda h: _check(hdr, tag, descs, "push header")))
+                return self._track(_Handle(reqs, (hdr,), then=lambda h: _check(hdr, want, "push header")))
+
+            views, tags = self._views(descs, SRC), self._part_tags(self.ctx.rank, _PULL_PART, seq, len(descs))
 
             def answer_parts(h):
-                _check(hdr, tag, descs, "pull request")
-                h.reqs = self._send_parts(peer, seq, descs, _PULL_PART)
+                _check(hdr, want, "pull request")
+                h.reqs = self._send_parts(peer, views, tags)
 
             h = _Handle([self._recv(hdr, _tag(peer, _PULL_REQ, seq))], (hdr,), then=answer_parts)
             self._reactive.append(h)
@@ -185,7 +210,7 @@ class UcxTransport(UcxBuffers, Transport):
             data, stage, unpack = self._recv_area(descs)
 
             def then(h):
-                _check(hdr, tag, descs, "push header")
+                _check(hdr, want, "push header")
                 unpack(h)
 
             reqs = [self._recv(hdr, _tag(peer, _PUSH_HDR, seq)), self._recv(data, _tag(peer, _PUSH_DATA, seq))]
@@ -194,7 +219,7 @@ class UcxTransport(UcxBuffers, Transport):
             seq, req = self._next(op, "serve", peer), np.zeros(4, np.uint64)
 
             def answer(h):
-                _check(req, tag, descs, "pull request")
+                _check(req, want, "pull request")
                 data, h.stage = self._pack(descs, may_wait=False)  # bounded by the requester's cap
                 h.keep, h.reqs = (data,), [self._send(peer, data, _tag(self.ctx.rank, _PULL_DATA, seq))]
 
@@ -217,7 +242,7 @@ class UcxTransport(UcxBuffers, Transport):
     def _advance(self, h: _Handle) -> bool:
         if h.reqs == ():
             return True
-        if not all(r.completed for r in h.reqs):
+        if not all(r.completed for r in reversed(h.reqs)):  # the last posted first: one look while it runs
             return False
         try:
             for r in h.reqs:
@@ -286,7 +311,7 @@ def _header(tag: int, descs: np.ndarray) -> np.ndarray:
     return np.array([_MAGIC, tag & ((1 << 64) - 1), int(descs[:, LEN].sum()), len(descs)], np.uint64)
 
 
-def _check(got: np.ndarray, tag: int, descs: np.ndarray, what: str) -> None:
-    want = _header(tag, descs)
-    if not np.array_equal(got, want):
+def _check(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """``got`` must be the header ``want`` (built ahead, when the receive was posted)."""
+    if got.tobytes() != want.tobytes():
         raise TransportError(f"ucx: {what} mismatch (stream mixed up): got {got.tolist()}, expected {want.tolist()}")

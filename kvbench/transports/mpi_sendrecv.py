@@ -34,26 +34,46 @@ class MpiSendRecvTransport(MpiBase):
 
     def ready(self) -> None:
         """Nothing to open."""
+        self._empty = [b"", 0, mpi().BYTE]  # a pull's request: zero bytes
         self._open = True
 
-    def _xfer(self, sending: bool, peer: int, descs: np.ndarray, tag: int):
+    def _msg(self, sending: bool, peer: int, descs: np.ndarray) -> tuple:
+        """The pool as a message of the descriptors' datatype, and the datatype to free after posting."""
         (dtype,) = self._types.get(descs, (SRC if sending else DST,), self._bounds(peer, sending))
-        msg = [self._arr, 1, dtype]
+        return [self._arr, 1, dtype], dtype
+
+    def _xfer(self, sending: bool, peer: int, descs: np.ndarray, tag: int):
+        msg, dtype = self._msg(sending, peer, descs)
         a = time.perf_counter()
         req = self._comm.Isend(msg, peer, tag) if sending else self._comm.Irecv(msg, peer, tag)
         self.lib_s += time.perf_counter() - a
         self._types.done((dtype,))
         return req
 
-    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """Push: Isend from the pool; pull: ask for the layer (a zero-byte request), then Irecv into the pool."""
+    def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Ahead of the layer: the message; a pull also posts its receive into the pool here (a receive needs
+        nothing from the source, whose data goes out only when asked), so ``start`` sends one message."""
         if op not in OPS:
             raise TransportError(f"op '{op}' is not one of: {', '.join(OPS)}")
         tag %= self._tag_mod
         if op == "push":
-            return [self._xfer(True, peer, descs, tag)]
-        ask = self._comm.Isend([b"", 0, mpi().BYTE], peer, tag)
-        return [ask, self._xfer(False, peer, descs, tag)]
+            return op, peer, tag, *self._msg(True, peer, descs)
+        return op, peer, tag, self._empty, None, self._xfer(False, peer, descs, tag)
+
+    def start(self, prepared):
+        """Push: Isend from the pool; pull: ask for the layer (a zero-byte request); its receive is posted."""
+        op, peer, tag, msg, dtype = prepared[:5]
+        a = time.perf_counter()
+        req = self._comm.Isend(msg, peer, tag)
+        if op == "push":
+            self.lib_s += time.perf_counter() - a
+            self._types.done((dtype,))
+            return [req]
+        return [req, prepared[5]]
+
+    def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
+        """Push: Isend from the pool; pull: Irecv into the pool, then ask for the layer (a zero-byte request)."""
+        return self.start(self.prepare(op, peer, descs, tag))
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """Push: Irecv into the pool.  Pull: only the receive of the destination's request; the data goes

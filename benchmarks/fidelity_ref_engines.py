@@ -135,6 +135,7 @@ def make_once(ref: str, comm, st: dict, buf: np.ndarray, d: np.ndarray, op: str,
             pack = (lambda: np.take(pool2d, blocks, axis=0, out=stage2d, mode="clip")) if sending else None
             unpack = None if sending else (lambda: pool2d.__setitem__(blocks, stage2d))
         one = np.zeros(1, np.uint64)
+        posted = []
 
         def settle(reqs):
             while not all(r.completed for r in reqs):
@@ -142,15 +143,19 @@ def make_once(ref: str, comm, st: dict, buf: np.ndarray, d: np.ndarray, op: str,
             for r in reqs:
                 r.check_error()
 
+        def before():  # the destination's data receives; a pull source's receive of the request
+            posted[:] = [worker.tag_recv(v, tag) for v in views] if not sending else \
+                [worker.tag_recv(Array(one), req_tag)] if op == "pull" else []
+
         def once():
             ready(comm, op)
             if op == "pull" and not sending:
-                reqs = [ep.tag_send(Array(one), req_tag)] + [worker.tag_recv(v, tag) for v in views]
+                reqs = [ep.tag_send(Array(one), req_tag)] + posted
             elif op == "pull":
-                settle([worker.tag_recv(Array(one), req_tag)])
+                settle(posted)
                 reqs = None
             else:
-                reqs = None if sending else [worker.tag_recv(v, tag) for v in views]
+                reqs = None if sending else posted
             if sending:
                 if pack:
                     pack()
@@ -158,6 +163,7 @@ def make_once(ref: str, comm, st: dict, buf: np.ndarray, d: np.ndarray, op: str,
             settle(reqs)
             if unpack:
                 unpack()
+        once.before = before
         return once
     if ref == "mooncake":
         te, sock = st["te"], st["sock"]

@@ -137,14 +137,20 @@ def skews(comm, t0s: np.ndarray) -> np.ndarray | None:
     return t0s - best[1] - theirs
 
 
+EVICT = None  # --evict: a buffer written before each barrier, so every iteration starts on cold caches
+
+
 def timed(comm, warmup: int, iters: int, once) -> tuple[float, float]:
     """Run ``once()`` warmup + iters times, each from the end of a barrier: (median over iterations of the
     max over ranks, the destination's time moved onto the source's clock; median barrier-exit skew), seconds.
     ``once.before()``, where a reference has it, runs before each barrier: it posts the receives, which need
     nothing from the peer (kvbench posts its receives before the barrier too)."""
+    global EVICT
     t0s, times = np.zeros(iters), np.zeros(iters)
     before = getattr(once, "before", None)
     for it in range(warmup + iters):
+        if EVICT is not None:
+            EVICT += 1
         if before is not None:
             before()
         comm.Barrier()
@@ -330,7 +336,7 @@ REFS = ("tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake")
 
 
 def main() -> int:
-    global MPI
+    global MPI, EVICT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--refs", default="tcp,mpi", help=f"references to run: {', '.join(REFS)}")
     ap.add_argument("--ops", default="push", help="push, pull or push,pull")
@@ -341,7 +347,11 @@ def main() -> int:
     ap.add_argument("--iters", default="30", help="timed iterations: one count, or one per size (default 30)")
     ap.add_argument("--warmup", default="5", help="untimed iterations: one count, or one per size (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the paged blocks' places")
+    ap.add_argument("--evict", type=int, default=0, metavar="MIB",
+                    help="write MIB MiB before each iteration's barrier, on every rank (a diagnostic: the caches "
+                         "as cold as a harness's work between iterations may leave them; default 0: off)")
     a = ap.parse_args()
+    EVICT = np.zeros(a.evict << 20, np.uint8) if a.evict > 0 else None
     a.sizes = [int(s) for s in a.sizes.split(",")]
     a.iters, a.warmup = per_size(a.iters, a.sizes, "iters"), per_size(a.warmup, a.sizes, "warmup")
     if min(a.iters) < 1:

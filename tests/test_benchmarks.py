@@ -21,14 +21,15 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
               "-n", "3", "-w", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith(("tcp ", "mpi-sendrecv "))]
-    # path op rows size unit kvGB/s refGB/s kv-us ref-us ratio (min..max) cost post lib note wake verdict
+    # path op rows size unit kvGB/s refGB/s kv-us ref-us ratio (min..max) cost post lib note wake own% ref+- verdict
     assert {(row[0], row[1], row[2]) for row in rows} == {(t, op, v) for t in ("tcp", "mpi-sendrecv")
                                                           for op in ("push", "pull") for v in ("bulk", "paged")}
     assert all(float(row[5]) > 0 and float(row[6]) > 0 for row in rows)  # kvbench GB/s, reference GB/s
     for row in rows:  # the p50 request times agree with the GB/s beside them: payload = 16 layers x 64 KiB
         for gbps, us in ((row[5], row[7]), (row[6], row[8])):
             assert float(us) == pytest.approx(16 * 65536 / float(gbps) / 1e3, rel=0.05)
-    assert all(float(row[11]) >= 0 and row[-1] in ("ok", "MISS") for row in rows)  # kvbench's us per layer
+    assert all(float(row[11]) >= 0 and row[-1] in ("ok", "noise", "not-own", "MISS") for row in rows)
+    assert all(0 <= float(row[-3]) < 100 and row[-2] == "0" for row in rows)  # own%; one repeat: no spread
     assert "64 KiB 3/1" in r.stdout  # -n/-w: that many at every size
     assert "# barrier-exit skew" in r.stdout
 
@@ -53,6 +54,16 @@ def test_fidelity_iterations_scale_with_size_and_parse_per_size():
     for bad in ("400,200", "x", "", "5,-1,1,1,1"):
         with pytest.raises(SystemExit, match="--iters"):
             fidelity_ref.per_size(bad, sizes, "iters")
+
+
+def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import fidelity
+
+    assert fidelity.judge(0.95, 0.9, own=0.5, spread=0.0) == "ok"
+    assert fidelity.judge(0.85, 0.9, own=0.0, spread=0.10) == "noise"  # the reference alone moved 10%
+    assert fidelity.judge(0.85, 0.9, own=0.01, spread=0.02) == "not-own"  # 1% own time cannot explain 6%
+    assert fidelity.judge(0.85, 0.9, own=0.10, spread=0.02) == "MISS"  # 10% own time would explain it
 
 
 def test_overlap_prints_a_verdict_per_row():

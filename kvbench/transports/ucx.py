@@ -162,12 +162,11 @@ class UcxTransport(UcxBuffers, Transport):
 
     def start(self, prepared):
         """Send what ``prepare`` built (a bulk pull: its request; its receives are posted)."""
-        if prepared[0] is None:
+        if prepared[0] is None:  # not a bulk request: built here
             return self.post(*prepared[1:])
-        reqs = self._send_parts(*prepared[1:2], *prepared[3:5])
-        if prepared[0] == "pull":
-            reqs += prepared[5]
-        return self._track(_Handle(reqs, (prepared[2],)))
+        _, peer, hdr, msgs, tags, *posted = prepared
+        reqs = self._send_parts(peer, msgs, tags) + (posted[0] if posted else [])  # a pull: its posted receives
+        return self._track(_Handle(reqs, (hdr,)))
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: pack and send (header + data); pull: send a request, receive into staging.  A bulk request

@@ -60,10 +60,11 @@ def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import fidelity
 
-    assert fidelity.judge(0.95, 0.9, own=0.5, spread=0.0) == "ok"
-    assert fidelity.judge(0.85, 0.9, own=0.0, spread=0.10) == "noise"  # the reference alone moved 10%
-    assert fidelity.judge(0.85, 0.9, own=0.01, spread=0.02) == "not-own"  # 1% own time cannot explain 6%
-    assert fidelity.judge(0.85, 0.9, own=0.10, spread=0.02) == "MISS"  # 10% own time would explain it
+    assert fidelity.judge([0.8, 0.95, 1.0], 0.9, own=0.5) == "ok"  # the median pair
+    assert fidelity.judge([0.8, 0.85, 0.86, 0.95, 1.0], 0.9, own=0.0) == "noise"  # 2 of 5 pairs meet it
+    assert fidelity.judge([0.8, 0.85, 0.86, 0.87, 0.95], 0.9, own=0.0) == "not-own"  # 1 of 5: consistent
+    assert fidelity.judge([0.84, 0.85, 0.86], 0.9, own=0.01) == "not-own"  # 1% own time cannot mend 6%
+    assert fidelity.judge([0.84, 0.85, 0.86], 0.9, own=0.10) == "MISS"  # 10% own time would
 
 
 def test_overlap_prints_a_verdict_per_row():

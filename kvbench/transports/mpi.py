@@ -160,7 +160,8 @@ class MpiTransport(MpiBase):
                 if type(calls) is tuple:  # native: (descs, origin column, target column), one call into C
                     rc, row = self._native.rma(op, peer, self._base, *calls)
                     if rc:
-                        raise fail(MPI.Exception(rc))
+                        err = fail(MPI.Exception(rc))
+                        raise TransportError(f"{err} (descriptor {row} of {len(calls[0])}, rank {peer})")
                 else:
                     call = self._win.Put if op == "push" else self._win.Get
                     for origin, target in calls:

@@ -144,6 +144,8 @@ class MpiTransport(MpiBase):
         if not self._open:
             raise TransportError("mpi: post before ready()")
         calls, types = self._calls(op, peer, descs) if len(descs) else (None, None)
+        if calls is not None:
+            self._types.hold()  # its datatypes stay alive until start posts it
         return op, peer, tag, calls, types
 
     def start(self, prepared):
@@ -171,6 +173,7 @@ class MpiTransport(MpiBase):
                 raise fail(exc) from None
             if types is not None:  # prep=off: built for this post alone
                 self._types.done(types)
+            self._types.posted()
             seq = self._posted[peer] = seq + 1
             if op == "push":
                 self._pending.setdefault(peer, []).append(tag)
@@ -190,7 +193,7 @@ class MpiTransport(MpiBase):
             return hit[1], None
         if self._types.enabled and len(self._plans) >= 4096:  # together, and before building: no plan keeps a
             self._plans.clear()                                 # datatype its cache has freed
-            self._types.clear()  # MPI lets posted operations finish with freed datatypes
+            self._types.clear()  # retired, not freed, while a prepared post holds them
         MPI, types = mpi(), None
         cols = (SRC, DST) if op == "push" else (DST, SRC)  # (origin, target)
         if len(descs) <= self.split * self.layers_in(descs):  # a few ranges a layer: contiguous calls (`split`)
@@ -312,7 +315,7 @@ class MpiTransport(MpiBase):
             self._locked.clear()
         self._open = False
         self._plans.clear()
-        self._types.clear()
+        self._types.clear(closing=True)
         if not self._owned:
             self._free_window()
 

@@ -44,11 +44,17 @@ class Types:
     changes one in place (base.one_post), so the key is the array itself: the
     entry holds it, its id stays its own, and a hit costs one dict lookup.  A
     one-row array is keyed by its row (staged builds a new one per chunk).
+
+    A post prepared ahead holds its datatypes until it is posted: between ``hold`` and ``posted`` the
+    cache's evictions and clears retire datatypes instead of freeing them, and the last ``posted`` frees
+    what was retired (MPI lets posted operations finish with freed datatypes; unposted ones may not use them).
     """
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.entries: dict = {}
+        self.held = 0  # prepared posts not yet posted
+        self.retired: list[tuple] = []
 
     def get(self, descs: np.ndarray, cols: tuple, bounds: tuple) -> tuple:
         """One datatype per column in ``cols``; bounds = (src, dst) pool bytes."""
@@ -66,8 +72,8 @@ class Types:
             lens = np.ascontiguousarray(descs[:, LEN])
             types = tuple(hindexed(mpi(), lens, np.ascontiguousarray(descs[:, c])) for c in cols)
         if self.enabled:
-            if len(self.entries) >= _CACHE_MAX:  # MPI lets posted operations finish with freed datatypes
-                self._free(self.entries.pop(next(iter(self.entries)))[1])
+            if len(self.entries) >= _CACHE_MAX:
+                self._retire(self.entries.pop(next(iter(self.entries)))[1])
             self.entries[key] = (descs, types)
         return types
 
@@ -76,16 +82,37 @@ class Types:
         if not self.enabled:
             self._free(types)
 
+    def hold(self) -> None:
+        """A post was prepared with datatypes from here: keep every datatype alive until it is posted."""
+        self.held += 1
+
+    def posted(self) -> None:
+        """A held post was posted; once none is held, free what was retired meanwhile."""
+        self.held -= 1
+        if not self.held:
+            for types in self.retired:
+                self._free(types)
+            self.retired.clear()
+
+    def _retire(self, types: tuple) -> None:
+        if self.held:
+            self.retired.append(types)
+        else:
+            self._free(types)
+
     @staticmethod
     def _free(types: tuple) -> None:
         for t in types:
             t.Free()
 
-    def clear(self) -> None:
-        """Free every cached datatype."""
+    def clear(self, closing: bool = False) -> None:
+        """Drop every cached datatype (retired while a prepared post holds them; ``closing``: freed now)."""
         for _, types in self.entries.values():
-            self._free(types)
+            self._retire(types)
         self.entries.clear()
+        if closing:
+            self.held = 1
+            self.posted()
 
 
 class MpiBase(Transport):

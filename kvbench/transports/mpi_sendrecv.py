@@ -57,7 +57,9 @@ class MpiSendRecvTransport(MpiBase):
             raise TransportError(f"op '{op}' is not one of: {', '.join(OPS)}")
         tag %= self._tag_mod
         if op == "push":
-            return op, peer, tag, *self._msg(True, peer, descs)
+            msg = self._msg(True, peer, descs)
+            self._types.hold()  # its datatype stays alive until start posts it
+            return op, peer, tag, *msg
         return op, peer, tag, self._empty, None, self._xfer(False, peer, descs, tag)
 
     def start(self, prepared):
@@ -68,6 +70,7 @@ class MpiSendRecvTransport(MpiBase):
         if op == "push":
             self.lib_s += time.perf_counter() - a
             self._types.done((dtype,))
+            self._types.posted()
             return [req]
         return [req, prepared[5]]
 
@@ -82,6 +85,7 @@ class MpiSendRecvTransport(MpiBase):
         if op == "push":
             return [self._xfer(False, peer, descs, tag)]
         msg, dtype = self._msg(True, peer, descs)  # the answer's message, built ahead
+        self._types.hold()  # until answer posts it
         return _Answer(self._comm.Irecv([bytearray(0), 0, mpi().BYTE], peer, tag), peer, msg, dtype, tag)
 
     def answer(self, handle) -> None:
@@ -95,6 +99,7 @@ class MpiSendRecvTransport(MpiBase):
             except mpi().Exception as exc:
                 raise fail(exc) from None
             self._types.done((handle.dtype,))
+            self._types.posted()
 
     def wait(self, handle) -> None:
         """Wait for the sends and receives (a pull source answers first, if the harness has not)."""
@@ -111,7 +116,7 @@ class MpiSendRecvTransport(MpiBase):
     def close(self) -> None:
         """Free cached datatypes; idempotent."""
         self._open = False
-        self._types.clear()
+        self._types.clear(closing=True)
 
 
 class _Answer:

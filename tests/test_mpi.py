@@ -105,3 +105,60 @@ def test_native_calls_move_exact_ranges_and_return_mpi_errors(tmp_path):
                        env=env, start_new_session=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "<native ok 0>" in r.stdout and "<native ok 1>" in r.stdout, r.stdout  # the ranks' lines may interleave
+
+
+class _FakeType:
+    def __init__(self):
+        self.freed = 0
+
+    def Free(self):
+        self.freed += 1
+
+
+def test_types_retire_the_datatypes_a_prepared_post_still_holds():
+    """A post prepared ahead keeps its datatypes: a cache clear or eviction before it is posted retires them,
+    the post frees them; with nothing held they are freed at once, and closing frees everything."""
+    from kvbench.transports.mpi_common import Types
+
+    t, a, b, c, d = Types(True), _FakeType(), _FakeType(), _FakeType(), _FakeType()
+    t.entries["a"] = (None, (a,))
+    t.hold()  # a post was prepared with a
+    t.clear()  # the cache was full while the next post was prepared
+    assert a.freed == 0 and t.retired == [(a,)]
+    t.entries["b"] = (None, (b,))
+    t.hold()
+    t._retire(t.entries.pop("b")[1])  # an eviction
+    t.posted()
+    assert a.freed == 0 and b.freed == 0  # one post is still unposted
+    t.posted()
+    assert (a.freed, b.freed, t.retired, t.held) == (1, 1, [], 0)
+    t.entries["c"] = (None, (c,))
+    t.clear()
+    assert c.freed == 1  # nothing held: freed at once
+    t.hold()
+    t.entries["d"] = (None, (d,))
+    t.clear(closing=True)
+    assert d.freed == 1 and not t.retired
+
+
+def test_ucx_numbers_every_post_when_prepared_in_the_order_the_target_serves():
+    """A packed post prepared before a bulk one to the same peer keeps the first sequence number, whichever
+    starts first: the target numbers its receives in that order (tags carry the number)."""
+    import types
+
+    import numpy as np
+
+    from kvbench.transports.ucx import _PUSH_HDR, UcxTransport, _tag
+
+    t = UcxTransport(ctx())
+    t._api, t._Array = types.SimpleNamespace(UCXXTag=lambda v: v), lambda a: a
+    t._views = lambda descs, col: [f"view{i}" for i in range(len(descs))]
+    packed = np.array([[0, 0, 8], [64, 64, 8]], np.int64)  # one layer of two ranges: packed into staging
+    bulk = t.one_post([np.array([[0, 0, 8]], np.int64), np.array([[64, 64, 8]], np.int64)])  # 2 layers, 1 range
+    first, second = t.prepare("push", 1, packed, 5), t.prepare("push", 1, bulk, 6)
+    got = []
+    t._post_packed = lambda op, peer, descs, tag, seq: got.append(("packed", seq))
+    t._send_parts = lambda peer, msgs, tags: got.append(("bulk", tags[0])) or []
+    t.start(second)
+    t.start(first)
+    assert got == [("bulk", _tag(0, _PUSH_HDR, 1)), ("packed", 0)]

@@ -145,14 +145,16 @@ class UcxTransport(UcxBuffers, Transport):
         return 1 < len(descs) == self.layers_in(descs) <= 4096  # the range's index takes a tag's low 12 bits
 
     def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """A bulk request (its layers joined, one range each) is built ahead: its header, views and tags; a
-        pull also posts its receives here (the destination's own buffers: the data then never arrives
-        unexpected), so that ``start`` only sends.  Other posts are built in ``start`` (a push packs the
-        layer, which is final only then)."""
-        if not self._whole(descs) or op not in ("push", "pull"):
-            return None, op, peer, descs, tag
-        me, T = self.ctx.rank, self._api.UCXXTag
-        seq, hdr = self._next(op, "post", peer), _header(tag, descs)
+        """Every post takes its sequence number here, in the order the target serves them.  A bulk request
+        (its layers joined, one range each) is built ahead: its header, views and tags; a pull also posts its
+        receives here (the destination's own buffers: the data then never arrives unexpected), so that
+        ``start`` only sends.  Other posts are built in ``start`` (a push packs the layer, final only then)."""
+        if op not in ("push", "pull"):
+            raise TransportError(f"ucx: unknown op {op}")
+        seq = self._next(op, "post", peer)
+        if not self._whole(descs):
+            return None, op, peer, descs, tag, seq
+        me, T, hdr = self.ctx.rank, self._api.UCXXTag, _header(tag, descs)
         if op == "push":
             msgs = [self._Array(hdr), *self._views(descs, SRC)]
             tags = [T(_tag(me, _PUSH_HDR, seq)), *self._part_tags(me, _PUSH_PART, seq, len(descs))]
@@ -163,28 +165,29 @@ class UcxTransport(UcxBuffers, Transport):
     def start(self, prepared):
         """Send what ``prepare`` built (a bulk pull: its request; its receives are posted)."""
         if prepared[0] is None:  # not a bulk request: built here
-            return self.post(*prepared[1:])
+            return self._post_packed(*prepared[1:])
         _, peer, hdr, msgs, tags, *posted = prepared
         reqs = self._send_parts(peer, msgs, tags) + (posted[0] if posted else [])  # a pull: its posted receives
         return self._track(_Handle(reqs, (hdr,)))
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """push: pack and send (header + data); pull: send a request, receive into staging.  A bulk request
-        (its layers joined, one range each) goes pool to pool, a message per range under one header."""
+        """push: send header + data; pull: send a request, receive the data.  A bulk request (its layers
+        joined, one range each) goes pool to pool, a message per range under one header; other layers are
+        packed into staging (``_post_packed``)."""
+        return self.start(self.prepare(op, peer, descs, tag))
+
+    def _post_packed(self, op: str, peer: int, descs: np.ndarray, tag: int, seq: int):
+        """push: pack and send (header + data); pull: send a request, receive into staging."""
         me = self.ctx.rank
-        if self._whole(descs):  # a bulk request: its layers pool to pool, under one header
-            return self.start(self.prepare(op, peer, descs, tag))
         if op == "push":
-            seq, hdr = self._next(op, "post", peer), _header(tag, descs)
+            hdr = _header(tag, descs)
             data, stage = self._pack(descs, may_wait=True)
             reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), self._send(peer, data, _tag(me, _PUSH_DATA, seq))]
             return self._track(_Handle(reqs, (hdr, data), stage=stage))
-        if op == "pull":
-            seq, req = self._next(op, "post", peer), _header(tag, descs)
-            data, stage, unpack = self._recv_area(descs)
-            reqs = [self._send(peer, req, _tag(me, _PULL_REQ, seq)), self._recv(data, _tag(peer, _PULL_DATA, seq))]
-            return self._track(_Handle(reqs, (req, data), then=unpack, stage=stage))
-        raise TransportError(f"ucx: unknown op {op}")
+        req = _header(tag, descs)
+        data, stage, unpack = self._recv_area(descs)
+        reqs = [self._send(peer, req, _tag(me, _PULL_REQ, seq)), self._recv(data, _tag(peer, _PULL_DATA, seq))]
+        return self._track(_Handle(reqs, (req, data), then=unpack, stage=stage))
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: receive header + data and scatter; pull: answer the peer's request when it comes."""

@@ -199,7 +199,7 @@ class MpiTransport(MpiBase):
         if len(descs) <= self.split * self.layers_in(descs):  # a few ranges a layer: contiguous calls (`split`)
             check_descs(descs, *self._bounds(peer, op == "push"))
             arr, o, t = self._arr, cols[0], cols[1]
-            if self._native is not None and (not len(descs) or int(descs[:, LEN].max()) < 2 ** 31):
+            if self._native is not None and int(descs[:, LEN].max()) < 2 ** 31:  # C calls take int counts
                 calls = (np.ascontiguousarray(descs, dtype=np.int64), o, t)
             else:
                 calls = [([arr[r[o]:r[o] + r[LEN]], r[LEN], MPI.BYTE], (r[t], r[LEN], MPI.BYTE))

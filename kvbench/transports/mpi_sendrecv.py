@@ -42,12 +42,22 @@ class MpiSendRecvTransport(MpiBase):
         (dtype,) = self._types.get(descs, (SRC if sending else DST,), self._bounds(peer, sending))
         return [self._arr, 1, dtype], dtype
 
-    def _xfer(self, sending: bool, peer: int, descs: np.ndarray, tag: int):
-        msg, dtype = self._msg(sending, peer, descs)
+    def _irecv(self, peer: int, descs: np.ndarray, tag: int):
+        """Post the receive of ``descs`` into the pool."""
+        msg, dtype = self._msg(False, peer, descs)
         a = time.perf_counter()
-        req = self._comm.Isend(msg, peer, tag) if sending else self._comm.Irecv(msg, peer, tag)
+        req = self._comm.Irecv(msg, peer, tag)
         self.lib_s += time.perf_counter() - a
         self._types.done((dtype,))
+        return req
+
+    def _isend(self, msg: list, dtype, peer: int, tag: int):
+        """Send a message built ahead (``_msg``, held since): post it, then release its datatype."""
+        a = time.perf_counter()
+        req = self._comm.Isend(msg, peer, tag)
+        self.lib_s += time.perf_counter() - a
+        self._types.done((dtype,))
+        self._types.posted()
         return req
 
     def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
@@ -60,19 +70,14 @@ class MpiSendRecvTransport(MpiBase):
             msg = self._msg(True, peer, descs)
             self._types.hold()  # its datatype stays alive until start posts it
             return op, peer, tag, *msg
-        return op, peer, tag, self._empty, None, self._xfer(False, peer, descs, tag)
+        return op, peer, tag, self._empty, None, self._irecv(peer, descs, tag)
 
     def start(self, prepared):
         """Push: Isend from the pool; pull: ask for the layer (a zero-byte request); its receive is posted."""
         op, peer, tag, msg, dtype = prepared[:5]
-        a = time.perf_counter()
-        req = self._comm.Isend(msg, peer, tag)
         if op == "push":
-            self.lib_s += time.perf_counter() - a
-            self._types.done((dtype,))
-            self._types.posted()
-            return [req]
-        return [req, prepared[5]]
+            return [self._isend(msg, dtype, peer, tag)]
+        return [self._comm.Isend(msg, peer, tag), prepared[5]]
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """Push: Isend from the pool; pull: Irecv into the pool, then ask for the layer (a zero-byte request)."""
@@ -83,7 +88,7 @@ class MpiSendRecvTransport(MpiBase):
         out in ``answer`` once that request has arrived (never before the destination asked)."""
         tag %= self._tag_mod
         if op == "push":
-            return [self._xfer(False, peer, descs, tag)]
+            return [self._irecv(peer, descs, tag)]
         msg, dtype = self._msg(True, peer, descs)  # the answer's message, built ahead
         self._types.hold()  # until answer posts it
         return _Answer(self._comm.Irecv([bytearray(0), 0, mpi().BYTE], peer, tag), peer, msg, dtype, tag)
@@ -93,13 +98,9 @@ class MpiSendRecvTransport(MpiBase):
         if isinstance(handle, _Answer) and handle.send is None:
             try:
                 handle.asked.Wait()
-                a = time.perf_counter()
-                handle.send = self._comm.Isend(handle.msg, handle.peer, handle.tag)
-                self.lib_s += time.perf_counter() - a
+                handle.send = self._isend(handle.msg, handle.dtype, handle.peer, handle.tag)
             except mpi().Exception as exc:
                 raise fail(exc) from None
-            self._types.done((handle.dtype,))
-            self._types.posted()
 
     def wait(self, handle) -> None:
         """Wait for the sends and receives (a pull source answers first, if the harness has not)."""

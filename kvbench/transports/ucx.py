@@ -178,16 +178,14 @@ class UcxTransport(UcxBuffers, Transport):
 
     def _post_packed(self, op: str, peer: int, descs: np.ndarray, tag: int, seq: int):
         """push: pack and send (header + data); pull: send a request, receive into staging."""
-        me = self.ctx.rank
+        me, hdr = self.ctx.rank, _header(tag, descs)
         if op == "push":
-            hdr = _header(tag, descs)
             data, stage = self._pack(descs, may_wait=True)
             reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), self._send(peer, data, _tag(me, _PUSH_DATA, seq))]
             return self._track(_Handle(reqs, (hdr, data), stage=stage))
-        req = _header(tag, descs)
         data, stage, unpack = self._recv_area(descs)
-        reqs = [self._send(peer, req, _tag(me, _PULL_REQ, seq)), self._recv(data, _tag(peer, _PULL_DATA, seq))]
-        return self._track(_Handle(reqs, (req, data), then=unpack, stage=stage))
+        reqs = [self._send(peer, hdr, _tag(me, _PULL_REQ, seq)), self._recv(data, _tag(peer, _PULL_DATA, seq))]
+        return self._track(_Handle(reqs, (hdr, data), then=unpack, stage=stage))
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: receive header + data and scatter; pull: answer the peer's request when it comes."""

@@ -110,14 +110,14 @@ def kvbench_cmd(a, mpirun: list[str], transport: str, model: str, outdir: str, s
         "run", "-t", transport, "--op", ",".join(a.ops), "--variants", "bulk,paged", "--alloc", "random",
         "-m", model, "--dtype", "fp16", "--tokens", tokens, "-n", str(iters), "-w", str(warmup),
         "-c", str(a.check), "--timeout", str(a.case_timeout), "-o", outdir,
-        "--name", f"fidelity-{transport}"] + shlex.split(a.kvbench_args)
+        "--name", f"fidelity-{transport}", "--cache", a.cache] + shlex.split(a.kvbench_args)
 
 
 def ref_cmd(a, mpirun: list[str], transport: str, sizes: list[int], iters: int, warmup: int) -> list[str]:
     return mpirun + ["-n", "2", sys.executable, os.path.join(HERE, "fidelity_ref.py"), "--refs", transport,
                      "--ops", ",".join(a.ops), "--variants", "bulk,paged", "--block", str(BLOCK),
                      "--sizes", ",".join(map(str, sizes)), "--layers", str(LAYERS),
-                     "--iters", str(iters), "--warmup", str(warmup)]
+                     "--iters", str(iters), "--warmup", str(warmup), "--cache", a.cache]
 
 
 def kvbench_numbers(outdir: str) -> dict[tuple, tuple[float, float, float, dict]]:
@@ -207,6 +207,10 @@ def main() -> int:
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
     ap.add_argument("--case-timeout", type=float, default=60, help="kvbench --timeout per case, seconds")
     ap.add_argument("--launch-timeout", type=float, default=300, help="seconds one mpiexec launch may take")
+    ap.add_argument("--cache", choices=("as-is", "warm"), default="as-is",
+                    help="where each request's bytes are when its iteration starts, on both sides: as-is (what each "
+                         "one's work between iterations leaves) or warm (every rank reads its ranges' lines just "
+                         "before the barrier: kvbench --cache warm, fidelity_ref.py --cache warm)")
     ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, e.g. \"-O mpi.prep=off\"")
     ap.add_argument("--keep", metavar="DIR", help="keep kvbench's result files under DIR (default: discarded)")
     a = ap.parse_args()
@@ -268,7 +272,7 @@ def main() -> int:
           f"{socket.gethostname()}; vs plain references (benchmarks/fidelity_ref.py)")
     print(f"# bulk rows: one descriptor per layer; paged rows: random {BLOCK // KIB} KiB blocks; {LAYERS} layers per "
           f"request; size = bytes per layer; payload = size x {LAYERS}; GB = 10^9 B")
-    print(f"# iterations timed/warm-up per size: {plan}; repeats={a.repeat}")
+    print(f"# iterations timed/warm-up per size: {plan}; repeats={a.repeat}; cache {a.cache} on both sides")
     print("# p50: request time, barrier exit -> destination knows the last byte landed, max over the two ranks,")
     print("#   the destination's time moved onto the source's clock (barrier-exit skew, ping-pong offset): one rule")
     print("#   on both sides")

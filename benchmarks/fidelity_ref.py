@@ -138,6 +138,13 @@ def skews(comm, t0s: np.ndarray) -> np.ndarray | None:
 
 
 EVICT = None  # --evict: a buffer written before each barrier, so every iteration starts on cold caches
+CACHE = "as-is"  # --cache warm: before each barrier, every rank reads one byte of each line of its ranges
+WARM = None  # (pool, the byte offsets to read) of the reference timed now, under --cache warm
+
+
+def lines(d: np.ndarray, col: int) -> np.ndarray:
+    """--cache warm: the offset of every 64-byte line of the ranges (column col: 0 source, 1 destination)."""
+    return np.concatenate([np.arange(o, o + n, 64, dtype=np.int64) for o, n in d[:, [col, 2]].tolist()])
 
 
 def timed(comm, warmup: int, iters: int, once) -> tuple[float, float]:
@@ -153,6 +160,8 @@ def timed(comm, warmup: int, iters: int, once) -> tuple[float, float]:
             EVICT += 1
         if before is not None:
             before()
+        if WARM is not None:  # as kvbench's --cache warm: last thing before the barrier
+            WARM[0][WARM[1]].sum()
         comm.Barrier()
         t0 = time.perf_counter()
         once()
@@ -285,6 +294,7 @@ def sendrecv_once(comm, buf: np.ndarray, d: np.ndarray, op: str):
 
 def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
     """Every (op, variant, size) of one reference: rows (ref, op, variant, size, iters, p50 s, skew s) on rank 0."""
+    global WARM
     out = []
     nbytes = 2 * max(a.sizes) * a.layers
     win = None
@@ -313,6 +323,7 @@ def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
                     once = sendrecv_once(comm, buf, d, op)
                 else:
                     once = engines.make_once(ref, comm, state, buf, d, op, ready)
+                WARM = (buf, lines(d, comm.rank)) if CACHE == "warm" else None
                 t, skew = timed(comm, warmup, iters, once)
                 if win is not None:
                     win.Sync()
@@ -336,7 +347,7 @@ REFS = ("tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake")
 
 
 def main() -> int:
-    global MPI, EVICT
+    global MPI, EVICT, CACHE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--refs", default="tcp,mpi", help=f"references to run: {', '.join(REFS)}")
     ap.add_argument("--ops", default="push", help="push, pull or push,pull")
@@ -350,7 +361,11 @@ def main() -> int:
     ap.add_argument("--evict", type=int, default=0, metavar="MIB",
                     help="write MIB MiB before each iteration's barrier, on every rank (a diagnostic: the caches "
                          "as cold as a harness's work between iterations may leave them; default 0: off)")
+    ap.add_argument("--cache", choices=("as-is", "warm"), default="as-is",
+                    help="warm: every rank reads each 64-byte line of its ranges (source or destination) before "
+                         "each iteration's barrier, as kvbench's --cache warm does (default as-is)")
     a = ap.parse_args()
+    CACHE = a.cache
     EVICT = np.zeros(a.evict << 20, np.uint8) if a.evict > 0 else None
     a.sizes = [int(s) for s in a.sizes.split(",")]
     a.iters, a.warmup = per_size(a.iters, a.sizes, "iters"), per_size(a.warmup, a.sizes, "warmup")
@@ -376,7 +391,7 @@ def main() -> int:
     for ref in refs:
         rows += run_ref(comm, ref, a, a.ops.split(","), a.variants.split(","), engines)
     if comm.rank == 0:
-        print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} layers per request, block {a.block} B (paged), "
+        print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} layers per request, block {a.block} B (paged), cache {CACHE}, "
               f"iters={','.join(map(str, a.iters))} warmup={','.join(map(str, a.warmup))}; GB/s = size x layers / "
               "median(max over ranks, destination on the source's clock) / 1e9")
         print("ref,op,variant,size_bytes,layers,iters,p50_us,gbps_p50,skew_us")

@@ -19,6 +19,10 @@
  *     driver call per descriptor without a Python loop.  Addresses are not bounds-checked here
  *     (device memory): the caller checks the descriptors against both pools first.
  *
+ * touch(buf, descs, col)  read one word of every 64-byte line of each row's range of buf (--cache warm)
+ * evict(buf, descs, col)  write back and drop from every CPU cache each 64-byte line of each row's range
+ *     (clflush on x86-64, dc civac on aarch64; --cache cold); False on a CPU without such an instruction
+ *
  * descs is a C-contiguous int64 buffer of shape (n, 3).  Every range is bounds-checked
  * before any byte moves, so a bad descriptor raises instead of corrupting memory.
  * The GIL is released while bytes move, so other threads (progress, a peer's socket)
@@ -34,6 +38,10 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #ifndef IOV_MAX
 #define IOV_MAX 1024
@@ -290,7 +298,83 @@ static PyObject *call_copies(PyObject *self, PyObject *args) {
     return Py_BuildValue("(in)", rc, rc != 0 ? i : (Py_ssize_t)-1);
 }
 
+#define LINE 64 /* the line size of x86-64 and of the aarch64 server cores; a longer line is visited twice */
+
+/* The rows' ranges of buf, checked against its length; 0 on success. */
+static int ranges(PyObject *args, Py_buffer *buf, Py_buffer *dv, Py_ssize_t *n, int *col) {
+    PyObject *buf_o, *d_o;
+    if (!PyArg_ParseTuple(args, "OOi", &buf_o, &d_o, col)) return -1;
+    if (*col != 0 && *col != 1) { PyErr_SetString(PyExc_ValueError, "col must be 0 (SRC) or 1 (DST)"); return -1; }
+    if (PyObject_GetBuffer(buf_o, buf, PyBUF_SIMPLE) < 0) return -1;
+    if (get_descs(d_o, dv, n) < 0) { PyBuffer_Release(buf); return -1; }
+    if (check((const int64_t *)dv->buf, *n, *col, buf->len, "pool") < 0) {
+        PyBuffer_Release(dv);
+        PyBuffer_Release(buf);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *touch(PyObject *self, PyObject *args) {
+    Py_buffer buf, dv;
+    Py_ssize_t n;
+    int col;
+    if (ranges(args, &buf, &dv, &n, &col) < 0) return NULL;
+    const int64_t *d = (const int64_t *)dv.buf;
+    unsigned long long sum = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const volatile unsigned char *p = (const unsigned char *)buf.buf + d[3 * i + col];
+        for (int64_t k = 0; k < d[3 * i + 2]; k += LINE) sum += p[k];
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLongLong(sum); /* returned, so the reads cannot be dropped */
+}
+
+static PyObject *evict(PyObject *self, PyObject *args) {
+    Py_buffer buf, dv;
+    Py_ssize_t n;
+    int col, done = 0;
+    if (ranges(args, &buf, &dv, &n, &col) < 0) return NULL;
+#if defined(__x86_64__) || defined(__aarch64__)
+    const int64_t *d = (const int64_t *)dv.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *p = (const char *)buf.buf + d[3 * i + col];
+        int64_t len = d[3 * i + 2];
+        for (int64_t k = 0; k < len; k += LINE) {
+#if defined(__x86_64__)
+            _mm_clflush(p + k);
+#else
+            __asm__ volatile("dc civac, %0" : : "r"(p + k) : "memory");
+#endif
+        }
+        if (len > 0) { /* a range that ends mid-line: its last line too */
+#if defined(__x86_64__)
+            _mm_clflush(p + len - 1);
+#else
+            __asm__ volatile("dc civac, %0" : : "r"(p + len - 1) : "memory");
+#endif
+        }
+    }
+#if defined(__x86_64__)
+    _mm_mfence();
+#else
+    __asm__ volatile("dsb ish" : : : "memory");
+#endif
+    Py_END_ALLOW_THREADS
+    done = 1;
+#endif
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&buf);
+    return PyBool_FromLong(done);
+}
+
 static PyMethodDef methods[] = {
+    {"touch", touch, METH_VARARGS, "touch(buf, descs, col): read every 64-byte line of each row's range of buf; a sum of the bytes read."},
+    {"evict", evict, METH_VARARGS, "evict(buf, descs, col): flush every line of each row's range of buf from the CPU caches; False where this CPU cannot."},
     {"call_copies", call_copies, METH_VARARGS, "call_copies(fn, dst, src, descs, stream): fn(dst+D, src+S, L, stream) per row; (rc, failing row or -1)."},
     {"copy_batch", copy_batch, METH_VARARGS, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."},
     {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd); the perf_counter time the last byte left."},

@@ -14,6 +14,8 @@ from . import __version__, comm, transports
 from . import model as M
 from . import options as O
 from . import suite as S
+from .cachestate import HELP as CACHE_HELP
+from .cachestate import MODES
 from .config import custom_model
 from .guard import env_rank
 from .schedule import SCHEME_HELP
@@ -133,6 +135,7 @@ def build_parser() -> Parser:
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
                    "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
                    "vm.nr_hugepages); the sidecar records what the kernel gave")
+    r.add_argument("--cache", choices=MODES, help=CACHE_HELP)
     r.add_argument("--codec", type=csv(str), help="wire encodings, pool unchanged (docs/codecs.md): none (default), "
                    "exp-split (lossless: bf16, fp16, fp8-e5m2), cast-fp8-e4m3, cast-fp8-e5m2 (lossy, from fp16/bf16), "
                    "zstd, lz4; on tcp and shm, push")

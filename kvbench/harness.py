@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from . import checkpass, costs, faults, memory, preflight, requests, transports
+from . import cachestate, checkpass, costs, faults, memory, preflight, requests, transports
 from .codecpath import codec_refused, codec_staging, codec_transport
 from .descriptors import CHUNKS
 from .guard import GUARD
@@ -47,6 +47,7 @@ class Options:
     rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
     fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
+    cache: str = "as-is"  # where a request's bytes are when its iteration starts (cachestate.py)
     transport_options: dict = field(default_factory=dict)
 
 
@@ -284,13 +285,16 @@ class Harness(Rows):
         t = codec_transport(self, case, g, s)
         itr = Iteration(t, self.comm, self.rank, entries, case, s["local"])
         return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0,
-                "codec": [] if t is not s["t"] else None}
+                "codec": [] if t is not s["t"] else None,
+                "cache": cachestate.make(self.opts.cache, s["pools"], entries, self.rank, s["local"])}
 
     def _once(self, m: dict, it: int):
         if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
             raise TransportError("injected fault (KVBENCH_FAULT)")
 
         def start():  # the iteration starts when the barrier ends (Iteration.run first does what may precede it)
+            if m["cache"] is not None:  # --cache warm/cold: the request's bytes where asked, last thing before it
+                m["cache"].apply()
             self.comm.barrier()
             if it >= 0:  # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
                 faults.hit("stall-case", self.rank, m["no"])
@@ -310,6 +314,7 @@ class Harness(Rows):
         self._watchdog(m)
         try:
             for k in range(warmup + iters):
+                cache0 = m["cache"].count if m["cache"] is not None else 0
                 done, inside, hs, offset = self._once(m, m["next"])  # from the end of a barrier
                 t0 = itr.t0
                 total = time.perf_counter() - t0
@@ -326,6 +331,8 @@ class Harness(Rows):
                         m["codec"].append(stats)
                     m.setdefault("cost", []).append(itr.cost)  # time outside the wire (costs.py)
                     m.setdefault("t0s", []).append(t0)
+                    if m["cache"] is not None:  # did this iteration start with the bytes set (the rows' cache_bytes)
+                        m.setdefault("cache_set", []).append(m["cache"].count - cache0 == 1)
                     m.setdefault("stages", []).append(stages)
                 if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
                     m["warm"] = True
@@ -353,7 +360,8 @@ class Harness(Rows):
         rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
         self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
                   m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)},
-                  stages=m.get("stages"), cost=costs.reorder(m.get("cost", []), pos), took=m.get("took"))
+                  stages=m.get("stages"), cost=costs.reorder(m.get("cost", []), pos), took=m.get("took"),
+                  cache=(m["cache"].per_entry, m.get("cache_set", [])) if m["cache"] is not None else None)
 
 
 def device_reason(cls, case: dict) -> str | None:

@@ -19,10 +19,10 @@ import sys
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 3  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 4  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
-# time outside the wire (post_s, lib_s, notify_s, wake_s; empty)
-READS = (1, 2, 3)  # schema versions the readers (report, compare) upgrade to this one
+# time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is")
+READS = (1, 2, 3, 4)  # schema versions the readers (report, compare) upgrade to this one
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -30,6 +30,7 @@ CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens
                 "pp", "world_size", "inflight"]
 CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
 CASE_COLUMNS += ["scales", "fill"]  # v3: fp8 scale planes (formats.py); pool contents (memory/values.py)
+CASE_COLUMNS += ["cache"]  # v4: where a request's bytes were when its iteration started (cachestate.py)
 # per row: seconds = until this rank's part of the request was complete, from the iteration's start
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
@@ -64,6 +65,9 @@ ROW_COLUMNS += ["copy", "gather_s", "wire_s", "scatter_s"]
 # lib_s: the part of post_s inside the library call that moves or queues the bytes; notify_s: its seconds in the harness's own notifications; wake_s: this request's gap from the transport's
 # landing stamp to the harness's wait returning (empty where the harness stamps the landing)
 ROW_COLUMNS += ["post_s", "lib_s", "notify_s", "wake_s"]
+# --- schema 4: cache_bytes = bytes of this request's ranges this rank read (--cache warm) or flushed from the
+# CPU caches (cold) before the iteration's barrier; 0 under as-is (v3 rows read with it empty)
+ROW_COLUMNS += ["cache_bytes"]
 
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
@@ -73,7 +77,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
     for col in ROW_COLUMNS:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
-                       **GPU_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       "cache": "as-is", **GPU_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 
@@ -117,11 +121,15 @@ class ResultWriter:
             old = json.load(fh)
         done = list(old.get("groups_done", []))
         df = pd.read_parquet(path) if os.path.exists(path) else pd.DataFrame(columns=ROW_COLUMNS)
+        version = old.get("schema_version", SCHEMA_VERSION)
+        df = upgrade(df, version)[ROW_COLUMNS]  # an older schema's rows as this one's: one schema per file
         kept = df[df["transport"].isin(done)]
         self.frames = [kept] if len(kept) else []
         resumes = [*old.get("resumed", []), {"started": meta["started"], "argv": meta["argv"],
                                              "dropped_rows": int(len(df) - len(kept))}]
-        self.meta = dict(old, status="INCOMPLETE", reason=INCOMPLETE_REASON, resumed=resumes,
+        if version != SCHEMA_VERSION:
+            resumes[-1]["upgraded_from_schema"] = version
+        self.meta = dict(old, status="INCOMPLETE", reason=INCOMPLETE_REASON, resumed=resumes, schema_version=SCHEMA_VERSION,
                          git_commit=meta["git_commit"], run_id=meta["run_id"], shm_segments=meta["shm_segments"])
         self._write_table()
         self._write_meta()

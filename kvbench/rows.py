@@ -33,11 +33,11 @@ class Rows:
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
-            "pages": self.opts.pages,
+            "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
         }
 
     def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None, cost=None, took=None) -> None:
+             errors=None, stages=None, cost=None, took=None, cache=None) -> None:
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -57,7 +57,8 @@ class Rows:
                                  exposed_s=nan if exposed[k] is None else exposed[k] + skew,
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
                                  **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
-                                 **real_prefill_s(took, it, e.src)))
+                                 **real_prefill_s(took, it, e.src),
+                                 cache_bytes=0 if cache is None or not cache[1][it] else cache[0][k]))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,

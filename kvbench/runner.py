@@ -107,7 +107,7 @@ def run(a, argv: list[str]) -> int:
     suite, cases = cfg.suite, cfg.cases
     opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.turns(), check=suite.check, seed=suite.seed,
                    pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,
-                   pages=suite.pages, fill=suite.fill,
+                   pages=suite.pages, fill=suite.fill, cache=suite.cache,
                    inject_corruption=cfg.inject_corruption, variants=tuple(suite.variants),
                    transport_options=cfg.transport_options)
     with GUARD.deadline("start-up (run id, orphan sweep, memory preflight)", STARTUP_S):
@@ -199,6 +199,11 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
     else:
         writer, done = ResultWriter(cfg.results, cfg.name, meta), []
     print(f"# run id: {h.run_id}   results: {writer.path}")
+    if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
+        print(f"# cache {cfg.suite.cache}: " + {"warm": "each rank read its ranges of every request before each "
+                                                         "iteration's barrier",
+                                                 "cold": "each rank flushed its ranges of every request from the CPU "
+                                                         "caches before each iteration's barrier"}[cfg.suite.cache])
     overlap = uses_overlap(cases)
     columns = columns_for(cases, overlap)
     printer = LivePrinter(lambda s: print(s, flush=True), columns)

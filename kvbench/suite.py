@@ -168,6 +168,8 @@ class Suite(BaseModel):
     variants: list[Literal["bulk", "ceiling", "hot", "paged"]] = Field(default=["bulk", "ceiling", "paged"],
                                                                        min_length=1)
     prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
+    # where a request's bytes are when its iteration starts (host pools; cachestate.py)
+    cache: Literal["as-is", "warm", "cold"] = "as-is"
     workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
 
@@ -182,6 +184,12 @@ class Suite(BaseModel):
     def _rounds(self):
         if self.rounds > self.iters:
             raise ValueError(f"rounds ({self.rounds}) cannot exceed iters ({self.iters}): each round needs an iteration")
+        if self.cache != "as-is" and self.workload is not None:
+            raise ValueError(f"cache {self.cache} applies to bandwidth sweeps: a workload's requests arrive while "
+                             "others are in flight, with no barrier before each to set the caches at")
+        if self.cache != "as-is" and "cuda" in self.axes.memory:
+            raise ValueError(f"cache {self.cache} sets the CPU caches over host pools; memory cuda pools are device "
+                             "memory (run the cuda rows with cache as-is)")
         if self.rounds > 1 and self.workload is not None:
             raise ValueError("rounds applies to bandwidth sweeps, not to a workload (its requests already interleave)")
         return self

@@ -56,6 +56,21 @@ def test_fidelity_iterations_scale_with_size_and_parse_per_size():
             fidelity_ref.per_size(bad, sizes, "iters")
 
 
+def test_fidelity_reference_warms_exactly_the_lines_kvbench_warms():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import fidelity_ref
+    import numpy as np
+
+    from kvbench import _native
+
+    d = np.array([[0, 4096, 4096], [8192, 0, 1000], [65536, 32768, 64]], np.int64)  # the last range: one line
+    src = fidelity_ref.lines(d, 0)
+    assert src.tolist() == list(range(0, 4096, 64)) + list(range(8192, 9192, 64)) + [65536]
+    assert fidelity_ref.lines(d, 1).tolist() == list(range(4096, 8192, 64)) + list(range(0, 1000, 64)) + [32768]
+    buf = np.arange(1 << 17, dtype=np.int64).astype(np.uint8)  # kvbench's touch reads the same bytes
+    assert int(buf[src].astype(np.int64).sum()) == _native.touch(buf, d, 0)
+
+
 def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import fidelity

@@ -61,11 +61,11 @@ def test_one_layer_or_a_transport_that_does_not_batch_posts_per_layer():
 
 
 def test_v2_rows_upgrade_with_empty_cost_columns_and_give_no_costs():
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     df = pd.DataFrame({"case": [1], "status": ["ok"], "iter": [0]})
     up = upgrade(df, 2)
     assert set(costs.COLUMNS) <= set(up.columns) and set(ROW_COLUMNS) <= set(up.columns)
-    assert up["post_s"].isna().all()
+    assert up["post_s"].isna().all() and up["cache_bytes"].isna().all() and (up["cache"] == "as-is").all()
     assert costs.per_case(up).empty
 
 

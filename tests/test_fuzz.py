@@ -34,7 +34,8 @@ FLAGS = {"-t": pick("shm", "tcp", "mpi", "loopback", "verbs", "shm,tcp"), "--op"
          "--prompt": pick("256", "16,64", "uniform:16:64", "lognormal:128:0.5", "uniform:64:16"),
          "--layers": pick("2", "32"), "--kv-heads": pick("1", "8"), "--head-dim": pick("64", "128"),
          "-c": pick("0", "1"), "--inject-corruption": pick("0", "1"), "--scheme": pick("pairwise", "all-pairs"),
-         "--handshake": pick("off", "serial", "overlap"), "--decode-pool-tokens": NUM}
+         "--handshake": pick("off", "serial", "overlap"), "--decode-pool-tokens": NUM,
+         "--cache": pick("as-is", "warm", "cold"), "--memory": pick("host", "cuda")}
 OPTION = st.tuples(st.sampled_from(["", "tcp.", "mpi.", "nixl.", "shm.", "x."]),
                    st.sampled_from(["poll", "polll", "sockbuf", "split", "window", "prep", "batch", "connect_timeout",
                                     "ready", ""]),

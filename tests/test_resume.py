@@ -62,3 +62,21 @@ def test_resume_refuses_another_schema_or_machine(kvrun, interrupted, field, val
     before = len(interrupted.table())
     assert_one_line(kvrun(["--resume", interrupted.results]), needle)
     assert len(interrupted.table()) == before  # refused before anything was touched
+
+
+def test_resume_continues_an_older_schema_run_as_this_one(kvrun, tmp_path, interrupted):
+    path = interrupted.results
+    meta_path = path.replace(".parquet", ".meta.json")
+    meta = json.load(open(meta_path))
+    meta["schema_version"] = 3  # as a schema-3 kvbench left it: no cache setting, no cache columns
+    del meta["suite"]["cache"]
+    json.dump(meta, open(meta_path, "w"))
+    interrupted.table().drop(columns=["cache", "cache_bytes"]).to_parquet(path)
+    r = kvrun(["--resume", path], out_dir=tmp_path / "unused")
+    assert r.code == 0, r.out + r.err
+    final = interrupted.table()
+    assert sorted(set(final.case)) == [1, 2, 3, 4, 5, 6] and set(final.cache) == {"as-is"}
+    assert final[final.transport == "shm"].cache_bytes.isna().all()  # the older rows: not recorded
+    assert (final[final.transport == "tcp"].cache_bytes == 0).all()
+    meta = interrupted.meta()
+    assert meta["schema_version"] == 4 and meta["resumed"][0]["upgraded_from_schema"] == 3

@@ -133,7 +133,7 @@ def machine_differences(a: list[Run], b: list[Run]) -> list[str]:
 
 LABEL_KEYS = ["model", "tokens", "dtype", "block_size", "overlap", "handshake", "prefill_ms_set", "workload",
               "allocation", "coalesce", "layout", "inflight", "memory", "tp", "pp", "prefix_hit", "world_size",
-              "scheme", "codec", "pages"]  # shown (as key=value) when they vary across the joined cases
+              "scheme", "codec", "pages", "cache"]  # shown (as key=value) when they vary across the joined cases
 
 
 def _case_label(r, vary: list[str]) -> str:

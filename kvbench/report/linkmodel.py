@@ -19,7 +19,7 @@ from .. import model as M
 # what makes two rows the same path: the link, the direction and everything that changes its costs; "kind"
 # keeps the paged rows apart from the references (bulk, chunks), which transports often move another way
 # (mpi: a layer of at most -O split descriptors as contiguous Puts, more as one hindexed datatype)
-PATH_KEYS = ["transport", "op", "memory", "scheme", "world_size", "inflight", "codec", "pages", "kind"]
+PATH_KEYS = ["transport", "op", "memory", "scheme", "world_size", "inflight", "codec", "pages", "cache", "kind"]
 TERMS = ("gamma", "alpha", "beta")  # per layer, per descriptor, bandwidth
 
 

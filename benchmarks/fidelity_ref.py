@@ -143,8 +143,10 @@ WARM = None  # (pool, the byte offsets to read) of the reference timed now, unde
 
 
 def lines(d: np.ndarray, col: int) -> np.ndarray:
-    """--cache warm: the offset of every 64-byte line of the ranges (column col: 0 source, 1 destination)."""
-    return np.concatenate([np.arange(o, o + n, 64, dtype=np.int64) for o, n in d[:, [col, 2]].tolist()])
+    """--cache warm: the bytes kvbench's touch reads of the ranges (column col: 0 source, 1 destination): one
+    per 64-byte line from each range's start, and its last byte (a range that starts mid-line ends in its own)."""
+    return np.concatenate([np.append(np.arange(o, o + n, 64, dtype=np.int64), o + n - 1)
+                           for o, n in d[:, [col, 2]].tolist() if n > 0])
 
 
 def timed(comm, warmup: int, iters: int, once) -> tuple[float, float]:

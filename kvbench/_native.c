@@ -19,7 +19,8 @@
  *     driver call per descriptor without a Python loop.  Addresses are not bounds-checked here
  *     (device memory): the caller checks the descriptors against both pools first.
  *
- * touch(buf, descs, col)  read one word of every 64-byte line of each row's range of buf (--cache warm)
+ * touch(buf, descs, col)  read one byte of every 64-byte line of each row's range of buf, and its last
+ *     byte (a range that starts mid-line ends in a line of its own; --cache warm)
  * evict(buf, descs, col)  write back and drop from every CPU cache each 64-byte line of each row's range
  *     (clflush on x86-64, dc civac on aarch64; --cache cold); False on a CPU without such an instruction
  *
@@ -325,7 +326,9 @@ static PyObject *touch(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         const volatile unsigned char *p = (const unsigned char *)buf.buf + d[3 * i + col];
-        for (int64_t k = 0; k < d[3 * i + 2]; k += LINE) sum += p[k];
+        int64_t len = d[3 * i + 2];
+        for (int64_t k = 0; k < len; k += LINE) sum += p[k];
+        if (len > 0) sum += p[len - 1];
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&dv);
@@ -373,7 +376,7 @@ static PyObject *evict(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"touch", touch, METH_VARARGS, "touch(buf, descs, col): read every 64-byte line of each row's range of buf; a sum of the bytes read."},
+    {"touch", touch, METH_VARARGS, "touch(buf, descs, col): read every 64-byte line of each row's range of buf (and its last byte); a sum of the bytes read."},
     {"evict", evict, METH_VARARGS, "evict(buf, descs, col): flush every line of each row's range of buf from the CPU caches; False where this CPU cannot."},
     {"call_copies", call_copies, METH_VARARGS, "call_copies(fn, dst, src, descs, stream): fn(dst+D, src+S, L, stream) per row; (rc, failing row or -1)."},
     {"copy_batch", copy_batch, METH_VARARGS, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."},

@@ -202,13 +202,13 @@ def read_sidecar(parquet: str) -> dict:
 
 def resumed(a, argv: list[str], world: int) -> RunConfig:
     """Continue ``--resume FILE``: the same suite, schema and machine, or a refusal."""
-    from .results import READS, SCHEMA_VERSION
+    from .results import RESUMES, SCHEMA_VERSION
 
     path = a.resume
     meta = read_sidecar(path)
-    if meta.get("schema_version") not in READS:  # an older one: its rows are upgraded when the file is reopened
+    if meta.get("schema_version") not in RESUMES:  # an older one: its rows are upgraded when the file is reopened
         raise ConfigError(f"--resume {path}: schema version {meta.get('schema_version')}, this kvbench writes "
-                          f"{SCHEMA_VERSION} and reads {', '.join(map(str, READS))}: start a new run")
+                          f"{SCHEMA_VERSION} and continues {', '.join(map(str, RESUMES))}: start a new run")
     status = meta.get("status", "INCOMPLETE")
     if status not in RESUMABLE:
         raise ConfigError(f"--resume {path}: the run ended by itself ({status}): nothing to resume")

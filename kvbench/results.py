@@ -23,6 +23,7 @@ SCHEMA_VERSION = 4  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion 
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is")
 READS = (1, 2, 3, 4)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -124,7 +125,7 @@ class ResultWriter:
         version = old.get("schema_version", SCHEMA_VERSION)
         df = upgrade(df, version)[ROW_COLUMNS]  # an older schema's rows as this one's: one schema per file
         kept = df[df["transport"].isin(done)]
-        self.frames = [kept] if len(kept) else []
+        self.frames = [kept]  # (empty: the older table is replaced now, not when the first new case lands)
         resumes = [*old.get("resumed", []), {"started": meta["started"], "argv": meta["argv"],
                                              "dropped_rows": int(len(df) - len(kept))}]
         if version != SCHEMA_VERSION:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import warnings
 from typing import Annotated, Literal
 
@@ -187,6 +188,9 @@ class Suite(BaseModel):
         if self.cache != "as-is" and self.workload is not None:
             raise ValueError(f"cache {self.cache} applies to bandwidth sweeps: a workload's requests arrive while "
                              "others are in flight, with no barrier before each to set the caches at")
+        if self.cache == "cold" and platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
+            raise ValueError(f"cache cold flushes cache lines with clflush (x86-64) or dc civac (aarch64); this CPU "
+                             f"is {platform.machine() or 'unknown'}")
         if self.cache != "as-is" and "cuda" in self.axes.memory:
             raise ValueError(f"cache {self.cache} sets the CPU caches over host pools; memory cuda pools are device "
                              "memory (run the cuda rows with cache as-is)")

@@ -63,10 +63,10 @@ def test_fidelity_reference_warms_exactly_the_lines_kvbench_warms():
 
     from kvbench import _native
 
-    d = np.array([[0, 4096, 4096], [8192, 0, 1000], [65536, 32768, 64]], np.int64)  # the last range: one line
+    d = np.array([[0, 4096, 4096], [8192, 0, 1000], [65568, 32768, 64]], np.int64)  # the last: two lines, mid-line
     src = fidelity_ref.lines(d, 0)
-    assert src.tolist() == list(range(0, 4096, 64)) + list(range(8192, 9192, 64)) + [65536]
-    assert fidelity_ref.lines(d, 1).tolist() == list(range(4096, 8192, 64)) + list(range(0, 1000, 64)) + [32768]
+    assert src.tolist() == [*range(0, 4096, 64), 4095, *range(8192, 9192, 64), 9191, 65568, 65631]
+    assert fidelity_ref.lines(d, 1).tolist() == [*range(4096, 8192, 64), 8191, *range(0, 1000, 64), 999, 32768, 32831]
     buf = np.arange(1 << 17, dtype=np.int64).astype(np.uint8)  # kvbench's touch reads the same bytes
     assert int(buf[src].astype(np.int64).sum()) == _native.touch(buf, d, 0)
 

@@ -21,9 +21,14 @@ def test_touch_reads_one_byte_of_every_line_and_refuses_a_range_outside():
     buf = np.zeros(1 << 16, np.uint8)
     buf[::64] = 1
     buf[1::64] = 7  # not a line's first byte: not read
+    buf[-1] = 5  # a range's last byte is read too (a range that starts mid-line ends in a line of its own)
     d = descs([[0, 4096, 4096], [8192, 0, 1000]])  # 64 lines, then 16 (the last one partial)
     assert _native.touch(buf, d, 0) == 64 + 16
     assert _native.touch(buf, d, 1) == 64 + 16  # the DST column: lines of [4096, 8192) and [0, 1000)
+    mid = np.zeros(256, np.uint8)
+    mid[32], mid[95] = 3, 4
+    assert _native.touch(mid, descs([[32, 0, 64]]), 0) == 7  # starts mid-line: bytes 32 (line 0) and 95 (line 1)
+    assert _native.touch(buf, descs([[(1 << 16) - 33, 0, 33]]), 0) == 5  # ends at the buffer's end
     with pytest.raises(ValueError, match="descriptor 1 .* outside the pool buffer"):
         _native.touch(buf, descs([[0, 0, 64], [1 << 16, 0, 1]]), 0)
     with pytest.raises(ValueError, match="col must be"):
@@ -35,7 +40,7 @@ def test_evict_flushes_without_changing_a_byte():
     rng = np.random.default_rng(0)
     buf = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
     want = buf.copy()
-    assert _native.evict(buf, descs([[0, 0, 1 << 20], [100, 0, 3]]), 0) is True
+    assert _native.evict(buf, descs([[0, 0, 1 << 20], [100, 0, 3], [(1 << 20) - 65, 0, 65]]), 0) is True
     assert np.array_equal(buf, want)
     with pytest.raises(ValueError, match="outside the pool buffer"):
         _native.evict(buf, descs([[1 << 20, 0, 1]]), 0)
@@ -112,3 +117,35 @@ def test_an_unknown_setting_is_refused_in_one_line():
     with pytest.raises(ArgError, match="--cache: invalid choice: 'hot'") as exc:
         build(["-t", "shm", "--cache", "hot"])
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("it", [-1, 0, 5])  # the check pass, the first timed iteration, a later one
+def test_the_setting_is_the_last_thing_before_the_barrier_that_starts_an_iteration(it):
+    from types import SimpleNamespace
+
+    from kvbench.harness import Harness
+
+    calls = []
+
+    class Itr:
+        def run(self, tag, start):
+            calls.append("register and prepare")  # what Iteration.run does before calling start()
+            start()
+            calls.append("timed")
+            return [], 0.0, 0.0, 0.0
+
+    state = SimpleNamespace(apply=lambda: calls.append("cache"))
+    h = SimpleNamespace(rank=3, comm=SimpleNamespace(barrier=lambda: calls.append("barrier")))
+    Harness._once(h, {"no": 1, "itr": Itr(), "cache": state}, it)
+    assert calls == ["register and prepare", "cache", "barrier", "timed"]
+    calls.clear()
+    Harness._once(h, {"no": 1, "itr": Itr(), "cache": None}, it)  # as-is
+    assert calls == ["register and prepare", "barrier", "timed"]
+
+
+def test_one_rank_sets_both_sides_of_its_requests(kvrun):
+    r = kvrun(["-t", "loopback", "--op", "push", "--cache", "cold", *SMALL], n=1)
+    assert r.code == 0, r.out + r.err
+    timed = r.table().query("iter >= 0")
+    assert len(timed) == 2 * 3 and (timed.role == "both").all()  # bulk and paged, 3 iterations
+    assert (timed.cache_bytes == 2 * timed.payload_bytes).all()  # its source ranges and its destination ranges

@@ -46,7 +46,9 @@ class LinkFit:
 
     def label(self) -> str:
         p = self.path
-        return f"{p.get('transport')} {p.get('op')} {p.get('memory')} {p.get('kind', '')}".strip()
+        cache = p.get("cache")  # a fit of rows that began with their bytes warm or flushed says so
+        extra = f" cache {cache}" if isinstance(cache, str) and cache != "as-is" else ""
+        return f"{p.get('transport')} {p.get('op')} {p.get('memory')} {p.get('kind', '')}".strip() + extra
 
     def summary(self) -> str:
         """One line: the three costs with units and the fit quality."""

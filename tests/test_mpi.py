@@ -148,17 +148,30 @@ def test_ucx_numbers_every_post_when_prepared_in_the_order_the_target_serves():
 
     import numpy as np
 
-    from kvbench.transports.ucx import _PUSH_HDR, UcxTransport, _tag
+    from kvbench.transports.ucx import _PUSH_DATA, _PUSH_HDR, UcxTransport, _tag
 
     t = UcxTransport(ctx())
     t._api, t._Array = types.SimpleNamespace(UCXXTag=lambda v: v), lambda a: a
     t._views = lambda descs, col: [f"view{i}" for i in range(len(descs))]
+    t._pack_area = lambda descs, may_wait: ("staged bytes", None, None)  # (no pool here: nothing to pack)
     packed = np.array([[0, 0, 8], [64, 64, 8]], np.int64)  # one layer of two ranges: packed into staging
     bulk = t.one_post([np.array([[0, 0, 8]], np.int64), np.array([[64, 64, 8]], np.int64)])  # 2 layers, 1 range
     first, second = t.prepare("push", 1, packed, 5), t.prepare("push", 1, bulk, 6)
     got = []
-    t._post_packed = lambda op, peer, descs, tag, seq: got.append(("packed", seq))
+    t._send = lambda peer, arr, tag: got.append(("packed", tag))
     t._send_parts = lambda peer, msgs, tags: got.append(("bulk", tags[0])) or []
     t.start(second)
     t.start(first)
-    assert got == [("bulk", _tag(0, _PUSH_HDR, 1)), ("packed", 0)]
+    assert got == [("bulk", _tag(0, _PUSH_HDR, 1)), ("packed", _tag(0, _PUSH_HDR, 0)), ("packed", _tag(0, _PUSH_DATA, 0))]
+
+
+def test_ucx_packed_requests_beyond_the_staging_cap_do_not_wait_on_each_other(kvrun):
+    """Receive staging never waits (a destination registering several packed receives before the barrier once
+    waited on the first, whose data its peer sends only after it: a hang until --timeout); a packed push over
+    the cap waits only on a started send."""
+    r = kvrun(["-t", "ucx", "--op", "push,pull", "-m", "llama-3-8b", "--tokens", "256", "-b", "16", "--inflight", "2",
+               "--overlap", "serial,streaming", "--prefill-ms", "1", "-O", "ucx.staging_mib=1", "-n", "3", "-w", "1",
+               "--variants", "paged", "--timeout", "60"], timeout=180)
+    assert r.code == 0, r.out + r.err
+    checks = r.table().query("iter == -1 and role == 'decode'")
+    assert len(checks) == 2 * 2 * 2 and int(checks.nwrong.sum()) == 0  # 2 ops x 2 overlaps x 2 requests

@@ -12,8 +12,10 @@ packed message.  Scatter-gather: ucxx has no iov datatype, and ``tag_send_multi`
 of n > 1 descriptors is packed into page-aligned staging with one
 ``copy_batch`` (GIL released), sent as ONE tag message and unpacked likewise:
 one extra memcpy per side, measured 1.3-1.7x faster than either alternative.
-One descriptor goes pool to pool.  Staging in use is capped (``staging_mib``,
-default 1024): a post that would exceed it first waits for the oldest one.
+One descriptor goes pool to pool.  Send staging is capped (``staging_mib``,
+default 1024): a packed push that would exceed it first waits for the oldest
+started one.  Receive staging holds what is in flight (a receive may wait on a
+send its peer starts only after the barrier: waiting on it could hang).
 UCX tags hold (sender rank, kind, per-direction sequence) and each layer
 carries a checked header (magic, kvbench tag, bytes, descriptors), so a
 mixed-up stream raises.  Progress is polled in ``wait`` (no asyncio, no
@@ -44,10 +46,11 @@ def _tag(sender: int, kind: int, seq: int) -> int:
 class _Handle:
     """Outstanding UCX requests, the buffers they use, and what to do when they finish."""
 
-    __slots__ = ("reqs", "keep", "then", "stage")
+    __slots__ = ("reqs", "keep", "then", "stage", "sends")
 
-    def __init__(self, reqs, keep, then=None, stage=None):
+    def __init__(self, reqs, keep, then=None, stage=None, sends=False):
         self.reqs, self.keep, self.then, self.stage = reqs, keep, then, stage
+        self.sends = sends  # a packed push: it completes without this rank doing more (UcxBuffers._staging)
 
 
 class UcxTransport(UcxBuffers, Transport):
@@ -148,12 +151,17 @@ class UcxTransport(UcxBuffers, Transport):
         """Every post takes its sequence number here, in the order the target serves them.  A bulk request
         (its layers joined, one range each) is built ahead: its header, views and tags; a pull also posts its
         receives here (the destination's own buffers: the data then never arrives unexpected), so that
-        ``start`` only sends.  Other posts are built in ``start`` (a push packs the layer, final only then)."""
+        ``start`` only sends.  A packed post reserves its staging here (a packed pull also posts its receive
+        into it); a packed push packs in ``start``, when its layers are final."""
         if op not in ("push", "pull"):
             raise TransportError(f"ucx: unknown op {op}")
         seq = self._next(op, "post", peer)
-        if not self._whole(descs):
-            return None, op, peer, descs, tag, seq
+        if not self._whole(descs):  # its staging reserved here (a started post may free one), its header built
+            hdr = _header(tag, descs)
+            if op == "push":  # packed in start, once the layers are final
+                return "packed push", peer, hdr, seq, *self._pack_area(descs, may_wait=True)
+            data, stage, unpack = self._recv_area(descs)
+            return "packed pull", peer, hdr, seq, self._recv(data, _tag(peer, _PULL_DATA, seq)), data, stage, unpack
         me, T, hdr = self.ctx.rank, self._api.UCXXTag, _header(tag, descs)
         if op == "push":
             msgs = [self._Array(hdr), *self._views(descs, SRC)]
@@ -164,8 +172,16 @@ class UcxTransport(UcxBuffers, Transport):
 
     def start(self, prepared):
         """Send what ``prepare`` built (a bulk pull: its request; its receives are posted)."""
-        if prepared[0] is None:  # not a bulk request: built here
-            return self._post_packed(*prepared[1:])
+        if prepared[0] == "packed push":  # the pack, then header and data
+            _, peer, hdr, seq, data, stage, rows = prepared
+            me = self.ctx.rank
+            self._pack_now(stage, rows)
+            reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), self._send(peer, data, _tag(me, _PUSH_DATA, seq))]
+            return self._track(_Handle(reqs, (hdr, data), stage=stage, sends=True))
+        if prepared[0] == "packed pull":  # its request (its receive is posted)
+            _, peer, hdr, seq, recv, data, stage, unpack = prepared
+            reqs = [self._send(peer, hdr, _tag(self.ctx.rank, _PULL_REQ, seq)), recv]
+            return self._track(_Handle(reqs, (hdr, data), then=unpack, stage=stage))
         _, peer, hdr, msgs, tags, *posted = prepared
         reqs = self._send_parts(peer, msgs, tags) + (posted[0] if posted else [])  # a pull: its posted receives
         return self._track(_Handle(reqs, (hdr,)))
@@ -173,19 +189,8 @@ class UcxTransport(UcxBuffers, Transport):
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: send header + data; pull: send a request, receive the data.  A bulk request (its layers
         joined, one range each) goes pool to pool, a message per range under one header; other layers are
-        packed into staging (``_post_packed``)."""
+        packed into staging (``prepare``)."""
         return self.start(self.prepare(op, peer, descs, tag))
-
-    def _post_packed(self, op: str, peer: int, descs: np.ndarray, tag: int, seq: int):
-        """push: pack and send (header + data); pull: send a request, receive into staging."""
-        me, hdr = self.ctx.rank, _header(tag, descs)
-        if op == "push":
-            data, stage = self._pack(descs, may_wait=True)
-            reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), self._send(peer, data, _tag(me, _PUSH_DATA, seq))]
-            return self._track(_Handle(reqs, (hdr, data), stage=stage))
-        data, stage, unpack = self._recv_area(descs)
-        reqs = [self._send(peer, hdr, _tag(me, _PULL_REQ, seq)), self._recv(data, _tag(peer, _PULL_DATA, seq))]
-        return self._track(_Handle(reqs, (hdr, data), then=unpack, stage=stage))
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         """push: receive header + data and scatter; pull: answer the peer's request when it comes."""

@@ -38,9 +38,12 @@ class UcxBuffers:
         return h
 
     def _staging(self, nbytes: int, may_wait: bool) -> np.ndarray:
-        while may_wait and self._in_use and self._in_use + nbytes > self._cap:
+        while may_wait and self._in_use + nbytes > self._cap:
             self._staged = [h for h in self._staged if h.stage is not None]
-            self.wait(self._staged.pop(0))  # frees the oldest staging buffer
+            sends = [h for h in self._staged if h.sends]  # never a receive: its peer may not have sent yet
+            if not sends:  # what holds staging is receives, or posts prepared but not started
+                break
+            self.wait(sends[0])  # frees the oldest started send's staging
         fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
         if fits:
             buf = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))  # best fit
@@ -71,18 +74,29 @@ class UcxBuffers:
 
     def _pack(self, descs, may_wait: bool):
         """(bytes to send, staging or None): the pool range itself when n == 1."""
+        data, stage, rows = self._pack_area(descs, may_wait)
+        self._pack_now(stage, rows)
+        return data, stage
+
+    def _pack_area(self, descs, may_wait: bool):
+        """What a pack needs before the layers are final: (bytes to send, staging or None, pack rows or None);
+        the pool range itself when n == 1."""
         if len(descs) == 1:
             check_descs(descs, self._pool.nbytes, 1 << 62)
             s, n = int(descs[0, SRC]), int(descs[0, LEN])
-            return self._pool.array[s : s + n], None
-        from .._native import copy_batch
-
+            return self._pool.array[s : s + n], None, None
         rows, total = self._rows(descs, SRC)
         stage = self._staging(total, may_wait)
-        a = time.perf_counter()
-        copy_batch(stage, self._pool.array, rows)  # the pack a two-sided path must do: data movement
-        self.lib_s += time.perf_counter() - a
-        return stage[:total], stage
+        return stage[:total], stage, rows
+
+    def _pack_now(self, stage, rows) -> None:
+        """The pack a two-sided path must do (data movement, as the library's call: costs.py)."""
+        if rows is not None:
+            from .._native import copy_batch
+
+            a = time.perf_counter()
+            copy_batch(stage, self._pool.array, rows)
+            self.lib_s += time.perf_counter() - a
 
     def _recv_area(self, descs):
         """(receive buffer, staging or None, completion callback that scatters into the pool)."""
@@ -93,7 +107,7 @@ class UcxBuffers:
         from .._native import copy_batch
 
         rows, total = self._rows(descs, DST)
-        stage = self._staging(total, may_wait=True)
+        stage = self._staging(total, may_wait=False)  # receives in flight: not capped (_staging)
         return stage[:total], stage, lambda h: copy_batch(self._pool.array, stage, rows)
 
 

@@ -6,7 +6,7 @@
 #   make bench              the quick suite on 2 ranks of localhost
 #   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
 #   make test               the test suite (unit, property, real mpiexec runs)
-#   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=warm: both sides warm)
+#   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them)
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
 #   make bench-engines      nixl, ucx, mooncake bulk and hot rows next to the engines' own tools; nixl on 4k/thp pages
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path

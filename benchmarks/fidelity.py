@@ -24,10 +24,15 @@ an iteration from the source's barrier exit: the destination's times are moved
 onto the source's clock by the barrier-exit skew (kvbench: harness.one_clock;
 the reference: the same ping-pong offset, after its timed loop).
 
+Both sides start each iteration from the same cache state: by default every rank
+reads its ranges of the request just before the barrier (``--cache warm``: kvbench's
+``--cache warm``, the reference's own read of the same bytes); ``--cache as-is``
+leaves each side's caches as its own work between iterations leaves them.
+
 The model is MLA with a 512-wide fp16 latent and no RoPE part: 1 KiB per token
 per layer, so a request of SIZE/1024 tokens has SIZE bytes per layer.
 
-    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 5] \\
+    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 5] [--cache warm|as-is] \\
         [-n 20 | --budget 256 --max-iters 400]
 
 This process never imports mpi4py; it launches ``mpiexec -n 2`` for each run.
@@ -207,10 +212,12 @@ def main() -> int:
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
     ap.add_argument("--case-timeout", type=float, default=60, help="kvbench --timeout per case, seconds")
     ap.add_argument("--launch-timeout", type=float, default=300, help="seconds one mpiexec launch may take")
-    ap.add_argument("--cache", choices=("as-is", "warm"), default="as-is",
-                    help="where each request's bytes are when its iteration starts, on both sides: as-is (what each "
-                         "one's work between iterations leaves) or warm (every rank reads its ranges' lines just "
-                         "before the barrier: kvbench --cache warm, fidelity_ref.py --cache warm)")
+    ap.add_argument("--cache", choices=("as-is", "warm"), default="warm",
+                    help="where each request's bytes are when its iteration starts, on both sides: warm (default: "
+                         "every rank reads its ranges' lines just before the barrier, kvbench --cache warm and "
+                         "fidelity_ref.py --cache warm, so both start from the same cache state) or as-is (what each "
+                         "one's own work between iterations leaves: the reference's tight loop keeps its request "
+                         "cached, kvbench's bookkeeping evicts part of it)")
     ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, e.g. \"-O mpi.prep=off\"")
     ap.add_argument("--keep", metavar="DIR", help="keep kvbench's result files under DIR (default: discarded)")
     a = ap.parse_args()

@@ -70,7 +70,7 @@ class NixlOptions(_Opts):
 class UcxOptions(_Opts):
     tls: str | None = Field(None, description="UCX_TLS for kvbench's context, e.g. sm or tcp")
     err_handling: OnOff = Field("off", description="peer error handling (excludes shared memory)")
-    staging_mib: float = Field(1024.0, gt=0, description="cap on staging buffers in use, MiB")
+    staging_mib: float = Field(1024.0, gt=0, description="cap on packed pushes' staging in use, MiB (receives stage what is in flight)")
 
 
 class MooncakeOptions(_Net):

@@ -12,10 +12,12 @@ packed message.  Scatter-gather: ucxx has no iov datatype, and ``tag_send_multi`
 of n > 1 descriptors is packed into page-aligned staging with one
 ``copy_batch`` (GIL released), sent as ONE tag message and unpacked likewise:
 one extra memcpy per side, measured 1.3-1.7x faster than either alternative.
-One descriptor goes pool to pool.  Send staging is capped (``staging_mib``,
-default 1024): a packed push that would exceed it first waits for the oldest
-started one.  Receive staging holds what is in flight (a receive may wait on a
-send its peer starts only after the barrier: waiting on it could hang).
+One descriptor goes pool to pool.  A packed push's staging is capped
+(``staging_mib``, default 1024): one that would exceed it is packed when
+started, after the oldest started push frees a buffer; idle buffers beyond
+the cap are dropped.  Receive staging and a pull source's answer hold what is
+in flight, uncapped: a receive that waited for a buffer could wait on a send
+its peer starts only after the barrier.
 UCX tags hold (sender rank, kind, per-direction sequence) and each layer
 carries a checked header (magic, kvbench tag, bytes, descriptors), so a
 mixed-up stream raises.  Progress is polled in ``wait`` (no asyncio, no
@@ -82,6 +84,7 @@ class UcxTransport(UcxBuffers, Transport):
         self._eps: dict[int, object] = {}
         self._seq: dict[tuple, int] = {}
         self._free: list[np.ndarray] = []  # staging buffers not in use
+        self._free_bytes = 0  # their bytes
         self._staged: list[_Handle] = []  # handles holding staging, oldest first
         self._reactive: list[_Handle] = []  # pull-serve handles that must answer a request
         self._in_use = 0
@@ -159,7 +162,9 @@ class UcxTransport(UcxBuffers, Transport):
         if not self._whole(descs):  # its staging reserved here (a started post may free one), its header built
             hdr = _header(tag, descs)
             if op == "push":  # packed in start, once the layers are final
-                return "packed push", peer, hdr, seq, *self._pack_area(descs, may_wait=True)
+                if len(descs) > 1 and self._in_use + self._rows(descs, SRC)[1] > self._cap:
+                    return "packed push", peer, hdr, seq, None, None, None, descs  # start waits for a started send
+                return "packed push", peer, hdr, seq, *self._pack_area(descs, may_wait=False), descs
             data, stage, unpack = self._recv_area(descs)
             return "packed pull", peer, hdr, seq, self._recv(data, _tag(peer, _PULL_DATA, seq)), data, stage, unpack
         me, T, hdr = self.ctx.rank, self._api.UCXXTag, _header(tag, descs)
@@ -173,9 +178,12 @@ class UcxTransport(UcxBuffers, Transport):
     def start(self, prepared):
         """Send what ``prepare`` built (a bulk pull: its request; its receives are posted)."""
         if prepared[0] == "packed push":  # the pack, then header and data
-            _, peer, hdr, seq, data, stage, rows = prepared
+            _, peer, hdr, seq, data, stage, rows, descs = prepared
             me = self.ctx.rank
-            self._pack_now(stage, rows)
+            if data is None:  # over the staging cap when prepared: staging once the oldest started send frees one
+                data, stage = self._pack(descs, may_wait=True)
+            else:
+                self._pack_now(stage, rows)
             reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), self._send(peer, data, _tag(me, _PUSH_DATA, seq))]
             return self._track(_Handle(reqs, (hdr, data), stage=stage, sends=True))
         if prepared[0] == "packed pull":  # its request (its receive is posted)
@@ -225,7 +233,7 @@ class UcxTransport(UcxBuffers, Transport):
 
             def answer(h):
                 _check(req, want, "pull request")
-                data, h.stage = self._pack(descs, may_wait=False)  # bounded by the requester's cap
+                data, h.stage = self._pack(descs, may_wait=False)  # the requester's receive waits for it: no cap
                 h.keep, h.reqs = (data,), [self._send(peer, data, _tag(self.ctx.rank, _PULL_DATA, seq))]
 
             h = _Handle([self._recv(req, _tag(peer, _PULL_REQ, seq))], (req,), then=answer)
@@ -262,8 +270,7 @@ class UcxTransport(UcxBuffers, Transport):
                 return False
         h.reqs, h.keep = (), None
         if h.stage is not None:
-            self._in_use -= h.stage.nbytes
-            self._free.append(h.stage)
+            self._release(h.stage)
             h.stage = None
         return True
 
@@ -307,7 +314,7 @@ class UcxTransport(UcxBuffers, Transport):
         except Exception:
             pass
         self._eps.clear()
-        self._reactive, self._staged, self._free = [], [], []
+        self._reactive, self._staged, self._free, self._free_bytes = [], [], [], 0
         self._parts.clear()
         self._worker = self._uctx = None
 

@@ -1,5 +1,5 @@
 """The ucx transport's buffers: its pool ranges as ucxx views, the pack rows of scattered layers, and the
-page-aligned staging they are packed into (capped by ``staging_mib``), each built once per descriptor array
+page-aligned staging they are packed into (sends capped by ``staging_mib``), each built once per descriptor array
 (the harness never changes one in place); and the lanes UCX selected (``ep_info``)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .base import DST, LEN, SRC, check_descs
 
 
 class UcxBuffers:
-    """Mixin of UcxTransport: needs ``_pool``, ``_Array``, ``_parts``, ``_free``, ``_staged``, ``_in_use``,
+    """Mixin of UcxTransport: needs ``_pool``, ``_Array``, ``_parts``, ``_free``, ``_free_bytes``, ``_staged``, ``_in_use``,
     ``_cap``, ``wait`` and ``lib_s``."""
 
     def _views(self, descs: np.ndarray, col: int) -> list:
@@ -41,20 +41,30 @@ class UcxBuffers:
         while may_wait and self._in_use + nbytes > self._cap:
             self._staged = [h for h in self._staged if h.stage is not None]
             sends = [h for h in self._staged if h.sends]  # never a receive: its peer may not have sent yet
-            if not sends:  # what holds staging is receives, or posts prepared but not started
-                break
+            if not sends or self._in_use - sum(h.stage.nbytes for h in sends) + nbytes > self._cap:
+                break  # what holds the rest is receives or posts not started: waiting cannot make room
             self.wait(sends[0])  # frees the oldest started send's staging
         fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
         if fits:
             buf = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))  # best fit
+            self._free_bytes -= buf.nbytes
         else:
             from ..memory import alloc_host
 
-            if sum(b.nbytes for b in self._free) + self._in_use + nbytes > self._cap:
+            if self._free_bytes + self._in_use + nbytes > self._cap:
                 self._free.clear()  # drop idle buffers of the wrong size before growing
+                self._free_bytes = 0
             buf = alloc_host(1 << max(20, (nbytes - 1).bit_length()))  # page-aligned, pre-faulted
         self._in_use += buf.nbytes
         return buf
+
+    def _release(self, stage: np.ndarray) -> None:
+        """A finished post's staging: kept for reuse while idle and busy staging fit the cap, else dropped (a
+        large case's buffers do not stay resident through the cases after it)."""
+        self._in_use -= stage.nbytes
+        if self._in_use + self._free_bytes + stage.nbytes <= self._cap:
+            self._free.append(stage)
+            self._free_bytes += stage.nbytes
 
     def _rows(self, descs: np.ndarray, col: int) -> tuple[np.ndarray, int]:
         """copy_batch's rows between the pool's ranges (column ``col``) and packed staging, and the packed

@@ -22,6 +22,8 @@ HELP = ("where each request's bytes are when its iteration starts (host pools): 
         "work between iterations leaves), warm (this rank's ranges of every request read just before the barrier: "
         "what a loop re-sending one request measures) or cold (flushed from every CPU cache there: the bytes start "
         "in DRAM, as in a pool far larger than the cache)")
+SAYS = {"warm": "each rank read its ranges of every request before each iteration's barrier",
+        "cold": "each rank flushed its ranges of every request from the CPU caches before each iteration's barrier"}
 
 
 class CacheState:

@@ -200,10 +200,9 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
         writer, done = ResultWriter(cfg.results, cfg.name, meta), []
     print(f"# run id: {h.run_id}   results: {writer.path}")
     if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
-        print(f"# cache {cfg.suite.cache}: " + {"warm": "each rank read its ranges of every request before each "
-                                                         "iteration's barrier",
-                                                 "cold": "each rank flushed its ranges of every request from the CPU "
-                                                         "caches before each iteration's barrier"}[cfg.suite.cache])
+        from .cachestate import SAYS
+
+        print(f"# cache {cfg.suite.cache}: {SAYS[cfg.suite.cache]}")
     overlap = uses_overlap(cases)
     columns = columns_for(cases, overlap)
     printer = LivePrinter(lambda s: print(s, flush=True), columns)

@@ -185,6 +185,12 @@ class Suite(BaseModel):
     def _rounds(self):
         if self.rounds > self.iters:
             raise ValueError(f"rounds ({self.rounds}) cannot exceed iters ({self.iters}): each round needs an iteration")
+        if self.rounds > 1 and self.workload is not None:
+            raise ValueError("rounds applies to bandwidth sweeps, not to a workload (its requests already interleave)")
+        return self
+
+    @model_validator(mode="after")
+    def _cache(self):
         if self.cache != "as-is" and self.workload is not None:
             raise ValueError(f"cache {self.cache} applies to bandwidth sweeps: a workload's requests arrive while "
                              "others are in flight, with no barrier before each to set the caches at")
@@ -194,8 +200,6 @@ class Suite(BaseModel):
         if self.cache != "as-is" and "cuda" in self.axes.memory:
             raise ValueError(f"cache {self.cache} sets the CPU caches over host pools; memory cuda pools are device "
                              "memory (run the cuda rows with cache as-is)")
-        if self.rounds > 1 and self.workload is not None:
-            raise ValueError("rounds applies to bandwidth sweeps, not to a workload (its requests already interleave)")
         return self
 
     def turns(self) -> int:

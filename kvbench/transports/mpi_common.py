@@ -90,9 +90,12 @@ class Types:
         """A held post was posted; once none is held, free what was retired meanwhile."""
         self.held -= 1
         if not self.held:
-            for types in self.retired:
-                self._free(types)
-            self.retired.clear()
+            self._free_retired()
+
+    def _free_retired(self) -> None:
+        for types in self.retired:
+            self._free(types)
+        self.retired.clear()
 
     def _retire(self, types: tuple) -> None:
         if self.held:
@@ -110,9 +113,9 @@ class Types:
         for _, types in self.entries.values():
             self._retire(types)
         self.entries.clear()
-        if closing:
-            self.held = 1
-            self.posted()
+        if closing:  # no post will follow: nothing is held any more
+            self.held = 0
+            self._free_retired()
 
 
 class MpiBase(Transport):

@@ -237,10 +237,7 @@ class _Conn:
         try:
             if self.error is not None:
                 raise self.error
-            with self.wlock:
-                a = time.perf_counter()
-                job.at = self.send(hdr, descs, SRC)
-                self.lib_s += time.perf_counter() - a  # the caller's writev: the wire, not kvbench (costs.py)
+            job.at = self._move(True, PUSH, SRC, hdr, descs, True)
         except Exception as exc:
             self._failed(job, exc)
         return job
@@ -391,7 +388,7 @@ class TcpTransport(Transport):
         """The checks and the headers, ahead of the layer: ``start`` only writes (push) or queues (pull)."""
         plan = _PLAN[(op, True)]
         conn, heads = self._checked(op, peer, descs, True), headers(plan, tag, descs)
-        if op == "push" and len(descs) and not conn.fault_close:  # one write in the caller: Conn.push
+        if op == "push":  # one write in the caller: Conn.push
             return conn, None, descs, heads[0][0]
         return conn, plan, descs, heads
 

@@ -181,9 +181,8 @@ class UcxTransport(UcxBuffers, Transport):
             _, peer, hdr, seq, data, stage, rows, descs = prepared
             me = self.ctx.rank
             if data is None:  # over the staging cap when prepared: staging once the oldest started send frees one
-                data, stage = self._pack(descs, may_wait=True)
-            else:
-                self._pack_now(stage, rows)
+                data, stage, rows = self._pack_area(descs, may_wait=True)
+            self._pack_now(stage, rows)
             reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), self._send(peer, data, _tag(me, _PUSH_DATA, seq))]
             return self._track(_Handle(reqs, (hdr, data), stage=stage, sends=True))
         if prepared[0] == "packed pull":  # its request (its receive is posted)

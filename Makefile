@@ -6,7 +6,7 @@
 #   make bench              the quick suite on 2 ranks of localhost
 #   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
 #   make test               the test suite (unit, property, real mpiexec runs)
-#   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them)
+#   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them; AA=1: the reference against itself, the noise floor)
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
 #   make bench-engines      nixl, ucx, mooncake bulk and hot rows next to the engines' own tools; nixl on 4k/thp pages
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
@@ -75,9 +75,9 @@ bench: $(STAMP)
 bench-overlap: $(STAMP)
 	$(BIN)/python benchmarks/overlap.py --mpirun $(MPIRUN)
 
-# measurement fidelity: tcp and mpi bulk GB/s next to plain socket / mpi4py references, ratio per size
+# measurement fidelity: every path's bulk and paged GB/s next to plain library references, ratio per size
 bench-fidelity: $(STAMP)
-	$(BIN)/python benchmarks/fidelity.py --mpirun $(MPIRUN) $(if $(QUICK),--quick) $(if $(CACHE),--cache $(CACHE))
+	$(BIN)/python benchmarks/fidelity.py --mpirun $(MPIRUN) $(if $(QUICK),--quick) $(if $(CACHE),--cache $(CACHE)) $(if $(AA),--aa)
 
 # engines vs their own tools: nixl, ucx, mooncake bulk and hot GB/s next to nixl_reference, ucx_perftest,
 # transfer_engine_bench; then nixl bulk vs nixl_reference on 4k and thp pages (the same scattered 1 MiB blocks)

@@ -32,8 +32,13 @@ leaves each side's caches as its own work between iterations leaves them.
 The model is MLA with a 512-wide fp16 latent and no RoPE part: 1 KiB per token
 per layer, so a request of SIZE/1024 tokens has SIZE bytes per layer.
 
-    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 5] [--cache warm|as-is] \\
-        [-n 20 | --budget 256 --max-iters 400]
+``--aa`` is the control: the reference against itself, in kvbench's place, with
+the same pairing and table.  The rows two identical programs miss are what
+this machine's noise alone makes any program miss; kvbench's misses beyond
+that count are its own.
+
+    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 6] [--cache warm|as-is] \\
+        [-n 20 | --budget 256 --max-iters 400] [--aa]
 
 This process never imports mpi4py; it launches ``mpiexec -n 2`` for each run.
 Exit code 0 when every run finished (the targets are reported, not enforced);
@@ -204,9 +209,10 @@ def main() -> int:
     ap.add_argument("--max-iters", type=int, default=MAX_ITERS,
                     help=f"most timed iterations of a size-scaled case (default {MAX_ITERS})")
     ap.add_argument("-w", "--warmup", type=int, help="warm-up iterations at every size (default 10%% of timed, >= 3)")
-    ap.add_argument("--repeat", type=int, default=5,
-                    help="kvbench/reference pairs per path (default 5: the median and the reference's own spread "
-                    "need a few on a shared machine; about 18 minutes for every path)")
+    ap.add_argument("--repeat", type=int, default=6,
+                    help="kvbench/reference pairs per path (default 6: the median and the reference's own spread "
+                    "need a few on a shared machine, and an even count starts each side first equally often; about "
+                    "25 minutes for every path)")
     ap.add_argument("--quick", action="store_true",
                     help="a short check: sizes 16 KiB and 1 MiB, one repeat (4-6 minutes at a load of 7-10 on 2 cores)")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
@@ -218,6 +224,10 @@ def main() -> int:
                          "fidelity_ref.py --cache warm, so both start from the same cache state) or as-is (what each "
                          "one's own work between iterations leaves: the reference's tight loop keeps its request "
                          "cached, kvbench's bookkeeping evicts part of it)")
+    ap.add_argument("--aa", action="store_true",
+                    help="A/A control: the reference against itself (kvbench's launch replaced by a second launch of "
+                         "the reference, same pairing and table): the share of rows that two identical programs miss "
+                         "is the method's noise floor on this machine")
     ap.add_argument("--kvbench-args", default="", help="extra kvbench run flags, e.g. \"-O mpi.prep=off\"")
     ap.add_argument("--keep", metavar="DIR", help="keep kvbench's result files under DIR (default: discarded)")
     a = ap.parse_args()
@@ -257,8 +267,9 @@ def main() -> int:
                 # each group of sizes runs on both sides back to back, so a pair sees the same phase of a shared machine
                 for g, (ss, n, w) in enumerate(groups(a.sizes, a.iters, a.warmup)):
                     outdir = os.path.join(work, f"{t}-{rep}-{g}")
-                    steps = [("kvbench", kvbench_cmd(a, mpirun, t, model, outdir, ss, n, w)),
-                             ("reference", ref_cmd(a, mpirun, t, ss, n, w))]
+                    first = ("reference A", ref_cmd(a, mpirun, t, ss, n, w)) if a.aa else \
+                        ("kvbench", kvbench_cmd(a, mpirun, t, model, outdir, ss, n, w))
+                    steps = [first, ("reference", ref_cmd(a, mpirun, t, ss, n, w))]
                     for what, cmd in steps if rep % 2 == 0 else steps[::-1]:
                         t1 = time.monotonic()
                         out = run_job(cmd, a.launch_timeout, f"{what} {t} (repeat {rep + 1})")
@@ -267,7 +278,9 @@ def main() -> int:
                               file=sys.stderr, flush=True)
                         got = kvbench_numbers(outdir) if what == "kvbench" else ref_numbers(out)
                         for key, v in got.items():
-                            (kvb if what == "kvbench" else ref).setdefault((t, *key), []).append(v)
+                            if what == "reference A":  # in kvbench's place, without its per-layer costs
+                                v = (*v, {})
+                            (ref if what == "reference" else kvb).setdefault((t, *key), []).append(v)
                 print(f"# repeat {rep + 1}/{a.repeat} {t} done ({time.monotonic() - start:.0f} s)", file=sys.stderr,
                       flush=True)
     finally:
@@ -280,6 +293,9 @@ def main() -> int:
     print(f"# bulk rows: one descriptor per layer; paged rows: random {BLOCK // KIB} KiB blocks; {LAYERS} layers per "
           f"request; size = bytes per layer; payload = size x {LAYERS}; GB = 10^9 B")
     print(f"# iterations timed/warm-up per size: {plan}; repeats={a.repeat}; cache {a.cache} on both sides")
+    if a.aa:
+        print("# A/A CONTROL: the kv columns are a second launch of the reference, not kvbench (--aa); the rows it")
+        print("#   misses are what this machine's noise alone makes two identical programs miss")
     print("# p50: request time, barrier exit -> destination knows the last byte landed, max over the two ranks,")
     print("#   the destination's time moved onto the source's clock (barrier-exit skew, ping-pong offset): one rule")
     print("#   on both sides")

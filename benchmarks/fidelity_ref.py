@@ -46,9 +46,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import mmap
+import os
 import socket
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -390,8 +392,14 @@ def main() -> int:
         print("fidelity_ref: run with exactly 2 ranks (mpiexec -n 2)", file=sys.stderr)
         return 1
     rows = []
-    for ref in refs:
-        rows += run_ref(comm, ref, a, a.ops.split(","), a.variants.split(","), engines)
+    try:
+        for ref in refs:
+            rows += run_ref(comm, ref, a, a.ops.split(","), a.variants.split(","), engines)
+    except BaseException:  # the peer would wait for this rank in its next call until the launch's timeout
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
+        os._exit(1)  # Abort can return with the mpich wheel (PLATFORM pitfall 11)
     if comm.rank == 0:
         print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} layers per request, block {a.block} B (paged), cache {CACHE}, "
               f"iters={','.join(map(str, a.iters))} warmup={','.join(map(str, a.warmup))}; GB/s = size x layers / "

@@ -34,6 +34,43 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
     assert "# barrier-exit skew" in r.stdout
 
 
+def test_fidelity_aa_control_runs_the_reference_in_kvbenchs_place():
+    r = bench("fidelity.py", "-t", "tcp", "--ops", "push", "--sizes", "16384", "--repeat", "2", "-n", "3", "-w", "1",
+              "--aa")
+    assert r.returncode == 0, r.stdout + r.stderr
+    launches = [ln.split()[1:3] for ln in r.stderr.splitlines() if ln.startswith("#   ")]
+    # two pairs, each side first once; kvbench never launched
+    assert launches == [["reference", "A"], ["reference", "tcp"], ["reference", "tcp"], ["reference", "A"]], r.stderr
+    assert "# A/A CONTROL" in r.stdout
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith("tcp ")]
+    assert [(row[2], row[9] != "nan", row[11]) for row in rows] == [("bulk", True, "nan"), ("paged", True, "nan")]
+
+
+def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
+    """A reference rank that raises aborts the job: its peer would otherwise wait in MPI until the launch timeout."""
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec: run `make install`")
+    script = tmp_path / "fail_on_rank1.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r})\n"
+        "sys.argv = ['fidelity_ref.py', '--refs', 'tcp', '--sizes', '16384', '--iters', '3', '--warmup', '1']\n"
+        "import fidelity_ref as R\n"
+        "run_ref = R.run_ref\n"
+        "def failing(comm, *a, **k):\n"
+        "    if comm.rank == 1:\n"
+        "        raise RuntimeError('injected failure on rank 1')\n"
+        "    return run_ref(comm, *a, **k)\n"
+        "R.run_ref = failing\n"
+        "sys.exit(R.main())\n")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from jobs import launch  # timeout, whole-tree kill, this job's own MPICH segments removed
+
+    rc, out = launch([exe, "-n", "2", sys.executable, str(script)], 60)
+    assert rc not in (0, 124) and "injected failure on rank 1" in out, out
+
+
 def test_fidelity_iterations_scale_with_size_and_parse_per_size():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import fidelity

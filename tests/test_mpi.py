@@ -148,7 +148,7 @@ def test_ucx_numbers_every_post_when_prepared_in_the_order_the_target_serves():
 
     import numpy as np
 
-    from kvbench.transports.ucx import _PUSH_DATA, _PUSH_HDR, UcxTransport, _tag
+    from kvbench.transports.ucx import _PUSH_DATA, _PUSH_HDR, _PUSH_PART, UcxTransport, _tag
 
     t = UcxTransport(ctx())
     t._api, t._Array = types.SimpleNamespace(UCXXTag=lambda v: v), lambda a: a
@@ -157,13 +157,14 @@ def test_ucx_numbers_every_post_when_prepared_in_the_order_the_target_serves():
     t._rows = lambda descs, col: (None, int(descs[:, 2].sum()))
     packed = np.array([[0, 0, 8], [64, 64, 8]], np.int64)  # one layer of two ranges: packed into staging
     bulk = t.one_post([np.array([[0, 0, 8]], np.int64), np.array([[64, 64, 8]], np.int64)])  # 2 layers, 1 range
-    first, second = t.prepare("push", 1, packed, 5), t.prepare("push", 1, bulk, 6)
     got = []
-    t._send = lambda peer, arr, tag: got.append(("packed", tag))
-    t._send_parts = lambda peer, msgs, tags: got.append(("bulk", tags[0])) or []
+    t._send = lambda peer, arr, tag: got.append(("message", tag))
+    t._send_parts = lambda peer, msgs, tags: got.append(("parts", tags[0])) or []
+    first, second = t.prepare("push", 1, packed, 5), t.prepare("push", 1, bulk, 6)
+    assert got == [("message", _tag(0, _PUSH_HDR, 0)), ("message", _tag(0, _PUSH_HDR, 1))]  # headers: when prepared
     t.start(second)
     t.start(first)
-    assert got == [("bulk", _tag(0, _PUSH_HDR, 1)), ("packed", _tag(0, _PUSH_HDR, 0)), ("packed", _tag(0, _PUSH_DATA, 0))]
+    assert got[2:] == [("parts", _tag(0, _PUSH_PART, 1 << 12)), ("message", _tag(0, _PUSH_DATA, 0))]
 
 
 def test_ucx_packed_requests_beyond_the_staging_cap_do_not_wait_on_each_other(kvrun):

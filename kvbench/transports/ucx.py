@@ -5,8 +5,9 @@ one-sided UCX use the ``nixl`` transport (or ``mpi``).  push: the source sends,
 the destination receives; pull: the destination sends a small request and the
 source answers with the data (one more round trip, as in any two-sided pull).
 
-A serial request's layers are one post (base.prepare_request): one header,
-then its ranges pool to pool when each layer is one range (bulk), else one
+A serial request's layers are one post (base.prepare_request): one header
+(a push sends it in ``prepare``: it says what the request is, known before its
+layers are final), then its ranges pool to pool when each layer is one range (bulk), else one
 packed message.  Scatter-gather: ucxx has no iov datatype, and ``tag_send_multi`` / one
 ``tag_send`` per block cost a Python object and a message per block, so a layer
 of n > 1 descriptors is packed into page-aligned staging with one
@@ -151,46 +152,45 @@ class UcxTransport(UcxBuffers, Transport):
         return 1 < len(descs) == self.layers_in(descs) <= 4096  # the range's index takes a tag's low 12 bits
 
     def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
-        """Every post takes its sequence number here, in the order the target serves them.  A bulk request
-        (its layers joined, one range each) is built ahead: its header, views and tags; a pull also posts its
-        receives here (the destination's own buffers: the data then never arrives unexpected), so that
-        ``start`` only sends.  A packed post reserves its staging here (a packed pull also posts its receive
-        into it); a packed push packs in ``start``, when its layers are final."""
+        """Every post takes its sequence number here, in the order the target serves them.  A push sends its
+        header here (what the request is: known before its layers are final).  A bulk request (its layers
+        joined, one range each) is built ahead: its header, views and tags; a pull also posts its receives
+        here (the destination's own buffers: the data then never arrives unexpected), so that ``start`` only
+        sends.  A packed post reserves its staging here (a packed pull also posts its receive into it); a
+        packed push packs in ``start``, when its layers are final."""
         if op not in ("push", "pull"):
             raise TransportError(f"ucx: unknown op {op}")
-        seq = self._next(op, "post", peer)
+        seq, me, hdr = self._next(op, "post", peer), self.ctx.rank, _header(tag, descs)
+        # a push's header describes the request, not its bytes: it goes now, off the timed path (one message
+        # fewer after the layers are final); the target checks it when the request's data has landed
+        hreq = self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)) if op == "push" else None
         if not self._whole(descs):  # its staging reserved here (a started post may free one), its header built
-            hdr = _header(tag, descs)
             if op == "push":  # packed in start, once the layers are final
                 if len(descs) > 1 and self._in_use + self._rows(descs, SRC)[1] > self._cap:
-                    return "packed push", peer, hdr, seq, None, None, None, descs  # start waits for a started send
-                return "packed push", peer, hdr, seq, *self._pack_area(descs, may_wait=False), descs
+                    return "packed push", peer, hdr, hreq, seq, None, None, None, descs  # start waits for a started send
+                return "packed push", peer, hdr, hreq, seq, *self._pack_area(descs, may_wait=False), descs
             data, stage, unpack = self._recv_area(descs)
             return "packed pull", peer, hdr, seq, self._recv(data, _tag(peer, _PULL_DATA, seq)), data, stage, unpack
-        me, T, hdr = self.ctx.rank, self._api.UCXXTag, _header(tag, descs)
         if op == "push":
-            msgs = [self._Array(hdr), *self._views(descs, SRC)]
-            tags = [T(_tag(me, _PUSH_HDR, seq)), *self._part_tags(me, _PUSH_PART, seq, len(descs))]
-            return "push", peer, hdr, msgs, tags
+            return "push", peer, hdr, self._views(descs, SRC), self._part_tags(me, _PUSH_PART, seq, len(descs)), [hreq]
         parts = self._recv_parts(peer, seq, descs, _PULL_PART)
-        return "pull", peer, hdr, [self._Array(hdr)], [T(_tag(me, _PULL_REQ, seq))], parts
+        return "pull", peer, hdr, [self._Array(hdr)], [self._api.UCXXTag(_tag(me, _PULL_REQ, seq))], parts
 
     def start(self, prepared):
         """Send what ``prepare`` built (a bulk pull: its request; its receives are posted)."""
-        if prepared[0] == "packed push":  # the pack, then header and data
-            _, peer, hdr, seq, data, stage, rows, descs = prepared
-            me = self.ctx.rank
+        if prepared[0] == "packed push":  # the pack, then the data (its header went in prepare)
+            _, peer, hdr, hreq, seq, data, stage, rows, descs = prepared
             if data is None:  # over the staging cap when prepared: staging once the oldest started send frees one
                 data, stage, rows = self._pack_area(descs, may_wait=True)
             self._pack_now(stage, rows)
-            reqs = [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), self._send(peer, data, _tag(me, _PUSH_DATA, seq))]
+            reqs = [hreq, self._send(peer, data, _tag(self.ctx.rank, _PUSH_DATA, seq))]
             return self._track(_Handle(reqs, (hdr, data), stage=stage, sends=True))
         if prepared[0] == "packed pull":  # its request (its receive is posted)
             _, peer, hdr, seq, recv, data, stage, unpack = prepared
             reqs = [self._send(peer, hdr, _tag(self.ctx.rank, _PULL_REQ, seq)), recv]
             return self._track(_Handle(reqs, (hdr, data), then=unpack, stage=stage))
-        _, peer, hdr, msgs, tags, *posted = prepared
-        reqs = self._send_parts(peer, msgs, tags) + (posted[0] if posted else [])  # a pull: its posted receives
+        _, peer, hdr, msgs, tags, posted = prepared
+        reqs = self._send_parts(peer, msgs, tags) + posted  # a push: its header's send; a pull: its posted receives
         return self._track(_Handle(reqs, (hdr,)))
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):

@@ -241,6 +241,8 @@ def main() -> int:
         ap.error(f"-n: at least 1; --max-iters: at least {MIN_ITERS}; -w: at least 0; --budget: above 0")
     a.iters = iterations(a.sizes, a.budget, hi=a.max_iters, fixed=a.iters)
     a.warmup = warmups(a.iters, a.warmup)
+    if a.aa and (a.kvbench_args or a.keep):
+        ap.error("--aa launches no kvbench: --kvbench-args and --keep do not apply")
     a.ops = [o for o in a.ops.split(",") if o]
     if not a.ops or any(o not in ("push", "pull") for o in a.ops):
         ap.error("--ops: push, pull")
@@ -295,7 +297,8 @@ def main() -> int:
     print(f"# iterations timed/warm-up per size: {plan}; repeats={a.repeat}; cache {a.cache} on both sides")
     if a.aa:
         print("# A/A CONTROL: the kv columns are a second launch of the reference, not kvbench (--aa); the rows it")
-        print("#   misses are what this machine's noise alone makes two identical programs miss")
+        print("#   misses are what this machine's noise alone makes two identical programs miss (no own time: a")
+        print("#   consistent miss reads not-own)")
     print("# p50: request time, barrier exit -> destination knows the last byte landed, max over the two ranks,")
     print("#   the destination's time moved onto the source's clock (barrier-exit skew, ping-pong offset): one rule")
     print("#   on both sides")

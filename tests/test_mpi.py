@@ -158,13 +158,21 @@ def test_ucx_numbers_every_post_when_prepared_in_the_order_the_target_serves():
     packed = np.array([[0, 0, 8], [64, 64, 8]], np.int64)  # one layer of two ranges: packed into staging
     bulk = t.one_post([np.array([[0, 0, 8]], np.int64), np.array([[64, 64, 8]], np.int64)])  # 2 layers, 1 range
     got = []
-    t._send = lambda peer, arr, tag: got.append(("message", tag))
-    t._send_parts = lambda peer, msgs, tags: got.append(("parts", tags[0])) or []
+    t._send = lambda peer, arr, tag: got.append(("message", tag)) or ("request", tag)
+    t._send_parts = lambda peer, msgs, tags: got.append(("parts", tags[0])) or [("request", tags[0])]
+    t._track = lambda h: h
     first, second = t.prepare("push", 1, packed, 5), t.prepare("push", 1, bulk, 6)
-    assert got == [("message", _tag(0, _PUSH_HDR, 0)), ("message", _tag(0, _PUSH_HDR, 1))]  # headers: when prepared
-    t.start(second)
-    t.start(first)
-    assert got[2:] == [("parts", _tag(0, _PUSH_PART, 1 << 12)), ("message", _tag(0, _PUSH_DATA, 0))]
+    t._cap = 0  # a third, over the staging cap when prepared: packed when started
+    third = t.prepare("push", 1, packed, 7)
+    hdrs = [("message", _tag(0, _PUSH_HDR, n)) for n in range(3)]
+    assert got == hdrs  # headers: when prepared
+    a, b, c = t.start(second), t.start(first), t.start(third)
+    assert got[3:] == [("parts", _tag(0, _PUSH_PART, 1 << 12)), ("message", _tag(0, _PUSH_DATA, 0)),
+                       ("message", _tag(0, _PUSH_DATA, 2))]
+    # each header's send stays with its request's handle (its buffer lives until the send completes)
+    assert a.reqs == [("request", hdrs[1][1]), ("request", _tag(0, _PUSH_PART, 1 << 12))]
+    assert b.reqs == [("request", hdrs[0][1]), ("request", _tag(0, _PUSH_DATA, 0))]
+    assert c.reqs == [("request", hdrs[2][1]), ("request", _tag(0, _PUSH_DATA, 2))]
 
 
 def test_ucx_packed_requests_beyond_the_staging_cap_do_not_wait_on_each_other(kvrun):

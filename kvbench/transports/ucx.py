@@ -161,18 +161,20 @@ class UcxTransport(UcxBuffers, Transport):
         if op not in ("push", "pull"):
             raise TransportError(f"ucx: unknown op {op}")
         seq, me, hdr = self._next(op, "post", peer), self.ctx.rank, _header(tag, descs)
-        # a push's header describes the request, not its bytes: it goes now, off the timed path (one message
-        # fewer after the layers are final); the target checks it when the request's data has landed
-        hreq = self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)) if op == "push" else None
+        # a push's header describes the request, not its bytes: it goes here, once the post is built, off the
+        # timed path (one message fewer after the layers are final); the target checks it when the data landed
         if not self._whole(descs):  # its staging reserved here (a started post may free one), its header built
             if op == "push":  # packed in start, once the layers are final
                 if len(descs) > 1 and self._in_use + self._rows(descs, SRC)[1] > self._cap:
-                    return "packed push", peer, hdr, hreq, seq, None, None, None, descs  # start waits for a started send
-                return "packed push", peer, hdr, hreq, seq, *self._pack_area(descs, may_wait=False), descs
+                    area = None, None, None  # start waits for a started send
+                else:
+                    area = self._pack_area(descs, may_wait=False)
+                return "packed push", peer, hdr, self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), seq, *area, descs
             data, stage, unpack = self._recv_area(descs)
             return "packed pull", peer, hdr, seq, self._recv(data, _tag(peer, _PULL_DATA, seq)), data, stage, unpack
         if op == "push":
-            return "push", peer, hdr, self._views(descs, SRC), self._part_tags(me, _PUSH_PART, seq, len(descs)), [hreq]
+            views, tags = self._views(descs, SRC), self._part_tags(me, _PUSH_PART, seq, len(descs))
+            return "push", peer, hdr, views, tags, [self._send(peer, hdr, _tag(me, _PUSH_HDR, seq))]
         parts = self._recv_parts(peer, seq, descs, _PULL_PART)
         return "pull", peer, hdr, [self._Array(hdr)], [self._api.UCXXTag(_tag(me, _PULL_REQ, seq))], parts
 
@@ -189,8 +191,11 @@ class UcxTransport(UcxBuffers, Transport):
             _, peer, hdr, seq, recv, data, stage, unpack = prepared
             reqs = [self._send(peer, hdr, _tag(self.ctx.rank, _PULL_REQ, seq)), recv]
             return self._track(_Handle(reqs, (hdr, data), then=unpack, stage=stage))
-        _, peer, hdr, msgs, tags, posted = prepared
-        reqs = self._send_parts(peer, msgs, tags) + posted  # a push: its header's send; a pull: its posted receives
+        kind, peer, hdr, msgs, tags, posted = prepared
+        sent = self._send_parts(peer, msgs, tags)
+        # the last posted first (_advance looks at it first): a push's header went before its parts, a pull's
+        # receives were posted before its request
+        reqs = posted + sent if kind == "push" else sent + posted
         return self._track(_Handle(reqs, (hdr,)))
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):

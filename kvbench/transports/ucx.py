@@ -165,10 +165,7 @@ class UcxTransport(UcxBuffers, Transport):
         # timed path (one message fewer after the layers are final); the target checks it when the data landed
         if not self._whole(descs):  # its staging reserved here (a started post may free one), its header built
             if op == "push":  # packed in start, once the layers are final
-                if len(descs) > 1 and self._in_use + self._rows(descs, SRC)[1] > self._cap:
-                    area = None, None, None  # start waits for a started send
-                else:
-                    area = self._pack_area(descs, may_wait=False)
+                area = self._push_area(descs)
                 return "packed push", peer, hdr, self._send(peer, hdr, _tag(me, _PUSH_HDR, seq)), seq, *area, descs
             data, stage, unpack = self._recv_area(descs)
             return "packed pull", peer, hdr, seq, self._recv(data, _tag(peer, _PULL_DATA, seq)), data, stage, unpack

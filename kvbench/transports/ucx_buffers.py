@@ -37,8 +37,11 @@ class UcxBuffers:
             self._staged.append(h)
         return h
 
+    def _over_cap(self, nbytes: int) -> bool:
+        return self._in_use + nbytes > self._cap
+
     def _staging(self, nbytes: int, may_wait: bool) -> np.ndarray:
-        while may_wait and self._in_use + nbytes > self._cap:
+        while may_wait and self._over_cap(nbytes):
             self._staged = [h for h in self._staged if h.stage is not None]
             sends = [h for h in self._staged if h.sends]  # never a receive: its peer may not have sent yet
             if not sends or self._in_use - sum(h.stage.nbytes for h in sends) + nbytes > self._cap:
@@ -98,6 +101,13 @@ class UcxBuffers:
         rows, total = self._rows(descs, SRC)
         stage = self._staging(total, may_wait)
         return stage[:total], stage, rows
+
+    def _push_area(self, descs):
+        """A packed push's ``_pack_area`` reserved when it is prepared, or (None, None, None) when its staging
+        would pass the cap: ``start`` reserves it then, waiting for a started send (none may be started yet)."""
+        if len(descs) > 1 and self._over_cap(self._rows(descs, SRC)[1]):
+            return None, None, None
+        return self._pack_area(descs, may_wait=False)
 
     def _pack_now(self, stage, rows) -> None:
         """The pack a two-sided path must do (data movement, as the library's call: costs.py)."""

@@ -9,8 +9,9 @@ Each timed iteration records on every rank (schedule.Iteration.cost):
 * ``notify_s``: seconds in the harness's own notifications (one-sided push completion, a pull's
   layer-ready MPI messages);
 * ``wake_s`` (per request): from the transport's landing stamp to the moment the harness's wait
-  returned (only where a transport's own thread stamps the landing; empty where the harness stamps
-  it, since the two are then the same moment).
+  returned (only where the transport stamps the landing itself, in C where the last byte was read, by
+  its receive thread or by tcp's waiting caller; empty where the harness stamps it, since the two are
+  then the same moment).
 
 Readers turn them into microseconds per layer: per (case, iteration) the largest value over the ranks,
 then the median over iterations, divided by the layers of a request (and the requests a rank posts).

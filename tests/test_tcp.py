@@ -235,64 +235,80 @@ def test_listener_is_closed_after_tcp_setup():
 
 
 def test_a_waiting_caller_reads_its_receive_itself():
-    """With the caller already waiting, the layer is read on the caller's thread (one wake-up: the landing's),
-    not on the receive thread that would then have to wake the caller."""
+    """With the caller already waiting, the layer is read on the caller's thread (the landing wakes it), not
+    on the receive thread that would then have to wake the caller."""
     a, b, pa, pb = connected_pair()
-    conn = b.conns[0]
-    readers = []
-    run = conn._do
-    conn._do = lambda job, inline=False: (readers.append(threading.get_ident()), run(job, inline))[1]
-    d = np.array([[0, 0, 200000], [300000, 600000, 8192]], dtype=np.int64)
-    h = b.serve("push", 0, d, tag=5)
-    deadline = time.monotonic() + 10
-    while conn.head is not h and time.monotonic() < deadline:  # the receive thread is at the job
-        time.sleep(0.001)
-    sender = threading.Timer(0.3, lambda: a.wait(a.post("push", 1, d, tag=5)))
-    sender.start()
-    landed = b.wait(h)
-    sender.join(10)
-    assert readers == [threading.get_ident()]  # the waiter, not the receive thread
-    assert landed <= time.perf_counter()
-    assert memory.count_wrong(pb.array, d, 0, 1) == 0
-    a.close()
-    b.close()
+    try:
+        conn = b.conns[0]
+        readers, errors = [], []
+        run = conn._do
+        conn._do = lambda job, inline=False: (readers.append(threading.get_ident()), run(job, inline))[1]
+        d = np.array([[0, 0, 200000], [300000, 600000, 8192]], dtype=np.int64)
+        h = b.serve("push", 0, d, tag=5)
+        deadline = time.monotonic() + 10
+        while getattr(conn, "head", None) is not h and time.monotonic() < deadline:  # the thread reached it
+            time.sleep(0.001)
+
+        def send():
+            try:  # once the caller has taken the job (no byte exists before), so the order is certain
+                deadline = time.monotonic() + 10
+                while not (getattr(h, "claim", None) is not None and h.claim.locked()) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                a.wait(a.post("push", 1, d, tag=5))
+            except Exception as exc:  # reported below; the closed socket ends b's read
+                errors.append(exc)
+                a.close()
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        landed = b.wait(h)
+        sender.join(10)
+        assert not errors
+        assert readers == [threading.get_ident()]  # the waiter, not the receive thread
+        assert landed is not None and memory.count_wrong(pb.array, d, 0, 1) == 0
+    finally:
+        a.close()
+        b.close()
 
 
 def test_crossed_pushes_larger_than_the_socket_buffers_do_not_deadlock():
-    """Both ranks post a push the kernel cannot buffer before either waits: each blocked send is drained by
-    the peer's receive thread, since neither caller is waiting yet to read it itself."""
+    """Both ranks post a push the kernel cannot buffer before either waits: a caller blocked in its own send
+    cannot read, so the peer's bytes must be drained by its receive thread; every byte lands."""
     host, token, n = socket.gethostname(), b"tok", 48 << 20
     ts = [TcpTransport(Context(r, 2, host, "t", token, {"addr": "127.0.0.1", "connect_timeout": 10}))
           for r in (0, 1)]
-    pools = [Pool(memory.alloc_host(n)) for _ in ts]
-    for r, p in enumerate(pools):
-        memory.fill(p.array, r)
-    metas = [t.register(p) for t, p in zip(ts, pools)]
-    th = threading.Thread(target=ts[0].connect, args=({1: metas[1]},))
-    th.start()
-    ts[1].connect({0: metas[0]})
-    th.join(15)
-    half = n // 2  # each rank sends from its first half into the peer's second half
-    d = np.array([[0, half, half]], dtype=np.int64)
-    errors = []
+    try:
+        pools = [Pool(memory.alloc_host(n)) for _ in ts]
+        for r, p in enumerate(pools):
+            memory.fill(p.array, r)
+        metas = [t.register(p) for t, p in zip(ts, pools)]
+        th = threading.Thread(target=ts[0].connect, args=({1: metas[1]},))
+        th.start()
+        ts[1].connect({0: metas[0]})
+        th.join(15)
+        assert not th.is_alive()
+        half = n // 2  # each rank sends from its first half into the peer's second half
+        d = np.array([[0, half, half]], dtype=np.int64)
+        errors = []
 
-    def rank(r):
-        try:
-            t = ts[r]
-            h = t.serve("push", 1 - r, d, tag=1)
-            t.wait(t.post("push", 1 - r, d, tag=1))  # blocks in the send until the peer's thread drains it
-            t.wait(h)
-        except Exception as exc:  # reported below
-            errors.append(exc)
+        def rank(r):
+            try:
+                t = ts[r]
+                h = t.serve("push", 1 - r, d, tag=1)
+                t.wait(t.post("push", 1 - r, d, tag=1))  # blocks in the send until the peer's thread drains it
+                t.wait(h)
+            except Exception as exc:  # reported below
+                errors.append(exc)
 
-    ranks = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
-    for x in ranks:
-        x.start()
-    for x in ranks:
-        x.join(30)
-    assert not any(x.is_alive() for x in ranks), "crossed pushes deadlocked"
-    assert not errors
-    for r, p in enumerate(pools):
-        assert memory.count_wrong(p.array, d, 1 - r, 1) == 0  # the peer's bytes, every one
-    for t in ts:
-        t.close()
+        ranks = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
+        for x in ranks:
+            x.start()
+        for x in ranks:
+            x.join(30)
+        assert not any(x.is_alive() for x in ranks), "crossed pushes deadlocked"
+        assert not errors
+        for r, p in enumerate(pools):
+            assert memory.count_wrong(p.array, d, 1 - r, 1) == 0  # the peer's bytes, every one
+    finally:
+        for t in ts:
+            t.close()

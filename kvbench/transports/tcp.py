@@ -23,13 +23,15 @@
   blocked send waits only for its peer's receive thread, whose jobs every rank
   queues (serve) before it posts anything, so no order of posts and waits over
   several peers can deadlock (sending inside wait() could: A->B, B->C, C->A
-  with full socket buffers).  With ``poll=block`` a receive-only job goes to
-  whichever of the two comes first once the thread is at it: the thread waits
-  until its bytes start to arrive and takes it unless a caller already waits
-  for it, and such a caller reads it itself, so the landing wakes the waiter
-  directly instead of waking the thread that then wakes the waiter (a job
-  nobody waits for, say while the caller is blocked in a send, is still the
-  thread's).
+  with full socket buffers).  A receive-only job (a push's data, a pull's
+  reply) goes to whichever of the two takes it first once the thread has
+  reached it: the thread waits for its first bytes and takes it unless a
+  caller already waits for it; such a caller reads it on its own thread, so
+  the landing wakes the waiter directly instead of the receive thread, which
+  would then have to wake the waiter.  A job nobody waits for (while the
+  caller is blocked in a send, say) stays the thread's.  A serial request is
+  one job, so its waiter reads it; streaming waits for its last layer first,
+  so the thread reads the layers before it.  Not with ``poll=spin``.
 * Buffers: left to the kernel's autotuning by default, which grows them to the
   path's bandwidth-delay product up to tcp_rmem/tcp_wmem max.  Forcing them
   large was slower: llama-3-8b 4 MiB layers over loopback moved at 2.0-2.1 GB/s
@@ -59,6 +61,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import select
 import socket
@@ -166,12 +169,16 @@ class _Conn:
             self.send = lambda h, d, col: (sock.sendall(h), py_vec(sock, mv, d, col, True), time.perf_counter())[2]
             self.recv = lambda h, d, col: _py_recv(sock, mv, h, d, col)
         self.queue = queue.SimpleQueue()
-        # a waiting caller may read a receive-only job itself when it blocks anyway (poll=block): the thread
-        # only waits for the bytes to arrive and takes the job if nobody waits for it (run_waited)
-        self.head: _Job | None = None  # the job the receive thread is at: every earlier one is done
-        self.claims = poll == "block"
+        # a waiting caller may read a receive-only job itself when it would block anyway (payloads are not
+        # busy-polled): the thread waits for the bytes and takes the job if nobody waits for it (run_waited)
+        self.head: _Job | None = None  # the last receive-only job the thread reached: every earlier one is done
+        self.claims = poll != "spin"
+        # a caller that takes the job counts one here, so the thread leaves its poll at once rather than
+        # when the bytes arrive (or, were the caller to drain them first, when the next job's bytes do)
+        self.taken = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
         self.readable = select.poll()
         self.readable.register(self.fd, select.POLLIN | select.POLLPRI)
+        self.readable.register(self.taken, select.POLLIN)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         if ctl is not None:
@@ -197,6 +204,7 @@ class _Conn:
         receive thread, which then has to wake the waiter.  A caller that never waits (blocked in a send of
         its own, or in MPI) leaves the job to the thread, which is what keeps several peers from deadlocking."""
         if job.claim is not None and self.head is job and job.claim.acquire(blocking=False):
+            os.eventfd_write(self.taken, 1)
             self._do(job)
 
     def when_ready(self, tag: int, descs: np.ndarray) -> _Job:
@@ -246,8 +254,9 @@ class _Conn:
                 waited = None
             if job.claim is not None:
                 self.head = job
-                self.readable.poll()  # its first bytes, a hang-up or an error (the GIL released)
+                self.readable.poll()  # its first bytes, a hang-up, an error or a caller took it (the GIL released)
                 if not job.claim.acquire(blocking=False):
+                    os.eventfd_read(self.taken)  # the one count its taker adds right after taking it
                     waited = job
                     continue
             self._do(job)
@@ -261,6 +270,9 @@ class _Conn:
                 job.at = self._move(*step, hdr, descs, inline)  # when the last byte landed (or left), before anyone is woken
         except Exception as exc:
             self._failed(job, exc)
+        except BaseException:  # an interrupt in a caller's read: the stream may be mid-layer, so it ends here
+            self._failed(job, TransportError(f"tcp: interrupted while moving a layer with rank {self.peer}"))
+            raise
         finally:
             if job.done is not _DONE:
                 job.done.set()
@@ -325,6 +337,8 @@ class _Conn:
         self.fail(TransportError(f"tcp: connection to rank {self.peer} closed"))
         self.queue.put(None)
         self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            os.close(self.taken)
         if self.ctl is not None:
             self.ctl_thread.join(timeout=5)
             self.ctl.close()

@@ -14,18 +14,18 @@ from kvbench.transports.base import Context, TransportError, wait_landed
 from kvbench.transports.tcp import TcpTransport
 
 
-def pair(token=b"s3cret-token"):
+def pair(token=b"s3cret-token", nbytes=1 << 20):
     host = socket.gethostname()
     a = TcpTransport(Context(0, 2, host, "t", token, {"addr": "127.0.0.1", "connect_timeout": 10}))
     b = TcpTransport(Context(1, 2, host, "t", token, {"addr": "127.0.0.1", "connect_timeout": 10}))
-    pa, pb = Pool(memory.alloc_host(1 << 20)), Pool(memory.alloc_host(1 << 20))
+    pa, pb = Pool(memory.alloc_host(nbytes)), Pool(memory.alloc_host(nbytes))
     memory.fill(pa.array, 0)
     return a, b, pa, pb, a.register(pa), b.register(pb)
 
 
-def connected_pair():
+def connected_pair(nbytes=1 << 20):
     """Two transports on loopback, connected (rank 0 accepts on a thread while rank 1 dials)."""
-    a, b, pa, pb, ma, mb = pair()
+    a, b, pa, pb, ma, mb = pair(nbytes=nbytes)
     th = threading.Thread(target=a.connect, args=({1: mb},))
     th.start()
     b.connect({0: ma})
@@ -274,19 +274,11 @@ def test_a_waiting_caller_reads_its_receive_itself():
 def test_crossed_pushes_larger_than_the_socket_buffers_do_not_deadlock():
     """Both ranks post a push the kernel cannot buffer before either waits: a caller blocked in its own send
     cannot read, so the peer's bytes must be drained by its receive thread; every byte lands."""
-    host, token, n = socket.gethostname(), b"tok", 48 << 20
-    ts = [TcpTransport(Context(r, 2, host, "t", token, {"addr": "127.0.0.1", "connect_timeout": 10}))
-          for r in (0, 1)]
+    n = 48 << 20
+    a, b, pa, pb = connected_pair(n)
+    ts, pools = [a, b], [pa, pb]
     try:
-        pools = [Pool(memory.alloc_host(n)) for _ in ts]
-        for r, p in enumerate(pools):
-            memory.fill(p.array, r)
-        metas = [t.register(p) for t, p in zip(ts, pools)]
-        th = threading.Thread(target=ts[0].connect, args=({1: metas[1]},))
-        th.start()
-        ts[1].connect({0: metas[0]})
-        th.join(15)
-        assert not th.is_alive()
+        memory.fill(pb.array, 1)  # pa holds rank 0's pattern
         half = n // 2  # each rank sends from its first half into the peer's second half
         d = np.array([[0, half, half]], dtype=np.int64)
         errors = []

@@ -44,7 +44,7 @@ class UcxBuffers:
         while may_wait and self._over_cap(nbytes):
             self._staged = [h for h in self._staged if h.stage is not None]
             sends = [h for h in self._staged if h.sends]  # never a receive: its peer may not have sent yet
-            if not sends or self._in_use - sum(h.stage.nbytes for h in sends) + nbytes > self._cap:
+            if not sends or self._over_cap(nbytes - sum(h.stage.nbytes for h in sends)):
                 break  # what holds the rest is receives or posts not started: waiting cannot make room
             self.wait(sends[0])  # frees the oldest started send's staging
         fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]

@@ -35,7 +35,7 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: gpu-check bench-staged sysdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
+.PHONY: gpu-check bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
 
 help:
 	@sed -n '2,21p' Makefile
@@ -68,7 +68,7 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mp
 
 install: $(STAMP)
 
-bench: $(STAMP)
+bench: $(STAMP) benchdeps
 	$(MPIRUN) -n $(NP) $(BIN)/kvbench run $(SUITE) $(ARGS)
 
 # exposed time against the model over several P/T ratios (shm, tcp; push, pull; serial, streaming)
@@ -76,12 +76,12 @@ bench-overlap: $(STAMP)
 	$(BIN)/python benchmarks/overlap.py --mpirun $(MPIRUN)
 
 # measurement fidelity: every path's bulk and paged GB/s next to plain library references, ratio per size
-bench-fidelity: $(STAMP)
+bench-fidelity: $(STAMP) benchdeps
 	$(BIN)/python benchmarks/fidelity.py --mpirun $(MPIRUN) $(if $(QUICK),--quick) $(if $(CACHE),--cache $(CACHE)) $(if $(AA),--aa)
 
 # engines vs their own tools: nixl, ucx, mooncake bulk and hot GB/s next to nixl_reference, ucx_perftest,
 # transfer_engine_bench; then nixl bulk vs nixl_reference on 4k and thp pages (the same scattered 1 MiB blocks)
-bench-engines: $(STAMP)
+bench-engines: $(STAMP) benchdeps
 	$(BIN)/python benchmarks/engines.py --mpirun $(MPIRUN)
 
 # control plane: build + coalesce 1M descriptors, sorting per layer (old) vs runs from the block tables (new); < 50 ms
@@ -89,7 +89,7 @@ bench-descriptors: $(STAMP)
 	$(BIN)/python benchmarks/descriptors.py
 
 # leaks: RSS growth after warm-up < 50 MB and unchanged open file descriptors per rank, across transports
-soak: $(STAMP)
+soak: $(STAMP) benchdeps
 	$(BIN)/python benchmarks/soak.py --mpirun $(MPIRUN)
 
 # proof of the timing (needs root): two network namespaces, a veth shaped with tc tbf (RATE, default 1gbit),
@@ -100,26 +100,33 @@ selftest: $(STAMP)
 # the buyer's sweep: suites/procurement.yaml (bandwidth) and procurement-overlap.yaml (exposed time), one launch
 # each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
 # machine in words) heads the report and the plan
-procurement: $(STAMP)
+procurement: $(STAMP) benchdeps
 	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
 	  $(if $(LABEL),--label "$(LABEL)")
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# system packages that tests and benches use where present: chromium (the report page's rendering test),
-# iperf3 (selftest's reference), iproute2 (selftest's namespaces and tc). Installed when root with apt-get;
-# otherwise the tests that need them skip and say which package is missing.
-SYSPKGS ?= chromium iperf3 iproute2
-sysdeps:
-	@missing=$$(for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done 2>/dev/null); \
+# system packages, installed when root with apt-get; otherwise what needs one skips (a test) or reports its row
+# unavailable (a bench), naming the package. The benches need libibverbs1 (Mooncake's wheel links it even without
+# an RDMA device); the tests also chromium (the report page's rendering test), iperf3 and iproute2 (selftest's
+# reference, namespaces and tc).
+BENCHPKGS ?= libibverbs1
+SYSPKGS ?= chromium iperf3 iproute2 $(BENCHPKGS)
+define install_pkgs
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done 2>/dev/null); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing system packages: $$missing"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1; } || \
-	  echo "warning: could not install $$missing; the tests that need them will skip, saying so" >&2; \
-	else echo "note: not installed: $$missing (needs root and apt-get); the tests that need them will skip" >&2; fi
+	  echo "warning: could not install $$missing; what needs them will skip or report unavailable, saying so" >&2; \
+	else echo "note: not installed: $$missing (needs root and apt-get); what needs them will skip or report unavailable" >&2; fi
+endef
+sysdeps:
+	$(call install_pkgs,$(SYSPKGS))
+benchdeps:
+	$(call install_pkgs,$(BENCHPKGS))
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvbench tests

@@ -68,7 +68,7 @@ sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout w
 sys.path.insert(0, HERE)
 
 import native_tools as nt  # noqa: E402  (subprocess only: ucx_perftest, transfer_engine_bench)
-from jobs import LIVE, descendants, kill_tree, launch  # noqa: E402
+from jobs import LIVE, availability, descendants, kill_tree, launch  # noqa: E402
 
 from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
 
@@ -90,18 +90,6 @@ def _kill_live() -> None:
 
 
 # ----- availability -------------------------------------------------------------------------
-def availability(kv: list[str], engines: list[str]) -> dict[str, str | None]:
-    """engine -> None when kvbench can run it here, else the reason (from ``kvbench list``)."""
-    rc, out = launch(kv + ["list"], 60)
-    got: dict[str, str | None] = {}
-    for line in out.splitlines():
-        m = re.match(r"^\s+(\S+)\s+(available|unavailable: .*)$", line)
-        if m and m.group(1) in engines:
-            got[m.group(1)] = None if m.group(2) == "available" else m.group(2).split(": ", 1)[1]
-    return {e: got.get(e, f"kvbench list failed (exit {rc})" if rc else "not listed by kvbench list")
-            for e in engines}
-
-
 def native_missing(engine: str) -> str | None:
     site = nt._site()
     exe = {"nixl": None, "ucx": os.path.join(site, "libucx", "bin", "ucx_perftest"),

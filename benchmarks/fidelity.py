@@ -66,7 +66,7 @@ sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout w
 from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
 
 sys.path.insert(0, HERE)
-from jobs import launch  # noqa: E402
+from jobs import availability, launch  # noqa: E402
 
 KIB = 1024
 LAYERS = 16
@@ -109,10 +109,14 @@ def run_job(cmd: list[str], timeout: float, label: str) -> str:
     sys.exit(f"fidelity: {label} failed (exit {rc}): {shlex.join(cmd)}\n{tail}")
 
 
+def kvbench_exe() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "kvbench")
+    return [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "kvbench"]
+
+
 def kvbench_cmd(a, mpirun: list[str], transport: str, model: str, outdir: str, sizes: list[int], iters: int,
                 warmup: int) -> list[str]:
-    exe = os.path.join(os.path.dirname(sys.executable), "kvbench")
-    kv = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "kvbench"]
+    kv = kvbench_exe()
     tokens = ",".join(str(s // KIB) for s in sizes)
     # the custom model comes from a YAML file: with --layers/--kv-lora-rank flags only rank 0
     # registers it and the other rank fails to validate the suite
@@ -251,6 +255,13 @@ def main() -> int:
         ap.error(f"--transports: {', '.join(PATHS)}")
     mpirun = shlex.split(a.mpirun)
     start = time.monotonic()
+    # a path this machine lacks (a library or system package missing) is reported, not a failed run
+    missing = {t: r for t, r in availability(kvbench_exe(), transports).items() if r}
+    for t, r in missing.items():
+        print(f"fidelity: {t} unavailable: {r}; its rows are left out", file=sys.stderr, flush=True)
+    transports = [t for t in transports if t not in missing]
+    if not transports:
+        sys.exit("fidelity: none of the paths asked for is available here (above: why)")
 
     work = a.keep or tempfile.mkdtemp(prefix="kvbench-fidelity-")
     os.makedirs(work, exist_ok=True)
@@ -299,6 +310,8 @@ def main() -> int:
         print("# A/A CONTROL: the kv columns are a second launch of the reference, not kvbench (--aa); the rows it")
         print("#   misses are what this machine's noise alone makes two identical programs miss (no own time: a")
         print("#   consistent miss reads not-own)")
+    for t, r in missing.items():
+        print(f"# {t} unavailable: {r}; its rows are left out")
     print("# p50: request time, barrier exit -> destination knows the last byte landed, max over the two ranks,")
     print("#   the destination's time moved onto the source's clock (barrier-exit skew, ping-pong offset): one rule")
     print("#   on both sides")

@@ -7,6 +7,7 @@ followed through /proc as a process tree instead, and killed whole.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,3 +69,15 @@ def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
         kill_tree(None, tree)
     remove_orphan_segments(mine)
     return rc, (out or "") + "".join(chunks)
+
+
+def availability(kv: list[str], names: list[str]) -> dict[str, str | None]:
+    """transport or engine -> None when kvbench can run it here, else the reason (from ``kvbench list``)."""
+    rc, out = launch(kv + ["list"], 60)
+    got: dict[str, str | None] = {}
+    for line in out.splitlines():
+        m = re.match(r"^\s+(\S+)\s+(available|unavailable: .*)$", line)
+        if m and m.group(1) in names:
+            got[m.group(1)] = None if m.group(2) == "available" else m.group(2).split(": ", 1)[1]
+    return {n: got.get(n, f"kvbench list failed (exit {rc})" if rc else "not listed by kvbench list")
+            for n in names}

@@ -8,12 +8,13 @@ import pytest
 from tests.conftest import ROOT, mpiexec
 
 
-def bench(script, *args, timeout=240):
+def bench(script, *args, timeout=240, env=None):
     exe = mpiexec()
     if exe is None:
         pytest.skip("no mpiexec: run `make install`")
     return subprocess.run([sys.executable, os.path.join("benchmarks", script), "--mpirun", exe, *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
@@ -29,9 +30,24 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
         for gbps, us in ((row[5], row[7]), (row[6], row[8])):
             assert float(us) == pytest.approx(16 * 65536 / float(gbps) / 1e3, rel=0.05)
     assert all(float(row[11]) >= 0 and row[-1] in ("ok", "noise", "not-own", "MISS") for row in rows)
-    assert all(0 <= float(row[-3]) < 100 and row[-2] == "0" for row in rows)  # own%; one repeat: no spread
+    # own%: no upper bound holds on a busy machine (a pull source preempted inside its signal's write for the
+    # whole request reads near 100%); one repeat: no spread
+    assert all(float(row[-3]) >= 0 and row[-2] == "0" for row in rows)
     assert "64 KiB 3/1" in r.stdout  # -n/-w: that many at every size
     assert "# barrier-exit skew" in r.stdout
+
+
+def test_fidelity_reports_an_unavailable_path_and_runs_the_others():
+    # mooncake registered to a module that does not exist: kvbench lists it unavailable, saying why
+    r = bench("fidelity.py", "-t", "mooncake,tcp", "--ops", "push", "--sizes", "16384", "--repeat", "1", "-n", "3",
+              "-w", "1", env={"KVBENCH_TRANSPORTS": "mooncake=kvbench_no_such_module:Engine"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "# mooncake unavailable: not implemented in this version of kvbench; its rows are left out" in r.stdout
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith(("tcp ", "mooncake "))]
+    assert sorted((row[0], row[2]) for row in rows) == [("tcp", "bulk"), ("tcp", "paged")]
+    alone = bench("fidelity.py", "-t", "mooncake", "--ops", "push", "--sizes", "16384", "--repeat", "1",
+                  env={"KVBENCH_TRANSPORTS": "mooncake=kvbench_no_such_module:Engine"})
+    assert alone.returncode != 0 and "none of the paths asked for is available" in alone.stderr
 
 
 def test_fidelity_aa_control_runs_the_reference_in_kvbenchs_place():

@@ -8,7 +8,8 @@ pre-faulted pool (kvbench's layer-major pools at --pool-factor 2), as
 
 * ``bulk``: one descriptor per layer at the start of its span (kvbench's bulk rows);
 * ``paged``: SIZE / BLOCK blocks of BLOCK bytes per layer at random places of its
-  span, chosen independently on both sides (kvbench's paged rows, random allocation).
+  span, chosen independently on both sides and listed in that random order on both
+  (kvbench's paged rows: random allocation, block tables in request order).
 
 An iteration starts when a barrier ends; each rank stops its clock when its part
 is done and the destination's part ends when it knows the bytes landed (its own
@@ -80,7 +81,8 @@ def descriptors(size: int, block: int, layers: int, variant: str, seed: int) -> 
     rng, per, out = np.random.default_rng(seed), size // block, []
     for j in range(layers):
         span = j * 2 * size
-        src = np.sort(rng.choice(2 * per, per, replace=False)) * block + span
+        # unsorted, as kvbench lists them: a source read in ascending order is faster than its rows
+        src = rng.choice(2 * per, per, replace=False) * block + span
         dst = rng.choice(2 * per, per, replace=False) * block + span
         out.append(np.stack([src, dst, np.full(per, block, np.int64)], 1))
     return np.concatenate(out)

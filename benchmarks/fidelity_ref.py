@@ -4,7 +4,8 @@ What ``benchmarks/fidelity.py`` divides kvbench's numbers by.  Each reference
 moves what one kvbench request moves, from rank 0's pool (the prefill, the
 source) into rank 1's (the decode, the destination): LAYERS layers of SIZE
 bytes, each layer in its own span of 2 x SIZE bytes of a page-aligned,
-pre-faulted pool (kvbench's layer-major pools at --pool-factor 2), as
+pre-faulted pool (kvbench's layer-major pools at --pool-factor 2; with several
+--sizes, 2 x the largest, as kvbench sizes one launch's pool), as
 
 * ``bulk``: one descriptor per layer at the start of its span (kvbench's bulk rows);
 * ``paged``: SIZE / BLOCK blocks of BLOCK bytes per layer at random places of its
@@ -73,17 +74,20 @@ def pattern(nbytes: int, salt: int) -> np.ndarray:
     return np.tile(base[:PERIOD], -(-nbytes // PERIOD))[:nbytes]
 
 
-def descriptors(size: int, block: int, layers: int, variant: str, seed: int) -> np.ndarray:
-    """(n, 3) int64 [src offset, dst offset, bytes], layer by layer; every offset a multiple of the block."""
+def descriptors(size: int, block: int, layers: int, variant: str, seed: int, span: int | None = None) -> np.ndarray:
+    """(n, 3) int64 [src offset, dst offset, bytes], layer by layer; every offset a multiple of the block.  Layer j
+    lives in [j x span, (j + 1) x span), span 2 x SIZE unless given: kvbench sizes its pool for the largest request
+    of a launch, so the smaller sizes of that launch spread over the larger spans."""
+    span = 2 * size if span is None else span
     if variant == "bulk":
-        offs = np.arange(layers, dtype=np.int64) * 2 * size
+        offs = np.arange(layers, dtype=np.int64) * span
         return np.stack([offs, offs, np.full(layers, size, np.int64)], 1)
-    rng, per, out = np.random.default_rng(seed), size // block, []
+    rng, per, places, out = np.random.default_rng(seed), size // block, span // block, []
     for j in range(layers):
-        span = j * 2 * size
+        base = j * span
         # unsorted, as kvbench lists them: a source read in ascending order is faster than its rows
-        src = rng.choice(2 * per, per, replace=False) * block + span
-        dst = rng.choice(2 * per, per, replace=False) * block + span
+        src = rng.choice(places, per, replace=False) * block + base
+        dst = rng.choice(places, per, replace=False) * block + base
         out.append(np.stack([src, dst, np.full(per, block, np.int64)], 1))
     return np.concatenate(out)
 
@@ -315,7 +319,7 @@ def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
     for op in ops:
         for variant in variants:
             for size, iters, warmup in zip(a.sizes, a.iters, a.warmup):
-                d = descriptors(size, min(a.block, size), a.layers, variant, a.seed + size)
+                d = descriptors(size, min(a.block, size), a.layers, variant, a.seed + size, 2 * max(a.sizes))
                 src = pattern(nbytes, size % 251)
                 buf[:] = src if comm.rank == 0 else 0
                 if win is not None:

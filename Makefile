@@ -73,16 +73,16 @@ bench: $(STAMP) benchdeps
 
 # exposed time against the model over several P/T ratios (shm, tcp; push, pull; serial, streaming)
 bench-overlap: $(STAMP)
-	$(BIN)/python benchmarks/overlap.py --mpirun $(MPIRUN)
+	$(BIN)/python benchmarks/overlap.py --mpirun "$(MPIRUN)"
 
 # measurement fidelity: every path's bulk and paged GB/s next to plain library references, ratio per size
 bench-fidelity: $(STAMP) benchdeps
-	$(BIN)/python benchmarks/fidelity.py --mpirun $(MPIRUN) $(if $(QUICK),--quick) $(if $(CACHE),--cache $(CACHE)) $(if $(AA),--aa)
+	$(BIN)/python benchmarks/fidelity.py --mpirun "$(MPIRUN)" $(if $(QUICK),--quick) $(if $(CACHE),--cache $(CACHE)) $(if $(AA),--aa)
 
 # engines vs their own tools: nixl, ucx, mooncake bulk and hot GB/s next to nixl_reference, ucx_perftest,
 # transfer_engine_bench; then nixl bulk vs nixl_reference on 4k and thp pages (the same scattered 1 MiB blocks)
 bench-engines: $(STAMP) benchdeps
-	$(BIN)/python benchmarks/engines.py --mpirun $(MPIRUN)
+	$(BIN)/python benchmarks/engines.py --mpirun "$(MPIRUN)"
 
 # control plane: build + coalesce 1M descriptors, sorting per layer (old) vs runs from the block tables (new); < 50 ms
 bench-descriptors: $(STAMP)
@@ -90,7 +90,7 @@ bench-descriptors: $(STAMP)
 
 # leaks: RSS growth after warm-up < 50 MB and unchanged open file descriptors per rank, across transports
 soak: $(STAMP) benchdeps
-	$(BIN)/python benchmarks/soak.py --mpirun $(MPIRUN)
+	$(BIN)/python benchmarks/soak.py --mpirun "$(MPIRUN)"
 
 # proof of the timing (needs root): two network namespaces, a veth shaped with tc tbf (RATE, default 1gbit),
 # one rank in each; bulk GB/s against iperf3 and the shaped rate, a streaming row against the model
@@ -101,7 +101,7 @@ selftest: $(STAMP)
 # each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
 # machine in words) heads the report and the plan
 procurement: $(STAMP) benchdeps
-	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
+	$(BIN)/python benchmarks/procurement.py --mpirun "$(MPIRUN)" --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
 	  $(if $(LABEL),--label "$(LABEL)")
 
 test: $(STAMP) sysdeps
@@ -137,7 +137,7 @@ clean-results:
 # codecs on the path: shm, tcp over loopback, tcp over a shaped veth (root; RATE, default 1gbit): effective GB/s
 # measured next to the model's prediction and break-even link rates (docs/codecs.md)
 bench-codecs: $(STAMP)
-	$(BIN)/python benchmarks/codecs.py --mpirun $(MPIRUN) --rate $(or $(RATE),1gbit)
+	$(BIN)/python benchmarks/codecs.py --mpirun "$(MPIRUN)" --rate $(or $(RATE),1gbit)
 
 # the GPU half on a GPU machine, bare or not: that machine's own python with the packages a CUDA image ships
 # (torch; cupy when present), the C extension built in place, no network; MPI only for the harness rows.
@@ -148,4 +148,4 @@ gpu-check:
 
 # staged over tcp on torch-cpu pools: the pipeline against -O pipeline=off, alternating launches, per-stage times
 bench-staged: $(STAMP)
-	$(BIN)/python benchmarks/staged.py --mpirun $(MPIRUN) $(ARGS)
+	$(BIN)/python benchmarks/staged.py --mpirun "$(MPIRUN)" $(ARGS)

@@ -67,15 +67,17 @@ def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
     exe = mpiexec()
     if exe is None:
         pytest.skip("no mpiexec: run `make install`")
-    script = tmp_path / "fail_on_rank1.py"
+    script, segs = tmp_path / "fail_on_rank1.py", tmp_path / "segments"
     script.write_text(
-        "import sys\n"
+        "import os, sys\n"
         f"sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r})\n"
         "sys.argv = ['fidelity_ref.py', '--refs', 'tcp', '--sizes', '16384', '--iters', '3', '--warmup', '1']\n"
         "import fidelity_ref as R\n"
         "run_ref = R.run_ref\n"
         "def failing(comm, *a, **k):\n"
         "    if comm.rank == 1:\n"
+        "        from kvbench.procs import mpich_segments\n"
+        f"        open({str(segs)!r}, 'w').write(' '.join(mpich_segments([os.getpid()])))\n"
         "        raise RuntimeError('injected failure on rank 1')\n"
         "    return run_ref(comm, *a, **k)\n"
         "R.run_ref = failing\n"
@@ -83,8 +85,13 @@ def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from jobs import launch  # timeout, whole-tree kill, this job's own MPICH segments removed
 
+    from kvbench.procs import remove_orphan_segments
+
     rc, out = launch([exe, "-n", "2", sys.executable, str(script)], 60)
+    # an abort faster than launch's poll leaves MPICH's segment unrecorded there: the failing rank named it
+    remove_orphan_segments(segs.read_text().split() if segs.exists() else [])
     assert rc not in (0, 124) and "injected failure on rank 1" in out, out
+    assert not [n for n in (segs.read_text().split() if segs.exists() else []) if os.path.exists(f"/dev/shm/{n}")]
 
 
 def test_fidelity_iterations_scale_with_size_and_parse_per_size():

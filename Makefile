@@ -73,7 +73,7 @@ bench: $(STAMP) benchdeps
 
 # exposed time against the model over several P/T ratios (shm, tcp; push, pull; serial, streaming)
 bench-overlap: $(STAMP)
-	$(BIN)/python benchmarks/overlap.py --mpirun "$(MPIRUN)"
+	$(BIN)/python benchmarks/overlap.py --mpirun $(MPIRUN)
 
 # measurement fidelity: every path's bulk and paged GB/s next to plain library references, ratio per size
 bench-fidelity: $(STAMP) benchdeps
@@ -90,7 +90,7 @@ bench-descriptors: $(STAMP)
 
 # leaks: RSS growth after warm-up < 50 MB and unchanged open file descriptors per rank, across transports
 soak: $(STAMP) benchdeps
-	$(BIN)/python benchmarks/soak.py --mpirun "$(MPIRUN)"
+	$(BIN)/python benchmarks/soak.py --mpirun $(MPIRUN)
 
 # proof of the timing (needs root): two network namespaces, a veth shaped with tc tbf (RATE, default 1gbit),
 # one rank in each; bulk GB/s against iperf3 and the shaped rate, a streaming row against the model
@@ -101,7 +101,7 @@ selftest: $(STAMP)
 # each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
 # machine in words) heads the report and the plan
 procurement: $(STAMP) benchdeps
-	$(BIN)/python benchmarks/procurement.py --mpirun "$(MPIRUN)" --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
+	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
 	  $(if $(LABEL),--label "$(LABEL)")
 
 test: $(STAMP) sysdeps
@@ -109,12 +109,12 @@ test: $(STAMP) sysdeps
 
 # system packages, installed when root with apt-get; otherwise what needs one skips (a test) or reports its row
 # unavailable (a bench), naming the package. The benches need libibverbs1 (Mooncake's wheel links it even without
-# an RDMA device); the tests also chromium (the report page's rendering test), iperf3 and iproute2 (selftest's
-# reference, namespaces and tc).
+# an RDMA device; not checked where the library is already there or ENGINES=0); the tests also chromium (the report
+# page's rendering test), iperf3 and iproute2 (selftest's reference, namespaces and tc).
 BENCHPKGS ?= libibverbs1
 SYSPKGS ?= chromium iperf3 iproute2 $(BENCHPKGS)
-define install_pkgs
-	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done 2>/dev/null); \
+sysdeps:
+	@missing=$$(for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done 2>/dev/null); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing system packages: $$missing"; \
@@ -122,11 +122,10 @@ define install_pkgs
 	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1; } || \
 	  echo "warning: could not install $$missing; what needs them will skip or report unavailable, saying so" >&2; \
 	else echo "note: not installed: $$missing (needs root and apt-get); what needs them will skip or report unavailable" >&2; fi
-endef
-sysdeps:
-	$(call install_pkgs,$(SYSPKGS))
+
 benchdeps:
-	$(call install_pkgs,$(BENCHPKGS))
+	@[ "$(ENGINES)" = 0 ] || ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || \
+	  $(MAKE) --no-print-directory sysdeps SYSPKGS="$(BENCHPKGS)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvbench tests
@@ -137,7 +136,7 @@ clean-results:
 # codecs on the path: shm, tcp over loopback, tcp over a shaped veth (root; RATE, default 1gbit): effective GB/s
 # measured next to the model's prediction and break-even link rates (docs/codecs.md)
 bench-codecs: $(STAMP)
-	$(BIN)/python benchmarks/codecs.py --mpirun "$(MPIRUN)" --rate $(or $(RATE),1gbit)
+	$(BIN)/python benchmarks/codecs.py --mpirun $(MPIRUN) --rate $(or $(RATE),1gbit)
 
 # the GPU half on a GPU machine, bare or not: that machine's own python with the packages a CUDA image ships
 # (torch; cupy when present), the C extension built in place, no network; MPI only for the harness rows.
@@ -148,4 +147,4 @@ gpu-check:
 
 # staged over tcp on torch-cpu pools: the pipeline against -O pipeline=off, alternating launches, per-stage times
 bench-staged: $(STAMP)
-	$(BIN)/python benchmarks/staged.py --mpirun "$(MPIRUN)" $(ARGS)
+	$(BIN)/python benchmarks/staged.py --mpirun $(MPIRUN) $(ARGS)

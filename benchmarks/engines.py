@@ -68,7 +68,7 @@ sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout w
 sys.path.insert(0, HERE)
 
 import native_tools as nt  # noqa: E402  (subprocess only: ucx_perftest, transfer_engine_bench)
-from jobs import LIVE, availability, descendants, kill_tree, launch  # noqa: E402
+from jobs import LIVE, availability, descendants, kill_tree, kvbench_exe, launch  # noqa: E402
 
 from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
 
@@ -408,8 +408,7 @@ def main() -> int:
     if a.layers < 1 or a.repeat < 1:
         ap.error("--layers and --repeat must be >= 1")
     mpirun = shlex.split(a.mpirun)
-    exe = os.path.join(os.path.dirname(sys.executable), "kvbench")
-    kv = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "kvbench"]
+    kv = kvbench_exe()
     start, load0 = time.monotonic(), os.getloadavg()
     atexit.register(_kill_live)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

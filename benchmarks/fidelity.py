@@ -66,7 +66,7 @@ sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout w
 from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
 
 sys.path.insert(0, HERE)
-from jobs import availability, launch  # noqa: E402
+from jobs import availability, kvbench_exe, launch  # noqa: E402
 
 KIB = 1024
 LAYERS = 16
@@ -107,11 +107,6 @@ def run_job(cmd: list[str], timeout: float, label: str) -> str:
         return out
     tail = "\n".join(out.strip().splitlines()[-15:])
     sys.exit(f"fidelity: {label} failed (exit {rc}): {shlex.join(cmd)}\n{tail}")
-
-
-def kvbench_exe() -> list[str]:
-    exe = os.path.join(os.path.dirname(sys.executable), "kvbench")
-    return [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "kvbench"]
 
 
 def kvbench_cmd(a, mpirun: list[str], transport: str, model: str, outdir: str, sizes: list[int], iters: int,

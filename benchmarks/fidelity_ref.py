@@ -378,6 +378,9 @@ def main() -> int:
     CACHE = a.cache
     EVICT = np.zeros(a.evict << 20, np.uint8) if a.evict > 0 else None
     a.sizes = [int(s) for s in a.sizes.split(",")]
+    # every block (min(block, size) bytes) must start at a multiple of its length, in spans of 2 x the largest size
+    if a.block < 1 or any(s < 1 or s % min(a.block, s) or 2 * max(a.sizes) % min(a.block, s) for s in a.sizes):
+        raise SystemExit("fidelity_ref: --sizes: each a multiple of --block, or smaller and dividing 2 x the largest")
     a.iters, a.warmup = per_size(a.iters, a.sizes, "iters"), per_size(a.warmup, a.sizes, "warmup")
     if min(a.iters) < 1:
         raise SystemExit("fidelity_ref: --iters: at least 1 per size")

@@ -39,8 +39,9 @@ def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
 
     MPICH leaves /dev/shm/mpich_shm_* behind when ranks die without finishing
     (PLATFORM pitfall 8).  The segments this job's ranks map are recorded while
-    it runs; those still on disk and mapped by nobody once it is gone are removed.
-    Other jobs' segments are never touched.
+    it runs (polled every 10 ms at first, then every 250 ms: a job that dies within
+    its first poll can still leave one unseen); those still on disk and mapped by
+    nobody once it is gone are removed.  Other jobs' segments are never touched.
     """
     try:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -50,14 +51,15 @@ def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
     LIVE.add(p.pid)
     mine: set[str] = set()
     tree: dict[int, int] = {}
-    deadline, chunks = time.monotonic() + timeout, []
+    deadline, chunks, poll = time.monotonic() + timeout, [], 0.01
     while True:
         tree.update(descendants(p.pid))
         mine |= shm_of(tree)
         try:
-            out, _ = p.communicate(timeout=0.25)
+            out, _ = p.communicate(timeout=poll)
             break
         except subprocess.TimeoutExpired:
+            poll = min(0.25, 2 * poll)  # often at first: a job that fails at once maps its segments briefly
             if time.monotonic() > deadline:
                 kill_tree(p.pid, tree)
                 out, _ = p.communicate()
@@ -69,6 +71,12 @@ def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
         kill_tree(None, tree)
     remove_orphan_segments(mine)
     return rc, (out or "") + "".join(chunks)
+
+
+def kvbench_exe() -> list[str]:
+    """The command that runs kvbench from this interpreter's environment (its script, else ``python -m``)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "kvbench")
+    return [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "kvbench"]
 
 
 def availability(kv: list[str], names: list[str]) -> dict[str, str | None]:

@@ -85,7 +85,7 @@ def descriptors(size: int, block: int, layers: int, variant: str, seed: int, spa
     rng, per, places, out = np.random.default_rng(seed), size // block, span // block, []
     for j in range(layers):
         base = j * span
-        # unsorted, as kvbench lists them: a source read in ascending order is faster than its rows
+        # unsorted, as kvbench lists them: sorted, the source would read ascending, faster than kvbench does
         src = rng.choice(places, per, replace=False) * block + base
         dst = rng.choice(places, per, replace=False) * block + base
         out.append(np.stack([src, dst, np.full(per, block, np.int64)], 1))

@@ -306,7 +306,8 @@ def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
     """Every (op, variant, size) of one reference: rows (ref, op, variant, size, iters, p50 s, skew s) on rank 0."""
     global WARM
     out = []
-    nbytes = 2 * max(a.sizes) * a.layers
+    span = 2 * max(a.sizes)  # every size's layers in the spans of the largest, as kvbench's one pool per launch
+    nbytes = span * a.layers
     win = None
     if ref == "mpi":
         win = MPI.Win.Allocate(nbytes, 1, MPI.INFO_NULL, comm)
@@ -319,7 +320,7 @@ def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
     for op in ops:
         for variant in variants:
             for size, iters, warmup in zip(a.sizes, a.iters, a.warmup):
-                d = descriptors(size, min(a.block, size), a.layers, variant, a.seed + size, 2 * max(a.sizes))
+                d = descriptors(size, min(a.block, size), a.layers, variant, a.seed + size, span)
                 src = pattern(nbytes, size % 251)
                 buf[:] = src if comm.rank == 0 else 0
                 if win is not None:

@@ -40,14 +40,14 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
 
 def test_fidelity_reports_an_unavailable_path_and_runs_the_others():
     # mooncake registered to a module that does not exist: kvbench lists it unavailable, saying why
+    gone = {"KVBENCH_TRANSPORTS": "mooncake=kvbench_no_such_module:Engine"}
     r = bench("fidelity.py", "-t", "mooncake,tcp", "--ops", "push", "--sizes", "16384", "--repeat", "1", "-n", "3",
-              "-w", "1", env={"KVBENCH_TRANSPORTS": "mooncake=kvbench_no_such_module:Engine"})
+              "-w", "1", env=gone)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "# mooncake unavailable: not implemented in this version of kvbench; its rows are left out" in r.stdout
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith(("tcp ", "mooncake "))]
     assert sorted((row[0], row[2]) for row in rows) == [("tcp", "bulk"), ("tcp", "paged")]
-    alone = bench("fidelity.py", "-t", "mooncake", "--ops", "push", "--sizes", "16384", "--repeat", "1",
-                  env={"KVBENCH_TRANSPORTS": "mooncake=kvbench_no_such_module:Engine"})
+    alone = bench("fidelity.py", "-t", "mooncake", "--ops", "push", "--sizes", "16384", "--repeat", "1", env=gone)
     assert alone.returncode != 0 and "none of the paths asked for is available" in alone.stderr
 
 

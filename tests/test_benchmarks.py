@@ -144,11 +144,15 @@ def test_fidelity_reference_warms_exactly_the_lines_kvbench_warms():
     from kvbench import _native
 
     d = np.array([[0, 4096, 4096], [8192, 0, 1000], [65568, 32768, 64]], np.int64)  # the last: two lines, mid-line
-    src = fidelity_ref.lines(d, 0)
-    assert src.tolist() == [*range(0, 4096, 64), 4095, *range(8192, 9192, 64), 9191, 65568, 65631]
-    assert fidelity_ref.lines(d, 1).tolist() == [*range(4096, 8192, 64), 8191, *range(0, 1000, 64), 999, 32768, 32831]
-    buf = np.arange(1 << 17, dtype=np.int64).astype(np.uint8)  # kvbench's touch reads the same bytes
-    assert int(buf[src].astype(np.int64).sum()) == _native.touch(buf, d, 0)
+    src = [*range(0, 4096, 64), 4095, *range(8192, 9192, 64), 9191, 65568, 65631]
+    dst = [*range(4096, 8192, 64), 8191, *range(0, 1000, 64), 999, 32768, 32831]
+    buf = np.arange(1 << 17, dtype=np.int64).astype(np.uint8)
+    for col, want in ((0, src), (1, dst)):  # the reference reads these bytes, as kvbench's touch does ...
+        ranges = [(o, n) for o, n in d[:, [col, 2]].tolist()]
+        assert fidelity_ref.touch(buf, ranges) == int(buf[want].astype(np.int64).sum()) == _native.touch(buf, d, col)
+        elsewhere = np.ones_like(buf)
+        elsewhere[want] = 0
+        assert fidelity_ref.touch(elsewhere, ranges) == 0  # ... and no other byte of the pool
 
 
 def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs():

@@ -92,6 +92,13 @@ def test_cache_flag_reaches_the_suite_and_defaults_to_as_is():
     assert build(["-t", "shm", "--cache", "cold"]).suite.cache == "cold"
 
 
+def test_a_warm_case_runs_to_the_end_unless_rounds_are_asked_for():
+    assert build(["-t", "shm", "-n", "20"]).suite.turns() == 5  # cases take turns by default ...
+    assert build(["-t", "shm", "-n", "20", "--cache", "cold"]).suite.turns() == 5
+    assert build(["-t", "shm", "-n", "20", "--cache", "warm"]).suite.turns() == 1  # ... but not a warm loop
+    assert build(["-t", "shm", "-n", "20", "--cache", "warm", "--rounds", "3"]).suite.turns() == 3
+
+
 @pytest.mark.parametrize("mode", ["warm", "cold"])
 def test_a_run_under_each_setting_moves_every_byte_and_says_so(kvrun, mode):
     r = kvrun(["-t", "shm,tcp", "--op", "push,pull", "--cache", mode, *SMALL])

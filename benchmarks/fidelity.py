@@ -26,8 +26,10 @@ the reference: the same ping-pong offset, after its timed loop).
 
 Both sides start each iteration from the same cache state: by default every rank
 reads its ranges of the request just before the barrier (``--cache warm``: kvbench's
-``--cache warm``, the reference's own read of the same bytes); ``--cache as-is``
-leaves each side's caches as its own work between iterations leaves them.
+``--cache warm``, the reference's own read of the same bytes), and both run a case's
+iterations back to back (kvbench's default under --cache warm); ``--cache as-is``
+leaves each side's caches as its own work between iterations leaves them (kvbench's
+cases then take turns, its default rounds).
 
 The model is MLA with a 512-wide fp16 latent and no RoPE part: 1 KiB per token
 per layer, so a request of SIZE/1024 tokens has SIZE bytes per layer.

@@ -170,7 +170,8 @@ def timed(comm, warmup: int, iters: int, once) -> tuple[float, float]:
             EVICT += 1
         if before is not None:
             before()
-        if WARM is not None:  # as kvbench's --cache warm: last thing before the barrier
+        if WARM is not None:  # as kvbench's --cache warm: last thing before the barrier, once both ranks are done
+            comm.Barrier()
             touch(*WARM)
         comm.Barrier()
         t0 = time.perf_counter()

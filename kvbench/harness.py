@@ -318,6 +318,9 @@ class Harness(Rows):
                 done, inside, hs, offset = self._once(m, m["next"])  # from the end of a barrier
                 t0 = itr.t0
                 total = time.perf_counter() - t0
+                # every rank done before any rank's bookkeeping (and --cache setting): a pull's source is done
+                # first, and its work would otherwise share the CPU caches with its peer's timed transfer
+                self.comm.barrier()
                 stages = s["t"].take_stages() if hasattr(s["t"], "take_stages") else None  # staged: per-stage seconds
                 m["next"] += 1  # tags stay distinct across rounds
                 stats = s["codec"].take_stats() if m["codec"] is not None else None

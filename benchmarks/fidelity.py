@@ -39,7 +39,7 @@ the same pairing and table.  The rows two identical programs miss are what
 this machine's noise alone makes any program miss; kvbench's misses beyond
 that count are its own.
 
-    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 6] [--cache warm|as-is] \\
+    python benchmarks/fidelity.py [--quick] [-t tcp,mpi,...] [--ops push,pull] [--repeat 10] [--cache warm|as-is] \\
         [-n 20 | --budget 256 --max-iters 400] [--aa]
 
 This process never imports mpi4py; it launches ``mpiexec -n 2`` for each run.
@@ -210,10 +210,10 @@ def main() -> int:
     ap.add_argument("--max-iters", type=int, default=MAX_ITERS,
                     help=f"most timed iterations of a size-scaled case (default {MAX_ITERS})")
     ap.add_argument("-w", "--warmup", type=int, help="warm-up iterations at every size (default 10%% of timed, >= 3)")
-    ap.add_argument("--repeat", type=int, default=6,
-                    help="kvbench/reference pairs per path (default 6: the median and the reference's own spread "
-                    "need a few on a shared machine, and an even count starts each side first equally often; about "
-                    "25 minutes for every path)")
+    ap.add_argument("--repeat", type=int, default=10,
+                    help="kvbench/reference pairs per path (default 10: on a shared 2-core VM the A/A control, the "
+                    "reference against itself, missed 1-9 of 120 rows with 6 pairs; an even count starts each side "
+                    "first equally often; about 20 minutes for every path there)")
     ap.add_argument("--quick", action="store_true",
                     help="a short check: sizes 16 KiB and 1 MiB, one repeat (4-6 minutes at a load of 7-10 on 2 cores)")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")

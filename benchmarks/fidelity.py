@@ -211,9 +211,9 @@ def main() -> int:
                     help=f"most timed iterations of a size-scaled case (default {MAX_ITERS})")
     ap.add_argument("-w", "--warmup", type=int, help="warm-up iterations at every size (default 10%% of timed, >= 3)")
     ap.add_argument("--repeat", type=int, default=10,
-                    help="kvbench/reference pairs per path (default 10: on a shared 2-core VM the A/A control, the "
-                    "reference against itself, missed 1-9 of 120 rows with 6 pairs; an even count starts each side "
-                    "first equally often; about 20 minutes for every path there)")
+                    help="kvbench/reference pairs per path (default 10: with fewer, a shared machine's noise alone "
+                    "makes the reference miss rows against itself, see --aa; an even count starts each side first "
+                    "equally often)")
     ap.add_argument("--quick", action="store_true",
                     help="a short check: sizes 16 KiB and 1 MiB, one repeat (4-6 minutes at a load of 7-10 on 2 cores)")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")

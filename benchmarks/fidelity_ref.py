@@ -166,12 +166,12 @@ def timed(comm, warmup: int, iters: int, once) -> tuple[float, float]:
     t0s, times = np.zeros(iters), np.zeros(iters)
     before = getattr(once, "before", None)
     for it in range(warmup + iters):
+        comm.Barrier()  # as kvbench: both ranks done with the last iteration before either prepares the next
         if EVICT is not None:
             EVICT += 1
         if before is not None:
             before()
-        if WARM is not None:  # as kvbench's --cache warm: last thing before the barrier, once both ranks are done
-            comm.Barrier()
+        if WARM is not None:  # as kvbench's --cache warm: last thing before the barrier
             touch(*WARM)
         comm.Barrier()
         t0 = time.perf_counter()

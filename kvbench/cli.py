@@ -107,8 +107,8 @@ def build_parser() -> Parser:
                         "scheduler cannot wake a receiver onto its sender's CPU; none (default): as launched")
     r.add_argument("--rounds", type=int, metavar="R",
                    help="interleave: a transport's cases take turns R times, iters/R iterations each, so a slow "
-                        "phase of a shared machine hits every row alike (default min(5, iterations), 1 with --cache warm: "
-                        "a warm loop runs one case to the end; 1: each case runs to the end)")
+                        "phase of a shared machine hits every row alike (default min(5, iterations), 1 under --cache warm; "
+                        "1: each case runs to the end)")
     r.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on rank 0's stderr: auto (when it is a terminal; MPI launchers usually give "
                    "ranks pipes, so say on), on, off")

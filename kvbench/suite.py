@@ -203,10 +203,9 @@ class Suite(BaseModel):
         return self
 
     def turns(self) -> int:
-        """Rounds in force: as given, or by default min(5, iters) (references and paged rows then share the
-        machine's slow and fast phases); 1 for a workload, and 1 under cache warm, whose promise is what a loop
-        re-sending one request measures: a case resumed after the others' turns starts from their cache state,
-        which one read of its lines does not undo where its request is about the size of the last-level cache."""
+        """Rounds in force: as given, or by default min(5, iters), so references and paged rows share the
+        machine's slow and fast phases; 1 for a workload, and 1 under cache warm, which promises what a loop
+        re-sending one request measures (a resumed case starts from the cache state the others' turns left)."""
         if self.rounds:
             return self.rounds
         return 1 if self.workload is not None or self.cache == "warm" else min(5, self.iters)

@@ -187,3 +187,5 @@ def test_a_paged_row_above_the_ceiling_by_more_than_the_spread_is_flagged():
     assert st.loc[3, "bulk_pct"] == 80.0 and not st.loc[3, "noise"]
     # per-round medians 0.5, 0.9, 0.5, 0.9: spread (0.9 - 0.5) / 0.7 = 57%; 1/0.7 = 143% is within 100 + 57
     assert round(st.loc[4, "spread_pct"]) == 57 and round(st.loc[4, "bulk_pct"]) == 143 and not st.loc[4, "noise"]
+    one = pd.DataFrame([dict(r, round=0) for r in rows(5, "bulk", [1.0, 2.0] * 4)], columns=ROW_COLUMNS)
+    assert pd.isna(summarize(one)["spread_pct"].iloc[0])  # one round: no spread measured, not a 0% one

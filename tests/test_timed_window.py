@@ -124,3 +124,42 @@ def test_tags_are_new_every_iteration_and_the_same_lists_are_reused():
     assert len(joined) == 4 and joined[:, 2].sum() == 4096
     # the joined post carries the last layer's tag, new in every iteration
     assert itr.t.tags == [(5 << 16) | 3, (6 << 16) | 3]
+
+
+def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_setting(monkeypatch):
+    """A rank done first (a pull's source) waits for its peers before it records its times or sets its caches
+    for the next iteration, so none of the harness's work runs beside a peer's timed transfer."""
+    from kvbench.harness import Harness, Options
+
+    log: list = []
+
+    class HarnessComm(Comm):
+        def bcast(self, obj, root=0):
+            return obj
+
+    class Itr:  # the iteration's transfer and the bookkeeping the harness asks of it afterwards
+        t0, order, cost, prefill_s = 0.0, [], {}, 0.0
+
+        def run(self, tag, start):
+            start()
+            log.append("transfer")
+            return [], 0.0, 0.0, 0.0
+
+        def prefill_ends(self, offset):
+            log.append("bookkeeping")
+            return {}, None
+
+    class Cache:
+        count = 0
+
+        def apply(self):
+            log.append("apply")
+            self.count += 1
+
+    h = Harness(HarnessComm(0, log), Options(iters=2, warmup=1, cache="warm"))
+    monkeypatch.setattr(h, "sample", lambda *a, **k: None)
+    case = {"transport": "recorder", "op": "pull", "model": "m", "tokens": 1, "variant": "bulk"}
+    m = {"no": 1, "case": case, "itr": Itr(), "rec": [], "next": 0, "codec": None, "cache": Cache()}
+    h.iterate(m, {"t": object()}, warmup=1, iters=2)
+    assert log == ["apply", "barrier", "transfer", "barrier", "bookkeeping"] * 3
+    assert len(m["rec"]) == 2 and m["cache_set"] == [True, True]

@@ -132,14 +132,15 @@ BULK_KEYS += ["scales"]  # v3: each fp8 scale-plane format has its own reference
 
 
 def spread_pct(df: pd.DataFrame) -> pd.Series:
-    """Per case: the interquartile range of its per-round median times, in % of their median (0 with one round)."""
+    """Per case: the interquartile range of its per-round median times, in % of their median (NaN with one round:
+    no spread to measure, where 0 would read as a steady one)."""
     ok = df[(df["status"] == "ok") & (df["iter"] >= 0) & df["round"].notna() & df["seconds"].notna()]
     if ok.empty:  # a workload's rows have no rounds
         return pd.Series(dtype=float)
     t = ok.groupby(["case", "round", "pair", "req", "iter"])["seconds"].max()
     per_round = t.groupby(["case", "round"]).median()
     q = per_round.groupby("case").quantile([0.25, 0.5, 0.75]).unstack()
-    return 100 * (q[0.75] - q[0.25]) / q[0.5]
+    return (100 * (q[0.75] - q[0.25]) / q[0.5]).where(per_round.groupby("case").size() > 1)
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

@@ -150,6 +150,12 @@ CACHE = "as-is"  # --cache warm: before each barrier, every rank reads one byte 
 WARM = None  # (pool, its (offset, length) ranges to read) of the reference timed now, under --cache warm
 
 
+def warm_ranges(d: np.ndarray, col: int) -> list[tuple[int, int]]:
+    """--cache warm: the (offset, length) ranges a rank reads (column col: 0 source, 1 destination), built once
+    per case."""
+    return [(o, n) for o, n in d[:, [col, 2]].tolist() if n > 0]
+
+
 def touch(buf: np.ndarray, ranges: list[tuple[int, int]]) -> int:
     """--cache warm: read what kvbench's touch reads of each (offset, length) range, one byte of every 64-byte
     line from its start and its last byte, through strided views: a gather through an index array would also
@@ -335,7 +341,7 @@ def run_ref(comm, ref: str, a, ops, variants, engines=None) -> list[tuple]:
                     once = sendrecv_once(comm, buf, d, op)
                 else:
                     once = engines.make_once(ref, comm, state, buf, d, op, ready)
-                WARM = (buf, [(o, n) for o, n in d[:, [comm.rank, 2]].tolist() if n > 0]) if CACHE == "warm" else None
+                WARM = (buf, warm_ranges(d, comm.rank)) if CACHE == "warm" else None
                 t, skew = timed(comm, warmup, iters, once)
                 if win is not None:
                     win.Sync()

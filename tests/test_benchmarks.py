@@ -148,7 +148,7 @@ def test_fidelity_reference_warms_exactly_the_lines_kvbench_warms():
     dst = [*range(4096, 8192, 64), 8191, *range(0, 1000, 64), 999, 32768, 32831]
     buf = np.arange(1 << 17, dtype=np.int64).astype(np.uint8)
     for col, want in ((0, src), (1, dst)):  # the reference reads these bytes, as kvbench's touch does ...
-        ranges = [(o, n) for o, n in d[:, [col, 2]].tolist()]
+        ranges = fidelity_ref.warm_ranges(d, col)
         assert fidelity_ref.touch(buf, ranges) == int(buf[want].astype(np.int64).sum()) == _native.touch(buf, d, col)
         elsewhere = np.ones_like(buf)
         elsewhere[want] = 0

@@ -128,7 +128,8 @@ benchdeps:
 	  $(MAKE) --no-print-directory sysdeps SYSPKGS="$(BENCHPKGS)"
 
 lint: $(STAMP)
-	$(BIN)/ruff check kvbench tests
+	$(BIN)/ruff check kvbench tests tools
+	$(BIN)/python tools/layout.py --check
 
 clean-results:
 	@echo "results are never deleted by make; remove results/<machine>/ files by hand if you must"

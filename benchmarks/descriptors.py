@@ -23,8 +23,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kvbench.descriptors import _layer0_coalesced, _shift_layers, coalesce, coalesced_descs, request_descs  # noqa: E402
-from kvbench.pool import BlockAllocator, Layout  # noqa: E402
+from kvbench.model.descriptors import _layer0_coalesced, _shift_layers, coalesce, coalesced_descs, request_descs  # noqa: E402
+from kvbench.model.layout import BlockAllocator, Layout  # noqa: E402
 
 LAYERS, BLOCK_TOKENS, TOKEN_BYTES = 80, 16, 8 * 128 * 2  # llama-3-70b: 8 KV heads x 128 dims x bf16, per region
 TARGET_MS = 50.0

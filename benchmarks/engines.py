@@ -70,7 +70,7 @@ sys.path.insert(0, HERE)
 import native_tools as nt  # noqa: E402  (subprocess only: ucx_perftest, transfer_engine_bench)
 from jobs import LIVE, availability, descendants, kill_tree, kvbench_exe, launch  # noqa: E402
 
-from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
+from kvbench.results.store import case_stats  # noqa: E402  (pandas only; no MPI)
 
 KIB = 1024
 ENGINES = ("nixl", "ucx", "mooncake")

@@ -65,7 +65,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout without install
 
-from kvbench.results import case_stats  # noqa: E402  (pandas only; no MPI)
+from kvbench.results.store import case_stats  # noqa: E402  (pandas only; no MPI)
 
 sys.path.insert(0, HERE)
 from jobs import availability, kvbench_exe, launch  # noqa: E402

@@ -16,8 +16,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # kvbench's process-tree helpers, from a checkout without install
 
-from kvbench.procs import descendants, remove_orphan_segments, starttime  # noqa: E402
-from kvbench.procs import mpich_segments as shm_of  # noqa: E402
+from kvbench.job.launch import descendants, remove_orphan_segments, starttime  # noqa: E402
+from kvbench.job.launch import mpich_segments as shm_of  # noqa: E402
 
 LIVE: set[int] = set()  # process trees (root pids) of launches in flight
 

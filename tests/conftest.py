@@ -64,7 +64,7 @@ def _launch(cmd, timeout, env):
 def leftovers_of(results: str | None) -> list[str]:
     """This run's own /dev/shm files still present, found by its run id (never by comparing /dev/shm
     before and after: another job's files would be counted as ours)."""
-    from kvbench import cleanup
+    from kvbench.job import cleanup
 
     if not results:
         return []

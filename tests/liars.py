@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from kvbench import _native
-from kvbench.transports.base import DST, LEN
+from kvbench.model.descriptors import DST, LEN
 from kvbench.transports.shm import ShmTransport
 from kvbench.transports.tcp import TcpTransport
 

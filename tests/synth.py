@@ -5,8 +5,8 @@ import json
 
 import pandas as pd
 
-from kvbench import model as M
-from kvbench.results import ROW_COLUMNS, SCHEMA_VERSION
+from kvbench.model import shapes as M
+from kvbench.results.store import ROW_COLUMNS, SCHEMA_VERSION
 
 SWEEP = [(tokens, pp, blk) for tokens in (256, 1024) for pp in (1, 2) for blk in (0, 16, 32, 64, 128, 256)]
 

@@ -86,7 +86,7 @@ def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from jobs import launch  # timeout, whole-tree kill, this job's own MPICH segments removed
 
-    from kvbench.procs import remove_orphan_segments
+    from kvbench.job.launch import remove_orphan_segments
 
     rc, out = launch([exe, "-n", "2", sys.executable, str(script)], 60)
     # an abort faster than launch's poll leaves MPICH's segment unrecorded there: the failing rank named it

@@ -4,10 +4,12 @@ import platform
 import numpy as np
 import pytest
 
-from kvbench import _native, cachestate, config
-from kvbench.cli import ArgError, build_parser
-from kvbench.pool import Pool
-from kvbench.schedule import Entry
+from kvbench import _native
+from kvbench.cli.main import ArgError, build_parser
+from kvbench.config import runconfig as config
+from kvbench.memory import cachestate
+from kvbench.model.layout import Pool
+from kvbench.model.schemes import Entry
 
 SMALL = ["-m", "llama-3-8b", "--tokens", "64", "-b", "16", "-n", "3", "-w", "1", "--variants", "bulk,paged",
          "--rounds", "1"]
@@ -130,7 +132,7 @@ def test_an_unknown_setting_is_refused_in_one_line():
 def test_the_setting_is_the_last_thing_before_the_barrier_that_starts_an_iteration(it):
     from types import SimpleNamespace
 
-    from kvbench.harness import Harness
+    from kvbench.harness.loop import Harness
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""kvbench.cleanup: leftovers in /dev/shm recognised by owner pid and removed (no MPI needed).
+"""kvbench.job.cleanup: leftovers in /dev/shm recognised by owner pid and removed (no MPI needed).
 
 SHM_DIR is a tmp dir in every test, so nothing here can touch the real /dev/shm.
 """
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kvbench import cleanup
+from kvbench.job import cleanup
 from kvbench.transports.base import Context, TransportError
 from kvbench.transports.shm import ShmTransport
 

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from kvbench import codecs
 from kvbench.codecs import frame as F
-from kvbench.codecs.base import CodecError, Table, calibrate
+from kvbench.codecs.base import Table, calibrate
 from kvbench.codecs.cast import outside, tolerance
 from kvbench.codecs.exp_split import ExpSplit
+from kvbench.codecs.frame import CodecError
 
 LOSSLESS = ("none", "exp-split", "zstd", "lz4")
 WIDTH = {"bf16": 2, "fp16": 2, "fp8-e5m2": 1, "fp8-e4m3": 1}

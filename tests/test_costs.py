@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvbench import costs
-from kvbench.results import ROW_COLUMNS, SCHEMA_VERSION, upgrade
+from kvbench.results import costs
+from kvbench.results.store import ROW_COLUMNS, SCHEMA_VERSION, upgrade
 from kvbench.transports.base import Transport
 from tests.conftest import kvbench_cli
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.descriptors import (
+from kvbench.model.descriptors import (
     _layer0_coalesced,
     bulk_descs,
     byte_map,
@@ -13,7 +13,7 @@ from kvbench.descriptors import (
     request_descs,
     stats,
 )
-from kvbench.pool import BlockAllocator, Layout
+from kvbench.model.layout import BlockAllocator, Layout
 
 LAYOUT_KINDS = ["layer-major", "block-major", "mla"]
 

@@ -7,9 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvbench import _native, memory, verify  # noqa: E402
-from kvbench import copy as C  # noqa: E402
+from kvbench import _native, memory  # noqa: E402
+from kvbench.memory import copy as C  # noqa: E402
 from kvbench.memory import device as D  # noqa: E402
+from kvbench.memory import verify  # noqa: E402
 
 # source ranges (upper half) apart from destination ranges (lower half): one buffer plays both in these tests
 DESCS = np.array([[500000, 8192, 1000], [505003, 100, 777], [570001, 300000, 4096], [631072, 40960, 32768]], np.int64)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench import cli
-from kvbench import model as M
-from kvbench.formats import Format, parse_scales
+from kvbench.cli import main as cli
+from kvbench.model import shapes as M
+from kvbench.model.formats import Format, parse_scales
 
 
 def size(capsys, *args) -> str:

@@ -7,9 +7,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench import config
-from kvbench.cli import ArgError, build_parser
-from kvbench.harness import case_geometry
+from kvbench.cli.main import ArgError, build_parser
+from kvbench.config import runconfig as config
+from kvbench.harness.loop import case_geometry
 
 NUM = st.one_of(st.integers(-3, 4).map(str), st.integers(-3, 70000).map(str),
                 st.sampled_from(["0", "-16", "16", "64", "256", "inf", "nan", "1e309", "32.5", "abc", "", "16,16",

@@ -63,7 +63,7 @@ def test_poison_never_equals_what_must_land(elem):
     (a fixed poison byte equals the pattern for about 1 in 256 one-byte elements)."""
     import numpy as np
 
-    from kvbench import verify
+    from kvbench.memory import verify
 
     pool = np.zeros(1 << 20, np.uint8)
     descs = np.array([[0, 0, 1 << 18], [5000, 1 << 19, 65536]], np.int64)
@@ -77,7 +77,7 @@ def test_the_pair_time_is_the_later_of_its_two_ranks():
     """A transfer is done when the destination knows, never when the sender returns: the max over the pair."""
     import pandas as pd
 
-    from kvbench.results import pair_times
+    from kvbench.results.store import pair_times
 
     rows = pd.DataFrame({"case": [1, 1, 1, 1], "pair": [0, 0, 0, 0], "req": [0] * 4, "iter": [0, 0, 1, 1],
                          "rank": [0, 1, 0, 1], "status": ["ok"] * 4, "seconds": [0.001, 0.004, 0.006, 0.002]})

@@ -1,7 +1,7 @@
 """kvbench env's GPU/RDMA facts from a fake sysfs (no RDMA device here) and lspci text."""
 import os
 
-from kvbench import hwfacts
+from kvbench.results import machine as hwfacts
 
 
 def fake_ib(tmp_path):

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from kvbench import model as M
+from kvbench.model import shapes as M
 from kvbench.report import linkmodel, read, summarize
 from tests import synth
 from tests.conftest import kvbench_cli

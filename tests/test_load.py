@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from kvbench import memory
-from kvbench.descriptors import request_descs
-from kvbench.pool import BlockAllocator, Layout
-from kvbench.workload import arrivals, layer_is_right, parse_prompt, prompts, rng_for
+from kvbench.memory.verify import layer_is_right
+from kvbench.model.descriptors import request_descs
+from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.workload import arrivals, parse_prompt, prompts, rng_for
 
 # llama-3-8b at tp 8: one KV head, 16 KiB per token; 64-token prompts = 4 blocks of 16 = 1 MiB per request
 BASE = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "--tokens", "64", "-b", "16", "--prompt", "64",

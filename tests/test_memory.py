@@ -124,7 +124,7 @@ def test_huge_error_names_the_pages_to_reserve(monkeypatch):
 
 # ----- pools transports allocate ------------------------------------------------------------------------------
 def _shm_pair(pages: str):
-    from kvbench.pool import Pool
+    from kvbench.model.layout import Pool
     from kvbench.transports.base import Context
     from kvbench.transports.shm import ShmTransport
 
@@ -143,7 +143,7 @@ def _shm_pair(pages: str):
 
 @pytest.mark.parametrize("pages", memory.PAGE_KINDS)
 def test_shm_segment_says_what_pages_it_got(pages):
-    from kvbench import cleanup
+    from kvbench.job import cleanup
 
     ts, pools = _shm_pair(pages)
     try:

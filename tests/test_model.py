@@ -1,6 +1,6 @@
 import pytest
 
-from kvbench import model as M
+from kvbench.model import shapes as M
 from tests.conftest import kvbench_cli
 
 

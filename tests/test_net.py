@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from kvbench import net
-from kvbench.net import accept_peers, dial, hello
+from kvbench.transports import sockets as net
 from kvbench.transports.base import TransportError
+from kvbench.transports.sockets import accept_peers, dial, hello
 
 HANDSHAKE_S = 3.0  # the tests shorten the per-caller deadline (net.HANDSHAKE_S) to keep them quick
 

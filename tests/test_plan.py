@@ -109,7 +109,7 @@ def test_bad_input_is_one_line(args, msg):
 ])
 def test_plan_and_run_refuse_a_value_in_the_same_words(plan_field, axis, value):
     """One validator (kvbench/inputs.py) for both: the words after the flag or field name are the same."""
-    from kvbench import suite as S
+    from kvbench.config import suite as S
 
     ok = dict(models=["llama-3-8b"], dtypes=["fp16"], prompts={"p50": 1024}, prompt_desc="", prefill_tflops=400,
               ttft_ms=200, rate=1, saving=0.5, block_size=16, tp=1, pp=1, prefix_hit=0, fabrics=["100GbE"])

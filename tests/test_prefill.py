@@ -1,12 +1,12 @@
 """Real prefill (kvbench/prefill.py): the model's matmuls layer by layer where the pools live, replacing the clock."""
 import pytest
 
-from kvbench import model as M
+from kvbench.model import shapes as M
 
 torch = pytest.importorskip("torch")
 
-from kvbench import prefill as P  # noqa: E402
-from kvbench.schedule import PrefillClock  # noqa: E402
+from kvbench.harness import prefill as P  # noqa: E402
+from kvbench.harness.prefill import PrefillClock  # noqa: E402
 
 TINY = ["--layers", "8", "--kv-heads", "2", "--head-dim", "64"]  # hidden 128: CPU matmuls of ~1 GFLOP per layer
 

@@ -4,8 +4,8 @@ import os
 import subprocess
 import sys
 
-from kvbench import suite as S
 from kvbench import transports
+from kvbench.config import suite as S
 from tests.conftest import ROOT
 
 

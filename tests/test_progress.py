@@ -1,6 +1,7 @@
 """Rank 0's progress bar (--progress): it counts what the harness really delivers, and stays off by default."""
-from kvbench import config, progress
-from kvbench.cli import build_parser
+from kvbench.cli import progress
+from kvbench.cli.main import build_parser
+from kvbench.config import runconfig as config
 
 
 def cases_of(*argv):

@@ -14,8 +14,9 @@ import pytest
 from conftest import _launch, kvbench_cli, leftovers_of, mpiexec
 
 from kvbench.report.link import LinkOverride, add_line_rate
-from kvbench.report.page import Page, to_markdown, write
-from kvbench.results import ROW_COLUMNS, SCHEMA_VERSION, ResultWriter
+from kvbench.report.page import Page
+from kvbench.report.writers import to_markdown, write
+from kvbench.results.store import ROW_COLUMNS, SCHEMA_VERSION, ResultWriter
 
 # llama-3-8b at tp 8: 16 KiB per token, so every run here moves a few MiB and takes seconds
 SMALL = ["-m", "llama-3-8b", "--tp", "8", "-w", "1", "--rounds", "1"]
@@ -288,7 +289,7 @@ def kv(capsys):
     """kvbench's command line in this process (no MPI is started by report or compare): (code, stdout, stderr)."""
     from types import SimpleNamespace
 
-    from kvbench.cli import main
+    from kvbench.cli.main import main
 
     def call(*args):
         capsys.readouterr()

@@ -168,7 +168,7 @@ def test_a_paged_row_above_the_ceiling_by_more_than_the_spread_is_flagged():
     import pandas as pd
 
     from kvbench.report import summarize
-    from kvbench.results import CASE_COLUMNS, ROW_COLUMNS
+    from kvbench.results.store import CASE_COLUMNS, ROW_COLUMNS
 
     def rows(case, variant, times):
         base = {c: 0 for c in CASE_COLUMNS} | {"case": case, "variant": variant, "transport": "shm", "op": "push",

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kvbench import memory
-from kvbench.net import hello
-from kvbench.pool import Pool
+from kvbench.model.layout import Pool
 from kvbench.transports.base import Context, TransportError, wait_landed
+from kvbench.transports.sockets import hello
 from kvbench.transports.tcp import TcpTransport
 
 

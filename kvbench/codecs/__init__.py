@@ -15,7 +15,8 @@ layer exists); the numpy implementation is the reference (arrays.py).
 """
 from __future__ import annotations
 
-from .base import Codec, CodecError, Table
+from .base import Codec, Table
+from .frame import CodecError
 
 NAMES = ("none", "exp-split", "cast-fp8-e4m3", "cast-fp8-e5m2", "zstd", "lz4")
 

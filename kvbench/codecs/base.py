@@ -7,14 +7,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import as_bytes, write_back
+from .frame import HEADER_BYTES
 
 # bits of the floating-point dtypes the codecs read: (element bits, exponent bits, mantissa bits)
 FLOAT_BITS = {"fp32": (32, 8, 23), "bf16": (16, 8, 7), "fp16": (16, 5, 10), "fp8-e4m3": (8, 4, 3),
               "fp8-e5m2": (8, 5, 2)}
-
-
-class CodecError(ValueError):
-    """A frame that cannot be decoded (corrupt, or not what the destination expects): one line."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,6 @@ class Codec:
 
     def max_frame(self, nbytes: int, dtype: str) -> int:
         """The largest frame for ``nbytes`` of payload (staging regions are sized by it)."""
-        from .frame import HEADER_BYTES
 
         return nbytes + HEADER_BYTES
 

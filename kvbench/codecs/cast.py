@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import frame as F
-from .base import Codec, CodecError
+from .base import Codec
+from .frame import CodecError
 
 BLOCK = 128
 FORMATS = {"fp8-e4m3": ("float8_e4m3fn", 448.0, 3, -9), "fp8-e5m2": ("float8_e5m2", 57344.0, 2, -16)}  # last: smallest subnormal, log2

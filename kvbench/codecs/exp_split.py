@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import frame as F
-from .base import Codec, CodecError, Table, default_table
+from .base import Codec, Table, default_table
+from .frame import CodecError
 from .general import raw_frame, read_raw
 
 CHUNK_LOG2 = 12

@@ -11,7 +11,10 @@ import struct
 
 import numpy as np
 
-from .base import CodecError
+
+class CodecError(ValueError):
+    """A frame that cannot be decoded (corrupt, or not what the destination expects): one line."""
+
 
 HEADER = struct.Struct("<2sBBBBBBIQIII")
 HEADER_BYTES = HEADER.size  # 32

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import frame as F
-from .base import Codec, CodecError
+from .base import Codec
+from .frame import CodecError
 
 
 def _elems(data: np.ndarray, dtype: str) -> int:
-    from ..model import dtype_bytes
+    from kvbench.model.shapes import dtype_bytes
 
     return len(data) // dtype_bytes(dtype) if dtype != "nvfp4" else len(data) * 2
 

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 
     rows = checks.run_all(a)
     text = table(rows)
-    from ..results import machine_name, system_description
+    from kvbench.results.store import machine_name, system_description
 
     folder = os.path.join(a.results, machine_name())
     os.makedirs(folder, exist_ok=True)

@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from .. import copy as C
+from kvbench.memory import copy as C
+
 from ..memory import device as D
 
 
@@ -249,8 +250,8 @@ def run_all(a) -> list[dict]:
 def prefill_rows(a) -> list[dict]:
     """Real prefill on the GPU: llama-3-8b's layer matmuls for 4096 tokens (events per layer, prefill.py), then,
     where an MPI launcher exists, streaming against serial through kvbench run (exposed time vs the model)."""
-    from .. import model as M
-    from .. import prefill as P
+    from kvbench.harness import prefill as P
+    from kvbench.model import shapes as M
 
     shape, tokens = M.get_model("llama-3-8b"), 4096
     rows = []

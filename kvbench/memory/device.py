@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..pool import Pool
+from kvbench.model.layout import Pool
+
 from . import host
 from .pattern import POISON
 
@@ -245,7 +246,7 @@ def checker(pool):
     byte indexing on a CPU; tests/test_device.py holds the two to the same bytes)."""
     import sys
 
-    from .. import verify
+    from kvbench.memory import verify
 
     return sys.modules[__name__] if on_device(pool) else verify
 

@@ -186,7 +186,7 @@ def main(files: list[str], out_dir: str | None, link_gbps: str | None = None, sa
     """`kvbench report`: with -o, the page (md, html, csv) in out_dir; without, today's terminal table."""
     from . import tables
     from .link import LinkOverride
-    from .page import write
+    from .writers import write
 
     override = LinkOverride.parse(link_gbps)
     if out_dir:

@@ -14,7 +14,8 @@ import os
 import numpy as np
 import pandas as pd
 
-from ..results import CASE_COLUMNS, pair_times
+from kvbench.results.store import CASE_COLUMNS, pair_times
+
 from .stats import Run, load_run
 
 KEYS = [c for c in CASE_COLUMNS if c != "case"]

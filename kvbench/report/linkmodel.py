@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .. import model as M
+from kvbench.model import shapes as M
 
 # what makes two rows the same path: the link, the direction and everything that changes its costs; "kind"
 # keeps the paged rows apart from the references (bulk, chunks), which transports often move another way

@@ -6,7 +6,6 @@ Anything that builds a section (this package's builders, the link model, the pla
 from __future__ import annotations
 
 import io
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -72,59 +71,3 @@ class Page:
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
-
-
-def md_table(df: pd.DataFrame) -> str:
-    """A GitHub Markdown table (cells as strings; '|' escaped)."""
-    def cell(v) -> str:
-        return "-" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v).replace("|", "\\|")
-
-    head = "| " + " | ".join(map(cell, df.columns)) + " |"
-    rule = "| " + " | ".join("---" for _ in df.columns) + " |"
-    rows = ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
-    return "\n".join([head, rule, *rows])
-
-
-def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots") -> str:
-    """The page as Markdown; figures are written as PNG files under ``img_dir`` and linked."""
-    os.makedirs(img_dir, exist_ok=True)
-    for old in os.listdir(img_dir):  # a report written here before: its numbered plots would linger unlinked
-        if re.fullmatch(r"fig\d{2,}-[a-z0-9-]*\.png", old):
-            os.remove(os.path.join(img_dir, old))
-    out = [f"# {page.title}", ""]
-    for cap, t in page.head:
-        out += [f"**{cap}**", "", md_table(t), ""]
-    used: set[str] = set()
-    for s in page.sections:
-        out += ["#" * s.level + " " + s.title, ""]
-        for para in s.text:
-            out += [para, ""]
-        for cap, t in s.tables:
-            out += [f"*{cap}*", "", md_table(t), ""]
-        for cap, png in s.figures:
-            name = f"fig{len(used) + 1:02d}-{slug(f'{s.title}-{cap}')[:60]}"  # numbered: names stay unique
-            used.add(name)
-            with open(os.path.join(img_dir, name + ".png"), "wb") as fh:
-                fh.write(png)
-            out += [f"![{cap}]({img_prefix}/{name}.png)", "", f"*{cap}*", ""]
-    return "\n".join(out)
-
-
-def write(page: Page, out_dir: str, stem: str = "report") -> list[str]:
-    """Writes <stem>.md (+ plots/), <stem>.html (self-contained) and <stem>.csv (+ <stem>_<name>.csv)."""
-    from .html import to_html
-
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    md = os.path.join(out_dir, f"{stem}.md")
-    with open(md, "w") as fh:
-        fh.write(to_markdown(page, os.path.join(out_dir, "plots")))
-    html = os.path.join(out_dir, f"{stem}.html")
-    with open(html, "w") as fh:
-        fh.write(to_html(page))
-    paths += [md, html]
-    for name, rows in page.data.items():
-        p = os.path.join(out_dir, f"{stem}.csv" if not name else f"{stem}_{slug(name)}.csv")
-        rows.to_csv(p, index=False)
-        paths.append(p)
-    return paths

@@ -17,8 +17,8 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from .. import model as M
-from ..inputs import BlockSize, KVDType, ModelName, Positive, PrefixHit, Tokens, check_tokens, unique
+from kvbench.model import shapes as M
+from kvbench.model.inputs import BlockSize, KVDType, ModelName, Positive, PrefixHit, Tokens, check_tokens, unique
 
 RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GB/s|Gb/s|Gbps|Gbit)\s*$")
 PAYS_MARGIN = 0.5  # pays: the exposed transfer costs at most half of what disaggregation saves

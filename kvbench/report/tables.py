@@ -9,8 +9,8 @@ import os
 
 import pandas as pd
 
-from .. import costs
-from ..results import SCHEMA_VERSION, case_stats, upgrade
+from kvbench.results import costs
+from kvbench.results.store import SCHEMA_VERSION, case_stats, upgrade
 
 # (header, width, formatter of a case_stats line)
 COLUMNS = [
@@ -236,7 +236,7 @@ class LivePrinter:
         self.pending: list[int] = []
 
     def add(self, rows: list[dict]) -> None:
-        from ..results import ROW_COLUMNS
+        from kvbench.results.store import ROW_COLUMNS
 
         if rows:
             self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))

@@ -20,7 +20,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ..procs import descendants, mpich_segments, remove_orphan_segments, starttime
+from kvbench.job.launch import descendants, mpich_segments, remove_orphan_segments, starttime
+
 from . import netns as N
 
 MODEL, DTYPE = "llama-3-8b", "fp16"
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def selftest(a, link: N.Link, outdir: str) -> int:
-    from .. import model as M
+    from kvbench.model import shapes as M
 
     def log(s: str) -> None:
         print(s, flush=True)

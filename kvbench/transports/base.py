@@ -67,9 +67,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .. import memory
+from kvbench import memory
+from kvbench.model.descriptors import DST, LEN, SRC
 
-SRC, DST, LEN = 0, 1, 2
 OPS = ("push", "pull")
 
 

@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from .. import copy as C
+from kvbench.memory import copy as C
+
 from ..memory import device
 from .base import Caps, Transport, TransportError, check_descs
 

@@ -46,7 +46,8 @@ from collections import Counter
 
 import numpy as np
 
-from ..net import accept_peers, dial, recv_exact
+from kvbench.transports.sockets import accept_peers, dial, recv_exact
+
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, rdma_present
 
 _TAG = struct.Struct("<Q")
@@ -118,7 +119,9 @@ class MooncakeTransport(Transport):
         # a request posts all layers before waiting, so raise the caps as serving deployments do.
         for var in ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER"):
             os.environ.setdefault(var, "65535")
-        from ..net import select_addr  # NCCL-style -O addr= / ifname= / KVBENCH_SOCKET_IFNAME, as tcp
+        from kvbench.transports.sockets import (
+            select_addr,  # NCCL-style -O addr= / ifname= / KVBENCH_SOCKET_IFNAME, as tcp
+        )
 
         host = str(opts.get("host") or select_addr(self.ctx.hostname, opts)[0])
         device = str(opts.get("device", ""))

@@ -147,7 +147,7 @@ class MpiBase(Transport):
 
     def _setup(self):
         if self._comm is None:
-            from kvbench import comm  # the harness's door to MPI
+            from kvbench.job import comm  # the harness's door to MPI
 
             self._comm = comm.transport_comm()
             self._tag_mod = int(self._comm.Get_attr(mpi().TAG_UB)) + 1

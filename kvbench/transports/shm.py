@@ -24,7 +24,9 @@ import time
 
 import numpy as np
 
-from .. import _native, cleanup, memory
+from kvbench import _native, memory
+from kvbench.job import cleanup
+
 from .base import Buffer, Caps, Transport, TransportError, check_descs
 
 

@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from .. import copy as C
+from kvbench.memory import copy as C
+
 from ..memory import device
 from .base import Caps, Context, Transport, TransportError, Unavailable, check_descs
 from .staging import _Job, _tag, _tensor, bounce_buffer, split

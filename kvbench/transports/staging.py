@@ -5,8 +5,9 @@ import threading
 
 import numpy as np
 
+from kvbench.model.layout import Pool
+
 from .. import memory
-from ..pool import Pool
 from .base import DST, LEN, SRC
 
 

@@ -73,8 +73,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import faults
-from ..net import accept_peers, dial, py_vec, recv_exact, select_addr, tune
+from kvbench.job import faults
+from kvbench.transports.sockets import accept_peers, dial, py_vec, recv_exact, select_addr, tune
+
 from .base import DST, LEN, SRC, Caps, Transport, TransportError, check_descs
 
 _HDR = struct.Struct("<4sB3xQQQ")  # magic, kind, tag, payload bytes, descriptors

@@ -4,8 +4,8 @@ import time
 
 import numpy as np
 
-from kvbench import comm
-from kvbench.pool import Pool
+from kvbench.job import comm
+from kvbench.model.layout import Pool
 from kvbench.transports.base import Context
 from kvbench.transports.mpi_sendrecv import MpiSendRecvTransport
 

@@ -1,0 +1,54 @@
+"""The flags and helpers that every kvbench command shares: one-line argparse errors, lists, the model group."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvbench.job.guard import env_rank
+from kvbench.model import shapes as M
+
+
+class ArgError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises (one line, exit 1) instead of printing usage on every rank."""
+
+    def error(self, message):
+        raise ArgError(message)
+
+
+def say_error(msg: str) -> int:
+    if env_rank() == 0:
+        print(f"kvbench: error: {msg}", file=sys.stderr, flush=True)
+    return 1
+
+
+def csv(kind):
+    """argparse type: comma-separated list of ``kind``."""
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x != ""]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of {kind.__name__}") from None
+    parse.__name__ = f"list of {kind.__name__}"
+    return parse
+
+
+def ms(text: str):
+    return text if text == "auto" else float(text)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (a preset, a YAML file, or a shape from flags)")
+    g.add_argument("-m", "--model", type=csv(str), help=f"presets: {', '.join(M.PRESETS)}; or path/to/model.yaml")
+    g.add_argument("--layers", type=int, help="custom model: number of layers")
+    g.add_argument("--kv-heads", type=int, help="custom model: KV heads (GQA groups; 1 = MQA)")
+    g.add_argument("--head-dim", type=int, help="custom model: head dimension")
+    g.add_argument("--attention", choices=M.ATTENTION, help="custom model: attention kind")
+    g.add_argument("--kv-lora-rank", type=int, default=0, help="custom MLA model: latent width")
+    g.add_argument("--rope-dim", type=int, default=0, help="custom MLA model: decoupled RoPE width")
+    g.add_argument("--tp", type=csv(int), help="tensor parallel degree: divides KV heads (replicates when heads < tp)")
+    g.add_argument("--pp", type=csv(int), help="pipeline parallel degree: divides layers")
+    g.add_argument("--prefix-hit", type=csv(int), help="prompt tokens already cached at decode (not transferred)")

@@ -1,0 +1,116 @@
+"""`kvbench size`, `kvbench list` and `kvbench env`: what a request weighs, what can run here, what this machine is."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from kvbench import __version__, transports
+from kvbench.config import suite as S
+from kvbench.config.runconfig import custom_model
+from kvbench.job import comm
+from kvbench.model import shapes as M
+
+
+def _first(v, default):
+    return v[0] if v else default
+
+
+def cmd_size(a) -> int:
+    name = custom_model(a) or _first(a.model, "llama-3-8b")
+    shape0 = M.get_model(name)
+    tp, pp, hit = _first(a.tp, 1), _first(a.pp, 1), _first(a.prefix_hit, 0)
+    shape = M.shard(shape0, tp, pp)
+    M.check_block_size(a.block_size)
+    if a.dtype == "nvfp4" or a.scales != "none":  # a format with scale planes (formats.py)
+        return size_scaled(a, shape0, shape, tp, pp, hit)
+    db = M.dtype_bytes(a.dtype)
+    ntok = M.transferred_tokens(a.tokens, hit)
+    bpt = M.bytes_per_token(shape, a.dtype)
+    req = M.request_bytes(shape, a.dtype, a.tokens, hit)
+    bb = M.block_bytes(shape, a.block_size, a.dtype)
+    nb = M.num_blocks(ntok, a.block_size)
+    kind = (f"mla, latent {shape.kv_lora_rank}+{shape.rope_dim}" if shape.attention == "mla"
+            else f"{shape.attention}, {shape.kv_heads} KV heads x {shape.head_dim}")
+    print(f"# {shape.name}: {shape.layers} layers, {kind}, {a.dtype} ({db} B/element), tp={tp} pp={pp}"
+          f"{'  [per rank]' if tp > 1 or pp > 1 else ''}")
+    if shape0.source:
+        print(f"# source: {shape0.source}")
+    print(f"{bpt:>16,} B per token")
+    print(f"{M.layer_bytes_per_token(shape, a.dtype):>16,} B per token per layer")
+    print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
+    print(f"{req:>16,} B per request ({req / 1e9:.3f} GB, {req / 2**30:.3f} GiB)")
+    print(f"{req // shape.layers:>16,} B per layer per request")
+    print(f"{bb:>16,} B per block ({a.block_size} tokens, one region; {shape.regions} region(s) per layer)")
+    print(f"{nb:>16,} blocks per layer")
+    print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request uncoalesced "
+          f"({shape.regions} x {shape.layers} layers x {nb} blocks)")
+    print("# transfer time at line rate (GB = 10^9 B; achieved bandwidth is lower: measure it with kvbench run)")
+    for link, gbps in M.LINKS.items():
+        ms = req / (gbps * 1e9) * 1e3
+        print(f"  {link:<18} {gbps:8.1f} GB/s {ms:12.2f} ms")
+    return 0
+
+
+def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int) -> int:
+    """`kvbench size` of a format with scale planes: values, block scales and tensor scales apart."""
+    from kvbench.model.formats import Format, size_lines
+
+    fmt = Format(a.dtype, a.scales)
+    ntok = M.transferred_tokens(a.tokens, hit)
+    print(f"# {shape.name}: {shape.layers} layers, tp={tp} pp={pp}{'  [per rank]' if tp > 1 or pp > 1 else ''}")
+    if shape0.source:
+        print(f"# source: {shape0.source}")
+    print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
+    for line in size_lines(shape, fmt, ntok, a.block_size):
+        print(line)
+    return 0
+
+
+def cmd_list(a) -> int:
+    comm.preload(transports.names())  # ucxx must load before mpi4py does (PLATFORM pitfall 7)
+    print("# transports (name: status)")
+    for name in transports.names():
+        reason = transports.probe(name)
+        print(f"  {name:<10} {'available' if reason is None else 'unavailable: ' + reason}")
+    print("# models")
+    for m in M.PRESETS.values():
+        desc = (f"mla {m.kv_lora_rank}+{m.rope_dim}" if m.attention == "mla"
+                else f"{m.attention} {m.kv_heads}x{m.head_dim}")
+        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16)")
+    print("# suites")
+    for name in S.list_suites():
+        try:
+            desc = S.load(name).description
+        except S.SuiteError as exc:
+            desc = f"invalid: {exc}"
+        print(f"  {name:<16} {desc}")
+    return 0
+
+
+def cmd_env(a) -> int:
+    from kvbench.results import machine as hwfacts
+    from kvbench.results.store import library_versions, system_description
+
+    sysd = system_description()
+    print(f"# kvbench {__version__}")
+    for k in ("hostname", "platform", "cpu_model", "cpus"):
+        print(f"{k:<16} {sysd.get(k, '-')}")
+    print(f"{'memory':<16} {sysd.get('mem_total_bytes', 0) / 2**30:.1f} GiB")
+    venv_mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    launcher = shutil.which("mpirun") or (venv_mpiexec if os.path.exists(venv_mpiexec) else None)
+    print(f"{'mpirun':<16} {launcher or '- (none on PATH)'}")
+    try:
+        from mpi4py import MPI
+
+        print(f"{'MPI':<16} {MPI.Get_library_version().strip().splitlines()[0]}")
+    except Exception as exc:  # no libmpi: say so, do not crash
+        print(f"{'MPI':<16} unavailable: {exc}")
+    print(f"{'GPUs':<16} {', '.join(sysd['gpus']) or 'none (nvidia-smi absent or no devices)'}")
+    print(f"{'RDMA devices':<16} {', '.join(sysd['rdma_devices']) or 'none (/sys/class/infiniband absent)'}")
+    print(f"{'NICs':<16} {', '.join(sysd['nics']) or '-'}")
+    for line in hwfacts.lines(sysd.get("gpu_rdma") or hwfacts.facts()):  # GPU issue: GPUs, RDMA ports, GPUDirect
+        print(line)
+    for k, v in library_versions().items():
+        print(f"{k:<16} {v}")
+    return 0

@@ -1,0 +1,303 @@
+"""`kvbench run`: suite + flags -> validated cases on rank 0 -> broadcast -> harness -> table and files."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+
+from kvbench import __version__
+from kvbench.cli import progress
+from kvbench.config import runconfig as config
+from kvbench.config import suite as S
+from kvbench.harness.loop import Harness, Options, UserError
+from kvbench.job import cleanup, comm
+from kvbench.job import status as ST
+from kvbench.job.guard import GUARD, describe
+from kvbench.model import shapes as M
+from kvbench.model.schemes import make_pairs
+
+
+def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
+    """Network transports whose pairs share a host measure loopback, not the wire: say so."""
+    from kvbench import transports
+
+    shared = [(s, d) for s, d in pairs if hosts[s] == hosts[d]]
+    out = []
+    for name in dict.fromkeys(c["transport"] for c in cases):
+        try:
+            caps = transports.load(name).caps
+        except Exception:  # unavailable: its rows say why
+            continue
+        if caps.network and shared:
+            s, d = shared[0]
+            out.append(f"# WARNING: {name} is a network transport but {len(shared)} of {len(pairs)} pairs share a "
+                       f"host (e.g. ranks {s},{d} on {hosts[s]}): this measures the host's loopback, not a link "
+                       "between nodes")
+    return out
+
+
+def bind_cpus(mode: str, rank: int, hosts: list[str]) -> list[int]:
+    """``--bind core``: pin this rank (and every thread it starts later) to one CPU of those it may
+    use, chosen by its index among its host's ranks; returns the CPUs it may run on."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if mode == "core":
+        local = [r for r, h in enumerate(hosts) if h == hosts[rank]].index(rank)
+        os.sched_setaffinity(0, {allowed[local % len(allowed)]})
+    return sorted(os.sched_getaffinity(0))
+
+
+def cpu_lines(mode: str, hosts: list[str], cpus: list[list[int]]) -> list[str]:
+    """Preamble: how ranks are bound, and a note when ranks of one host may share CPUs."""
+    def fmt(c):
+        return f"{c[0]}-{c[-1]}" if len(c) > 1 and c == list(range(c[0], c[-1] + 1)) else ",".join(map(str, c))
+
+    shared = [(a, b) for a in range(len(hosts)) for b in range(a + 1, len(hosts))
+              if hosts[a] == hosts[b] and set(cpus[a]) & set(cpus[b])]
+    out = [f"# cpus: {'bound by kvbench (--bind core)' if mode == 'core' else 'as launched'}: "
+           + "  ".join(f"rank{r}={fmt(c)}" for r, c in enumerate(cpus[:8])) + (" ..." if len(cpus) > 8 else "")]
+    if shared:
+        a, b = shared[0]
+        out.append(f"# NOTE: ranks {a} and {b} on {hosts[a]} may run on the same CPUs: after an idle wait the "
+                   "scheduler can wake a receiver onto its sender's CPU and slow an isolated layer (README: CPU binding); "
+                   "bind them with --bind core, mpirun -bind-to core or srun --cpu-bind=cores")
+    return out
+
+
+def preamble(c, suite, argv, hosts) -> list[str]:
+    per_host = ", ".join(f"{h}({n})" for h, n in Counter(hosts).items())
+    return [
+        f"# kvbench {__version__}  suite={suite.name}  ranks={c.size}  scheme={suite.scheme}  hosts={per_host}",
+        f"# argv: kvbench {' '.join(argv)}",
+        f"# MPI: {c.library()}",
+        f"# iterations={suite.iters} warmup={suite.warmup} check={'on' if suite.check else 'off'} seed={suite.seed}"
+        + (f" rounds={suite.turns()} (a transport's cases take turns, {suite.iters // suite.turns()}+ iterations at a time)"
+           if suite.turns() > 1 else ""),
+    ]
+
+
+STARTUP_S = 120.0  # MPI start, validation on rank 0, the broadcast: no run needs longer before its setup
+FINISH_S = 60.0  # the last barrier and MPI's finalisation
+
+
+def run(a, argv: list[str]) -> int:
+    """Entry point of `kvbench run` on every rank."""
+    GUARD.install()  # signals and the watchdog, before MPI or any library starts a thread
+    names = list(a.transport or [])
+    if a.suite:
+        try:
+            names += S.load(a.suite).axes.transport
+        except S.SuiteError:
+            pass  # rank 0 reports it below
+    if "staged" in names and any(o in ("inner=ucx", "staged.inner=ucx") for o in a.option or []):
+        names.append("ucx")  # staged over ucx: ucxx's UCX loads before MPI's as well
+    comm.preload(names)
+    with GUARD.deadline("start-up (MPI, validation on rank 0)", STARTUP_S):
+        c = comm.get()
+        GUARD.attach(c)
+        payload = None
+        if c.rank == 0:
+            try:
+                payload = (config.build(a, argv, c.size).model_dump(), None)
+            except config.ConfigError as exc:
+                payload = (None, str(exc))
+        cfg_d, err = c.bcast(payload)
+    if err:
+        return finish(c, ST.INPUT_ERROR, err)
+    # the suite names models made on rank 0 (--layers ..., a YAML file): they exist here before it is validated
+    M.PRESETS.update({n: M.ModelShape(**f) for n, f in cfg_d["models"].items()})
+    cfg = config.RunConfig.model_validate(cfg_d)
+    suite, cases = cfg.suite, cfg.cases
+    opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.turns(), check=suite.check, seed=suite.seed,
+                   pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,
+                   pages=suite.pages, fill=suite.fill, cache=suite.cache,
+                   inject_corruption=cfg.inject_corruption, variants=tuple(suite.variants),
+                   transport_options=cfg.transport_options)
+    with GUARD.deadline("start-up (run id, orphan sweep, memory preflight)", STARTUP_S):
+        if suite.workload is not None:  # many requests, bounded decode pool, back-pressure
+            from kvbench.harness.load import LoadHarness
+
+            h = LoadHarness(c, opts, suite.workload)
+        else:
+            h = Harness(c, opts)
+        GUARD.run_id = h.run_id
+        GUARD.cleanups += [lambda: cleanup.unlink_mpich(cleanup.mapped_mpich()), lambda: cleanup.unlink_run(h.run_id)]
+        swept = cleanup.sweep_orphans()
+        cleanup.record_mpich(h.run_id, c.rank)
+        hosts = c.allgather(c.hostname)
+        cpus = c.allgather(bind_cpus(cfg.bind, c.rank, hosts))
+        mpich = c.gather(cleanup.mapped_mpich())
+        swept = c.gather(swept)
+        try:
+            h.preflight(cases, suite.scheme)
+            err = None
+        except UserError as exc:
+            err = str(exc)
+        if err is None and c.rank == 0 and cfg.resume:
+            err = same_machine(cfg.resume, hosts)
+        err = c.bcast(err)
+    if err:
+        return finish(c, ST.INPUT_ERROR, err)
+    writer = printer = bar = None
+    done: list[str] = []
+    if c.rank == 0:
+        writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h)
+        GUARD.writer = writer
+        bar = progress.start(cfg.progress, [k for k in cases if k["transport"] not in done], suite.variants)
+        if bar:  # table lines go above the bar
+            printer.out = bar.write
+
+        def sink(rows):  # stored before printed: a case on the screen is a case on disk
+            writer.add(rows)
+            printer.add(rows)
+            if bar and rows:
+                bar.tick(f"{rows[0]['transport']} {rows[0]['op']}")
+
+        def group_done(name):  # every case of a transport is stored: print them, with their references
+            writer.group_done(name)
+            printer.flush()
+
+        h.set_sink(sink)
+        h.on_group_done = group_done
+    done, h.case_no = c.bcast((done, h.case_no))  # a resumed run numbers its cases after the stored ones
+    try:
+        h.run([k for k in cases if k["transport"] not in done], suite.scheme)
+    except Exception as exc:  # a failed rank ends the job, with its error printed once
+        GUARD.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
+    code = 0
+    if c.rank == 0:
+        if bar:
+            bar.close()
+        code = footer(cfg, writer, printer, h)
+    with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
+        code = c.bcast(code)
+    return finish(c, code)
+
+
+def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
+    """Rank 0, after validation and preflight: the preamble, the result files, the live table."""
+    from kvbench.report import LivePrinter, columns_for, header_lines, overlap_header_lines, uses_overlap
+    from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
+
+    suite, cases = cfg.suite, cfg.cases
+    for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus)
+                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)):
+        print(line)
+    gone = sorted({p for part in swept for p in part})
+    if gone:
+        print(f"# removed {len(gone)} shared-memory leftover(s) of earlier kvbench jobs whose processes are gone")
+    meta = {"kvbench_version": __version__, "name": cfg.name, "suite": suite.model_dump(), "cases": cases,
+            "models": cfg.models, "argv": argv, "transport_options": cfg.transport_options,
+            "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
+            "system": system_description(), "hosts": hosts, "world_size": c.size,
+            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id,
+            "shm_segments": {"kvbench": f"{cleanup.SHM_DIR}/kvbench_{h.run_id}_*",
+                             "mpich": sorted({p for part in mpich for p in part})},
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if cfg.resume:
+        writer = ResultWriter.reopen(cfg.resume, meta)
+        done = list(writer.meta.get("groups_done", []))
+        h.case_no = writer.last_case()
+        print(f"# resuming {cfg.resume}: transports done {', '.join(done) or 'none'}; the rest run now")
+    else:
+        writer, done = ResultWriter(cfg.results, cfg.name, meta), []
+    print(f"# run id: {h.run_id}   results: {writer.path}")
+    if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
+        from kvbench.memory.cachestate import SAYS
+
+        print(f"# cache {cfg.suite.cache}: {SAYS[cfg.suite.cache]}")
+    overlap = uses_overlap(cases)
+    columns = columns_for(cases, overlap)
+    printer = LivePrinter(lambda s: print(s, flush=True), columns)
+    for line in overlap_header_lines(columns) if overlap else header_lines(columns):
+        print(line)
+    sys.stdout.flush()
+    return writer, printer, done
+
+
+def same_machine(path: str, hosts: list[str]) -> str | None:
+    """A resumed run must continue on the machine (hosts, CPU) that started it."""
+    from kvbench.results.store import system_description
+
+    meta = config.read_sidecar(path)
+    if meta.get("hosts") != hosts:
+        return f"--resume {path}: it ran on hosts {meta.get('hosts')}, this launch is on {hosts}: start a new run"
+    then, now = meta.get("system", {}), system_description()
+    for key in ("cpu_model", "cpus", "mem_total_bytes"):
+        if then.get(key) != now.get(key):
+            return f"--resume {path}: the machine changed ({key}: {then.get(key)} then, {now.get(key)} now)"
+    return None
+
+
+def footer(cfg, writer, printer, h) -> int:
+    """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too)."""
+    import pandas as pd
+
+    from kvbench.report import summarize
+
+    df = pd.concat(writer.frames, ignore_index=True) if writer.frames else None
+    st = summarize(df) if df is not None else None
+    cases = 0 if st is None else len(st)
+    skipped = 0 if st is None else int((st["status"] == "skipped").sum())
+    wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
+    status = ST.verdict(cases - skipped, cfg.suite.check, wrong)
+    print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
+    print(f"# results: {writer.path}")
+    writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=wrong, status=status,
+                  clocks=pair_clocks(df),
+                  reason=ST.STATUSES[status][1], harness_overhead_us=overhead_us(printer),
+                  layer_cost_us=layer_costs(df),
+                  transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
+    return ST.exit_code(status)
+
+
+def pair_clocks(df) -> dict:
+    """Per case and pair, from the destinations' rows: the barrier-exit skew (median, largest) and the bound
+    on the clock correction, in microseconds (one clock: clocks.py)."""
+    if df is None or "skew_s" not in df:
+        return {}
+    d = df[(df["iter"] >= 0) & df["skew_s"].notna() & (df["role"] == "decode")]
+    out: dict = {}
+    for (case, pair), g in d.groupby(["case", "pair"]):
+        out.setdefault(str(int(case)), {})[str(int(pair))] = {
+            "offset_us": round(float(g["clock_offset_s"].median()) * 1e6, 1),
+            "skew_p50_us": round(float(g["skew_s"].median()) * 1e6, 1),
+            "skew_max_us": round(float(g["skew_s"].abs().max()) * 1e6, 1),
+            "clock_err_us": round(float(g["clock_err_s"].max()) * 1e6, 1)}
+    return out
+
+
+def layer_costs(df) -> dict:
+    """Per case, microseconds per layer outside the wire (post, notify, wake and their sum; costs.py)."""
+    from kvbench.results.costs import sidecar
+
+    return sidecar(df)
+
+
+def overhead_us(printer) -> dict:
+    """Per case: mean and max over ranks of the time per iteration spent outside the transport (us)."""
+    import pandas as pd
+
+    if not printer.frames:
+        return {}
+    df = pd.concat(printer.frames, ignore_index=True)
+    df = df[df["iter"] >= 0]
+    per_rank = df.groupby(["case", "rank", "iter"])["harness_seconds"].first().groupby(["case", "rank"]).mean()
+    out = {}
+    for case, s in per_rank.groupby(level=0):
+        out[int(case)] = {"mean_us": round(float(s.mean()) * 1e6, 2), "max_rank_us": round(float(s.max()) * 1e6, 2)}
+    return out
+
+
+def finish(c, code: int, err: str | None = None) -> int:
+    """The way out of a run that ended by itself (or refused its input on every rank alike)."""
+    if err and c.rank == 0:
+        print(f"kvbench: error: {err}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
+        c.barrier()
+        if GUARD.run_id:
+            cleanup.unlink_run(GUARD.run_id)
+        GUARD.detach()
+        c.finalize()
+    return code

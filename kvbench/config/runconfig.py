@@ -1,0 +1,229 @@
+"""One validated run configuration, built on rank 0 before anything is allocated or written.
+
+Flags and suite are merged here, every field typed (pydantic), ``-O`` options
+checked per transport, the results directory and a resumed result set checked;
+the other ranks receive the finished ``RunConfig``.  A mistake is a
+``ConfigError`` whose message is the one line the user sees.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvbench.config import suite as S
+from kvbench.model import shapes as M
+from kvbench.model.schemes import SchemeError, make_pairs
+from kvbench.transports import options as O
+
+FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
+             "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales", "memory",
+             "copy", "prefill")
+WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
+                  "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
+SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
+               "prefill_tflops", "pages", "fill", "cache")
+RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
+
+
+class ConfigError(ValueError):
+    """A mistake in what the user asked for: one line, exit 1, nothing written."""
+
+
+class RunConfig(BaseModel):
+    """Everything a run needs, validated; what rank 0 broadcasts."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    suite: S.Suite
+    cases: list[dict[str, Any]]
+    models: dict[str, dict[str, Any]]  # name -> ModelShape fields: a YAML file or flags exist on rank 0 only
+    transport_options: dict[str, dict[str, Any]]  # per transport, given keys only
+    results: str
+    name: str
+    bind: Literal["none", "core"] = "none"
+    progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/progress.py)
+    inject_corruption: int = Field(0, ge=0)
+    resume: str | None = None  # the .parquet being continued
+    argv: list[str] = []
+
+    def shapes(self) -> dict[str, M.ModelShape]:
+        return {n: M.ModelShape(**f) for n, f in self.models.items()}
+
+
+def block_sweep(a) -> list[int] | None:
+    """-b/-e/-f (nccl-tests style) -> block sizes in tokens, checked before the sweep is built."""
+    if a.stepfactor < 2:  # checked even when -f has no sweep to step: a typo is never ignored
+        raise ConfigError(f"-f {a.stepfactor}: the step factor must be 2 or more")
+    if a.minblock is None and a.maxblock is None:
+        return None
+    lo = a.minblock if a.minblock is not None else a.maxblock
+    hi = a.maxblock if a.maxblock is not None else lo
+    for flag, b in (("-b", lo), ("-e", hi)):
+        try:
+            M.check_block_size(b)
+        except ValueError as exc:
+            raise ConfigError(f"{flag} {b}: {exc}") from None
+    if lo > hi:
+        raise ConfigError(f"-b {lo} is larger than -e {hi}")
+    out, b = [], lo
+    while b <= hi:
+        out.append(b)
+        b *= a.stepfactor
+    return out
+
+
+def custom_model(a) -> str | None:
+    """Register a model given by flags under the name 'custom'; return that name."""
+    if a.layers is None:
+        return None
+    attention = a.attention or ("mla" if a.kv_lora_rank else "gqa")
+    try:
+        M.PRESETS["custom"] = M.ModelShape("custom", a.layers, a.kv_heads or 0, a.head_dim or 0, attention,
+                                           a.kv_lora_rank, a.rope_dim, source="command-line flags")
+    except ValueError as exc:
+        raise ConfigError(f"custom model: {exc}") from None
+    return "custom"
+
+
+def gave_sweep(a) -> bool:
+    """Did the user name a suite or override any of its fields?"""
+    return bool(a.suite or a.layers is not None or block_sweep(a) or a.variants or a.check is not None
+                or any(getattr(a, k, None) for k in FLAG_AXES)
+                or any(getattr(a, k, None) is not None for k in (*SUITE_FLAGS, *WORKLOAD_FLAGS)))
+
+
+def merge(a) -> S.Suite:
+    """The suite file (or defaults) with command-line overrides applied, validated."""
+    base = S.load(a.suite) if a.suite else S.Suite(name=a.name or "cli")
+    data = base.model_dump()
+    if a.suite is None:
+        data["axes"] = S.Axes().model_dump()
+    axes = data["axes"]
+    for key in FLAG_AXES:
+        if getattr(a, key, None):
+            axes[key] = getattr(a, key)
+    custom = custom_model(a)
+    if custom:
+        axes["model"] = [custom]
+    sweep = block_sweep(a)
+    if sweep:
+        axes["block_size"] = sweep
+    if a.variants:
+        data["variants"] = a.variants
+    wl = {key: getattr(a, attr) for attr, key in WORKLOAD_FLAGS.items() if getattr(a, attr) is not None}
+    if wl or (a.arrival and any(x != "none" for x in a.arrival) and data.get("workload") is None):
+        data["workload"] = dict(data.get("workload") or {}, **wl)
+    for key in SUITE_FLAGS:
+        if getattr(a, key, None) is not None:
+            data[key] = getattr(a, key)
+    if a.check is not None:
+        data["check"] = bool(a.check)
+    if a.name:
+        data["name"] = a.name
+    return S.validate(data, a.suite or "command line")
+
+
+def results_dir(path: str) -> str:
+    """Refuse a results directory that cannot be created or written, without creating anything."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise ConfigError(f"-o {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"-o {path}: {probe} is not writable by this user")
+    st = os.statvfs(probe)
+    if st.f_flag & os.ST_RDONLY:
+        raise ConfigError(f"-o {path}: {probe} is on a read-only file system")
+    return path
+
+
+def build(a, argv: list[str], world: int) -> RunConfig:
+    """The run's configuration from the parsed command line; raises ConfigError."""
+    try:
+        if a.resume:
+            return resumed(a, argv, world)
+        return fresh(a, argv, world)
+    except ValidationError as exc:  # a flag that is not a suite field (RunConfig's own)
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"--{field.replace('_', '-')}: {err['msg']}") from None
+    except (S.SuiteError, SchemeError, O.OptionError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(str(exc)) from None
+
+
+def fresh(a, argv: list[str], world: int) -> RunConfig:
+    suite = merge(a)
+    make_pairs(suite.scheme, world)
+    cases = S.expand(suite)
+    topts = O.parse(a.option or [], suite.axes.transport)
+    if "staged" in suite.axes.transport and suite.axes.memory == ["host"]:
+        raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
+                          "bounce buffer (use --memory torch-cpu, pinned or cuda)")
+    real_prefill(suite)
+    models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
+    return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts,
+                     results=results_dir(a.results), name=a.name or suite.name, bind=a.bind,
+                     progress=getattr(a, "progress", "auto"),
+                     inject_corruption=a.inject_corruption, argv=argv)
+
+
+def real_prefill(suite: S.Suite) -> None:
+    """--prefill real computes where the pools live: host pools have no device to compute on."""
+    if "real" not in suite.axes.prefill:
+        return
+    if "host" in suite.axes.memory:
+        raise ConfigError("--prefill real: --memory host has no device to compute on (the layers' matmuls run "
+                          "where the pools live: use --memory torch-cpu, pinned or cuda)")
+    if suite.workload is not None:
+        raise ConfigError("--prefill real runs in bandwidth sweeps, not under a workload (not yet)")
+
+
+def read_sidecar(parquet: str) -> dict:
+    """The sidecar of a result file; ConfigError when missing or unreadable."""
+    if not parquet.endswith(".parquet"):
+        raise ConfigError(f"--resume {parquet}: expected a results .parquet file")
+    meta = parquet[: -len(".parquet")] + ".meta.json"
+    try:
+        with open(meta) as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"--resume {parquet}: cannot read its sidecar {meta}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--resume {parquet}: its sidecar {meta} is not valid JSON: {exc}") from None
+
+
+def resumed(a, argv: list[str], world: int) -> RunConfig:
+    """Continue ``--resume FILE``: the same suite, schema and machine, or a refusal."""
+    from kvbench.results.store import RESUMES, SCHEMA_VERSION
+
+    path = a.resume
+    meta = read_sidecar(path)
+    if meta.get("schema_version") not in RESUMES:  # an older one: its rows are upgraded when the file is reopened
+        raise ConfigError(f"--resume {path}: schema version {meta.get('schema_version')}, this kvbench writes "
+                          f"{SCHEMA_VERSION} and continues {', '.join(map(str, RESUMES))}: start a new run")
+    status = meta.get("status", "INCOMPLETE")
+    if status not in RESUMABLE:
+        raise ConfigError(f"--resume {path}: the run ended by itself ({status}): nothing to resume")
+    if meta.get("world_size") != world:
+        raise ConfigError(f"--resume {path}: it ran on {meta.get('world_size')} ranks, this launch has {world}")
+    stored = RunConfig(suite=S.Suite.model_validate(meta["suite"]), cases=meta["cases"], models=meta["models"],
+                       transport_options=meta.get("transport_options", {}),
+                       results=os.path.dirname(os.path.dirname(os.path.abspath(path))),
+                       name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
+                       resume=path, argv=meta.get("argv", []))
+    if gave_sweep(a) or a.option:
+        mine = fresh(a, argv, world)
+        for field in ("suite", "cases", "transport_options"):
+            if getattr(mine, field) != getattr(stored, field):
+                raise ConfigError(f"--resume {path}: the {field.replace('_', ' ')} differ from the interrupted run's; "
+                                  "resume with no suite or flags (the stored ones are used) or start a new run")
+    results_dir(os.path.dirname(os.path.abspath(path)))
+    return stored

@@ -1,0 +1,295 @@
+"""Suites: YAML sweep definitions, validated, expanded into cases.
+
+Axes are data: every list under ``axes`` is swept, and the cases are their
+cartesian product (transport outermost).  Validation errors name the field
+and the allowed values in one line.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import platform
+import warnings
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kvbench import transports
+from kvbench.model import shapes as M
+from kvbench.model.inputs import BlockSize, DType, ModelName, Positive, PrefixHit, Tokens, unique
+from kvbench.model.layout import LAYOUTS, parse_alloc
+from kvbench.model.workload import ARRIVAL_HELP, parse_arrival
+from kvbench.model.yamlfile import read
+
+SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "suites")
+
+
+class SuiteError(ValueError):
+    """A bad suite or flag; the message is the one line the user sees."""
+
+
+# YAML types are taken as written: "20" is not an integer, 32.5 is not a block size, inf is not a timeout
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+warnings.filterwarnings("ignore", message='Field name "copy"', category=UserWarning)  # the axis is named copy
+
+
+def _checked(check):
+    """An axis value's type: ``check`` refuses a bad value with the line the user sees (its list position named)."""
+    return AfterValidator(lambda v: (check(v), v)[1])
+
+
+def _transport(t: str) -> None:
+    if t not in transports.REGISTRY:
+        raise ValueError(f"'{t}' is not one of: {', '.join(transports.names())}")
+
+
+def _prefill_ms(p) -> None:
+    if p != "auto" and p < 0:
+        raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
+
+
+def _scales(x: str) -> None:
+    from kvbench.model.formats import parse_scales
+
+    parse_scales(x)
+
+
+def _codec(c: str) -> None:
+    from kvbench.codecs import NAMES
+
+    if c not in NAMES:
+        raise ValueError(f"'{c}' is not one of: {', '.join(NAMES)}")
+
+
+TransportName = Annotated[str, _checked(_transport)]
+Alloc = Annotated[str, _checked(parse_alloc)]
+Arrival = Annotated[str, _checked(parse_arrival)]
+PrefillMs = Annotated[float | Literal["auto"], _checked(_prefill_ms)]
+Scales = Annotated[str, _checked(_scales)]
+Codec = Annotated[str, _checked(_codec)]
+
+
+class Axes(BaseModel):
+    """Sweep axes; each is a list of values, none twice."""
+
+    model_config = STRICT
+    transport: list[TransportName] = Field(default=["loopback", "shm"], min_length=1)
+    op: list[Literal["push", "pull"]] = Field(default=["push"], min_length=1)
+    model: list[ModelName] = Field(default=["llama-3-8b"], min_length=1)
+    tokens: list[Tokens] = Field(default=[1024], min_length=1)
+    prefix_hit: list[PrefixHit] = Field(default=[0], min_length=1)
+    block_size: list[BlockSize] = Field(default=[16], min_length=1)
+    layout: list[Literal["auto", "layer-major", "block-major", "mla"]] = Field(default=["auto"], min_length=1)
+    alloc: list[Alloc] = Field(default=["random"], min_length=1)
+    coalesce: list[Literal["off", "on"]] = Field(default=["off"], min_length=1)
+    dtype: list[DType] = Field(default=["fp16"], min_length=1)
+    # fp8 scale planes (formats.py): none, tensor, block:<n>; nvfp4 carries its own
+    scales: list[Scales] = Field(default=["none"], min_length=1)
+    tp: list[Positive] = Field(default=[1], min_length=1)
+    pp: list[Positive] = Field(default=[1], min_length=1)
+    inflight: list[Positive] = Field(default=[1], min_length=1)
+    overlap: list[Literal["serial", "streaming"]] = Field(default=["serial"], min_length=1)
+    prefill_ms: list[PrefillMs] = Field(default=[0.0], min_length=1)
+    handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
+    arrival: list[Arrival] = Field(default=["none"], min_length=1)
+    # GPU issue: where the pools live (host: numpy; torch-cpu, pinned, cuda: torch tensors, memory/device.py)
+    # and which copy engine moves device bytes (copy.py); host transports take memory host only
+    memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
+    copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)
+    # prefill: the clock (a timer of prefill_ms) or real (the model's matmuls where the pools live, prefill.py)
+    prefill: list[Literal["clock", "real"]] = Field(default=["clock"], min_length=1)
+    # wire encodings (docs/codecs.md): none, exp-split, cast-fp8-e4m3, cast-fp8-e5m2, zstd, lz4
+    codec: list[Codec] = Field(default=["none"], min_length=1)
+
+    @field_validator("*")
+    @classmethod
+    def _unique(cls, v):
+        return unique(v)
+
+
+class Workload(BaseModel):
+    """Many requests through the pairs with a bounded decode pool (back-pressure); see kvbench/load.py."""
+
+    model_config = STRICT
+    requests: int = Field(default=100, ge=1)  # per prefill rank
+    prompt: str = "1024"  # "N", "a,b,c" (cycled), "uniform:lo:hi", "lognormal:median:sigma"
+    decode_ms: float = Field(default=20.0, ge=0)  # a request holds its decode blocks this long after landing
+    alloc_timeout_ms: float = Field(default=1000.0, ge=0)  # back-pressure wait before a request is dropped
+    decode_pool_tokens: int = Field(default=0, ge=0)  # decode pool capacity in tokens (0: room for every request)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        from kvbench.model.workload import parse_prompt
+
+        parse_prompt(v)
+        return v
+
+
+class Suite(BaseModel):
+    """A whole sweep: axes plus how to run each case."""
+
+    model_config = STRICT
+    name: str = "cli"
+    description: str = ""
+    iters: int = Field(default=20, ge=1)
+    warmup: int = Field(default=3, ge=0)
+    # >1: a transport's cases take turns (iters split over rounds), so noise hits every row alike;
+    # 0 (default): min(5, iters); 1 for a workload and under cache warm (turns())
+    rounds: int = Field(default=0, ge=0)
+    check: bool = True
+    scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
+    seed: int = 0
+    pool_factor: float = Field(default=2.0, ge=1.0)
+    timeout: float = Field(default=600.0, gt=0)  # seconds one case may take (warm-up, iterations, check)
+    setup_timeout: float | None = Field(default=None, gt=0)  # a transport's setup; None: derived from its pool bytes
+    pages: Literal["4k", "thp", "huge"] = "4k"
+    # pool contents: pattern (the check pattern), realistic (modelled KV values), file:<dump.npy|.safetensors>
+    fill: str = "pattern"  # host pools kvbench allocates (docs/pages.md says why 4k)
+    # bulk: one descriptor per layer; ceiling: the same bytes in 64 KiB-4 MiB contiguous chunks (bulk% is
+    # against the best of bulk and these); hot: one layer's buffer re-sent (as perftest does); paged: the block table
+    variants: list[Literal["bulk", "ceiling", "hot", "paged"]] = Field(default=["bulk", "ceiling", "paged"],
+                                                                       min_length=1)
+    prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
+    # where a request's bytes are when its iteration starts (host pools; cachestate.py)
+    cache: Literal["as-is", "warm", "cold"] = "as-is"
+    workload: Workload | None = None
+    axes: Axes = Field(default_factory=Axes)
+
+    @field_validator("fill")
+    @classmethod
+    def _fill(cls, v):
+        from kvbench.memory.values import check_fill
+
+        return check_fill(v)
+
+    @model_validator(mode="after")
+    def _rounds(self):
+        if self.rounds > self.iters:
+            raise ValueError(f"rounds ({self.rounds}) cannot exceed iters ({self.iters}): each round needs an iteration")
+        if self.rounds > 1 and self.workload is not None:
+            raise ValueError("rounds applies to bandwidth sweeps, not to a workload (its requests already interleave)")
+        return self
+
+    @model_validator(mode="after")
+    def _cache(self):
+        if self.cache != "as-is" and self.workload is not None:
+            raise ValueError(f"cache {self.cache} applies to bandwidth sweeps: a workload's requests arrive while "
+                             "others are in flight, with no barrier before each to set the caches at")
+        if self.cache == "cold" and platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
+            raise ValueError(f"cache cold flushes cache lines with clflush (x86-64) or dc civac (aarch64); this CPU "
+                             f"is {platform.machine() or 'unknown'}")
+        if self.cache != "as-is" and "cuda" in self.axes.memory:
+            raise ValueError(f"cache {self.cache} sets the CPU caches over host pools; memory cuda pools are device "
+                             "memory (run the cuda rows with cache as-is)")
+        return self
+
+    def turns(self) -> int:
+        """Rounds in force: as given, or by default min(5, iters), so references and paged rows share the
+        machine's slow and fast phases; 1 for a workload, and 1 under cache warm, which promises what a loop
+        re-sending one request measures (a resumed case starts from the cache state the others' turns left)."""
+        if self.rounds:
+            return self.rounds
+        return 1 if self.workload is not None or self.cache == "warm" else min(5, self.iters)
+
+
+def _one_line(exc: ValidationError, where: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        parent = Axes if err["loc"][:1] == ("axes",) else Suite
+        msg = f"unknown field (allowed: {', '.join(parent.model_fields)})"
+    return f"{where}: field '{loc}': {msg}"
+
+
+def validate(data: dict, where: str = "suite") -> Suite:
+    """Validate a suite mapping; raise SuiteError with one line on failure."""
+    if not isinstance(data, dict):
+        raise SuiteError(f"{where}: expected a mapping with 'name' and 'axes'")
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as exc:
+        raise SuiteError(_one_line(exc, where)) from None
+
+
+def resolve_path(name: str) -> str:
+    """A suite path, or a bare name looked up in suites/ (``quick`` -> suites/quick.yaml)."""
+    if os.path.exists(name):
+        return name
+    cand = os.path.join(SUITE_DIR, name if name.endswith((".yaml", ".yml")) else name + ".yaml")
+    if os.path.exists(cand):
+        return cand
+    raise SuiteError(f"suite '{name}' not found (suites: {', '.join(list_suites())})")
+
+
+def load(name: str) -> Suite:
+    """Read and validate a suite file (or a name from suites/)."""
+    path = resolve_path(name)
+    try:
+        data = read(path)
+    except ValueError as exc:
+        raise SuiteError(str(exc)) from None
+    return validate(data, path)
+
+
+def list_suites() -> list[str]:
+    """Names of the suites shipped in suites/."""
+    if not os.path.isdir(SUITE_DIR):
+        return []
+    return sorted(f[:-5] for f in os.listdir(SUITE_DIR) if f.endswith(".yaml"))
+
+
+CASE_KEYS = ("transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
+             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec",
+             "scales", "prefill")
+
+
+def expand(suite: Suite) -> list[dict]:
+    """The cases of a suite, in sweep order; layout 'auto' resolved per model."""
+    ax = suite.axes
+    cases, dropped = [], []
+    for values in itertools.product(*(getattr(ax, k) for k in CASE_KEYS)):
+        case = dict(zip(CASE_KEYS, values))
+        shape = M.get_model(case["model"])
+        if case["layout"] == "auto":
+            case["layout"] = "mla" if shape.attention == "mla" else "layer-major"
+        if (case["layout"] == "mla") != (shape.attention == "mla"):
+            raise SuiteError(f"layout '{case['layout']}' does not fit model '{case['model']}' "
+                             f"({shape.attention}); use 'auto', or one of: {', '.join(LAYOUTS)}")
+        if case["prefix_hit"] >= case["tokens"]:
+            raise SuiteError(f"prefix_hit {case['prefix_hit']} leaves nothing to transfer of {case['tokens']} tokens")
+        try:
+            M.shard(shape, case["tp"], case["pp"])
+        except ValueError as exc:
+            raise SuiteError(str(exc)) from None
+        case["scheme"] = suite.scheme
+        case["prefill_ms_set"] = str(case["prefill_ms"])
+        if case["prefill_ms"] == "auto":
+            ntok = case["tokens"] - case["prefix_hit"]
+            # TP and PP split the FLOPs: each rank computes 1/(tp x pp) of them at prefill_tflops
+            case["prefill_ms"] = M.prefill_ms(shape, ntok, suite.prefill_tflops * case["tp"] * case["pp"])
+        if (case["arrival"] == "none") != (suite.workload is None):
+            raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
+                             f"axes.arrival ({ARRIVAL_HELP})")
+        case["workload"] = case["arrival"]
+        from kvbench.codecs import check as codec_check
+        from kvbench.model.formats import Format
+
+        try:
+            fmt = Format(case["dtype"], case["scales"])
+        except ValueError as exc:  # a dtype x scales pair that does not exist (fp16 with scales, nvfp4 with others')
+            dropped.append(str(exc))
+            continue
+        if not fmt.plain and (suite.workload is not None or case["inflight"] > 1):
+            raise SuiteError(f"{fmt.describe()}: formats with scale planes run in bandwidth sweeps with inflight 1 "
+                             "(not yet in workloads)")
+        if case["codec"] != "none" and (why := codec_check(case["codec"], case["dtype"])):
+            dropped.append(why)  # a codec x dtype pair that does not exist (exp-split on e4m3): the sweep skips it
+            continue
+        cases.append(case)
+    if dropped and not cases:
+        raise SuiteError(dropped[0])
+    return cases

@@ -1,0 +1,389 @@
+"""The one timing loop: pools, registration, warm-up, barrier, iterations; then the check and the rows.
+
+Beside it: requests.py (a case's geometry, pool size and plan of requests), checkpass.py (the clock match
+and the check transfer after the timed iterations) and rows.py (building and delivering result rows).
+
+The harness owns *how* a case is measured; transports own *what* moves.
+An iteration starts when a barrier ends.  Each rank records, for each of
+its requests, when its part was complete; for the destination that means
+the bytes are visible in its pool (its own receive completed, or the
+initiator's notification arrived).  The headline per request is the max
+over the two ranks of its pair, computed when results are read.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from itertools import groupby
+
+from kvbench import memory, transports
+from kvbench.codecs.path import codec_refused, codec_staging, codec_transport
+from kvbench.harness import checkpass, preflight, requests
+from kvbench.harness.requests import case_geometry, pool_bytes
+from kvbench.harness.rows import Rows
+from kvbench.harness.schedule import Iteration
+from kvbench.job import faults
+from kvbench.job.guard import GUARD
+from kvbench.memory import cachestate, device
+from kvbench.model.descriptors import CHUNKS
+from kvbench.model.layout import Pool
+from kvbench.model.schemes import Entry, SchemeError, make_pairs, max_entries_per_rank
+from kvbench.results import costs
+from kvbench.transports.base import Context, TransportError
+
+
+class UserError(ValueError):
+    """A mistake in the request (not a failure of the machine): one line, exit 1."""
+
+
+@dataclass
+class Options:
+    iters: int = 20
+    warmup: int = 3
+    check: bool = True
+    seed: int = 0
+    pool_factor: float = 2.0
+    timeout: float = 600.0
+    setup_timeout: float | None = None  # None: derived from the pool bytes (preflight.setup_seconds)
+    pages: str = "4k"  # host pools kvbench allocates: 4k, thp or huge (memory.PAGE_KINDS)
+    variants: tuple = ("bulk", "paged")
+    rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
+    inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
+    fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
+    cache: str = "as-is"  # where a request's bytes are when its iteration starts (cachestate.py)
+    transport_options: dict = field(default_factory=dict)
+
+
+class Harness(Rows):
+    """Runs expanded cases on every rank; rank 0 gets the rows through ``sink``."""
+
+    def __init__(self, comm, opts: Options, sink=None):
+        self.comm, self.opts, self.sink = comm, opts, sink
+        self.rank = comm.rank
+        self.run_id = comm.bcast(secrets.token_hex(4) if self.rank == 0 else None)
+        self.token = comm.bcast(secrets.token_bytes(16) if self.rank == 0 else None)
+        self.case_no = 0
+        self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
+        self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
+        self.on_group_done = None  # rank 0: called with a transport's name once all its rows are stored
+
+    def set_sink(self, sink) -> None:
+        """Rank 0: where finished cases' rows go."""
+        self.sink = sink
+
+    # ----- whole run ---------------------------------------------------------------------
+    def preflight(self, cases: list[dict], scheme: str) -> None:
+        """Refuse, before anything is allocated or written, pools that do not fit (collective)."""
+        try:
+            entries = max_entries_per_rank(make_pairs(scheme, self.comm.size), 1)
+        except SchemeError as exc:
+            raise UserError(str(exc)) from None
+        groups = []
+        for name, g in groupby(cases, key=lambda c: c["transport"]):
+            g = list(g)
+            layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
+            groups.append((name, self.pool_size(g, entries), layer))
+        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages)
+        if why:
+            raise UserError(why)
+
+    def run(self, cases: list[dict], scheme: str) -> None:
+        try:
+            pairs = make_pairs(scheme, self.comm.size)
+        except SchemeError as exc:
+            raise UserError(str(exc)) from None
+        for name, group in groupby(cases, key=lambda c: c["transport"]):
+            # one pool and one transport per (memory kind, copy engine): the pool's kind is fixed at allocation
+            for _, sub in groupby(group, key=lambda c: (c.get("memory", "host"), c.get("copy", "batch"))):
+                self.run_transport(name, list(sub), pairs)
+            if self.on_group_done is not None:
+                self.on_group_done(name)
+        self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
+
+    def sample(self, group: str, phase: str, case: int = 0) -> None:
+        """This rank's resident memory and open files now (the soak's leak check reads them); one sample per
+        (case, phase), the last one kept."""
+        self.resources = [x for x in self.resources if (x["case"], x["phase"], x["transport"]) != (case, phase, group)]
+        self.resources.append(dict(preflight.process_usage(), rank=self.rank, transport=group, case=case, phase=phase))
+
+    # ----- one transport -----------------------------------------------------------------
+    def run_transport(self, name: str, cases: list[dict], pairs) -> None:
+        memory.use(None)  # pools start with the check pattern; a case's fill is put in place by its prepare
+        reason = transports.probe(name)
+        cls = None
+        if reason is None:
+            cls = transports.load(name)
+            if not cls.caps.local_only and self.comm.size < 2:
+                reason = "needs 2 ranks or more (mpirun -np 2 kvbench run ...)"
+            elif all(c["op"] not in cls.caps.ops for c in cases):
+                reason = f"supports only {', '.join(cls.caps.ops)}"
+            else:
+                reason = device_reason(cls, cases[0])
+        reasons = [r for r in self.comm.allgather(reason) if r]
+        if reasons:
+            for case in cases:
+                self.emit_skipped(case, f"unavailable: {reasons[0]}")
+            return
+        local = cls.caps.local_only
+        my_pairs = [(0, 0)] if local else pairs
+        token = self.token if not faults.armed("token", self.rank) else bytes(16)
+        ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
+                      dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
+                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"))
+        entries = 1 if local else max_entries_per_rank(pairs, 1)
+        nbytes = self.pool_size(cases, entries)
+        staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
+        GUARD.case = f"setup of {name}"
+        GUARD.arm(f"setup of {name} (allocate and fill {nbytes / 2**30:.2f} GiB, register, connect)",
+                  self.opts.setup_timeout or preflight.setup_seconds(nbytes))
+        t = cls(ctx)
+        pools: list[Pool] = []
+        try:
+            active = not local or self.rank == 0
+            if active:
+                pools.append(self._alloc(t, nbytes + staging, ctx.memory))
+                if local:
+                    pools.append(Pool(memory.alloc_host(nbytes, pages=self.opts.pages)))
+                r0 = time.perf_counter()
+                metas = [t.register(p) for p in pools]
+                register_s = time.perf_counter() - r0  # once per pool, never per request
+            c0 = time.perf_counter()
+            if not local:
+                allm = self.comm.allgather(metas[0])
+                peers = {}
+                for s, d in pairs:
+                    if self.rank in (s, d):
+                        other = d if s == self.rank else s
+                        peers[other] = allm[other]
+                t.connect(peers)
+            elif active:
+                t.connect({})
+            self.comm.barrier()
+            t.ready()
+            connect_s = time.perf_counter() - c0
+            infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes,
+                                          completion="transport" if t.caps.stamps else "harness",
+                                          pages=self.pages_of(t, pools)) if active else None)
+            if self.rank == 0:
+                self.transport_info[name] = infos
+            GUARD.disarm()
+            self.sample(name, "ready")
+            session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
+            if staging and active:
+                from kvbench.codecs.path import Session
+
+                session["codec"] = Session(t, pools[0].array, nbytes, my_pairs, self.rank)
+            runnable = []
+            for case in cases:
+                if case["op"] not in cls.caps.ops:
+                    self.emit_skipped(case, f"unavailable: {name} supports only {', '.join(cls.caps.ops)}")
+                elif codec_refused(name, case):
+                    self.emit_skipped(case, f"unavailable: {codec_refused(name, case)}")
+                else:
+                    runnable.append(case)
+            if self.opts.rounds > 1:
+                self.run_rounds(runnable, session)
+            else:
+                for case in runnable:
+                    self.run_case(case, session)
+            # one-sided peers may still be reading our pool: nobody closes until everybody is done
+            with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
+                self.comm.barrier()
+        finally:
+            if "session" in locals() and "codec" in session:
+                session["codec"].close()
+            t.close()
+            for p in pools:
+                p.release()
+        GUARD.case = ""  # (kept when an exception passes: the one line names the case)
+        self.sample(name, "closed")
+
+    def pages_of(self, t, pools: list[Pool]) -> dict:
+        """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
+        got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=self.opts.pages)
+               if p.array is not None else {"applied": p.kind, "note": "device memory: no host pages"} for p in pools]
+        out = {"requested": self.opts.pages, **(got[0] if got else {})}
+        if len(got) > 1:
+            out["more_pools"] = got[1:]
+        return out
+
+    def pool_size(self, cases: list[dict], entries: int) -> int:
+        """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
+        return pool_bytes(cases, self.opts.pool_factor, entries)
+
+    def _alloc(self, t, nbytes: int, kind: str = "host") -> Pool:
+        if kind != "host":  # a device pool, filled where it lives (memory/device.py)
+            try:
+                pool = device.alloc(nbytes, kind, pages=self.opts.pages)
+            except device.DeviceMemoryError as exc:
+                raise UserError(str(exc)) from None
+            device.fill(pool.tensor, self.rank)
+            device.sync(pool)
+            return pool
+        buf = t.alloc(nbytes)
+        if buf is not None:
+            pool = Pool(buf.array, "host", buf.release)
+            pool.own_pages = True
+        else:
+            pool = Pool(memory.alloc_host(nbytes, pages=self.opts.pages))
+        faults.hit("stall-setup", self.rank)
+        memory.fill(pool.array, self.rank)
+        return pool
+
+    # ----- one case ----------------------------------------------------------------------
+    def variants(self, case: dict, s: dict) -> list[dict]:
+        """What a case measures: once per payload its references (bulk: one descriptor per layer; the
+        ceiling: the same bytes in contiguous chunks of 64 KiB to 4 MiB; hot: one layer's buffer again and
+        again), then the paged transfer."""
+        out = []
+        bulk_key = tuple(case.get(k) for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight",
+                                               "scales"))
+        if bulk_key not in s["bulk"]:
+            s["bulk"].add(bulk_key)  # plain transfers: no clock, no handshake
+            refs = ["bulk"] if "bulk" in self.opts.variants else []
+            refs += list(CHUNKS) if "ceiling" in self.opts.variants else []
+            refs += ["hot"] if "hot" in self.opts.variants else []
+            out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off",
+                         codec="none", prefill="clock") for v in refs]  # references: the pool's bytes as they are
+        if "paged" in self.opts.variants:
+            out.append(dict(case, variant="paged"))
+        return out
+
+    def run_case(self, case: dict, s: dict) -> None:
+        for v in self.variants(case, s):
+            self.measure(v, s)
+
+    def run_rounds(self, cases: list[dict], s: dict) -> None:
+        """Interleave: every measurement gets its share of iterations in turn, ``rounds`` times over.
+
+        A slow phase of a noisy machine (another job, a frequency step) then
+        hits every row of the comparison alike instead of one of them.  The
+        first round warms up with ``warmup`` iterations, later ones with one
+        (the caches held another case's ranges meanwhile).
+        """
+        o = self.opts
+        ms = [self.prepare(v, s) for case in cases for v in self.variants(case, s)]
+        for r in range(o.rounds):
+            share = o.iters // o.rounds + (r < o.iters % o.rounds)
+            for m in ms:
+                self.iterate(m, s, o.warmup if r == 0 else min(1, o.warmup), share, r)
+        for m in ms:
+            self.finish(m, s)
+
+    def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
+        """Control plane (untimed): the case's entries (requests.py)."""
+        return requests.plan(self, case, g, s)
+
+    def measure(self, case: dict, s: dict) -> None:
+        m = self.prepare(case, s)
+        self.iterate(m, s, self.opts.warmup, self.opts.iters)
+        self.finish(m, s)
+
+    def prepare(self, case: dict, s: dict) -> dict:
+        """Number the case, plan its requests (untimed) and build its iteration."""
+        self.case_no += 1
+        GUARD.case = case_label(self.case_no, case)
+        g = case_geometry(case)
+        entries = self.plan(case, g, s)
+        t = codec_transport(self, case, g, s)
+        itr = Iteration(t, self.comm, self.rank, entries, case, s["local"])
+        return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0,
+                "codec": [] if t is not s["t"] else None,
+                "cache": cachestate.make(self.opts.cache, s["pools"], entries, self.rank, s["local"])}
+
+    def _once(self, m: dict, it: int):
+        if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
+            raise TransportError("injected fault (KVBENCH_FAULT)")
+
+        def start():  # the iteration starts when the barrier ends (Iteration.run first does what may precede it)
+            if m["cache"] is not None:  # --cache warm/cold: the request's bytes where asked, last thing before it
+                m["cache"].apply()
+            self.comm.barrier()
+            if it >= 0:  # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
+                faults.hit("stall-case", self.rank, m["no"])
+                if it >= 1:  # the peer is in the middle of this case's transfers
+                    faults.hit("kill", self.rank, m["no"])
+
+        # timed iterations and the check pass (it -1) alike: the same calls in the same order
+        return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16, start)
+
+    def _watchdog(self, m: dict) -> None:
+        GUARD.case = case_label(m["no"], m["case"])
+        GUARD.arm(f"case {m['no']} (--timeout)", self.opts.timeout)
+
+    def iterate(self, m: dict, s: dict, warmup: int, iters: int, rnd: int = 0) -> None:
+        """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
+        itr = m["itr"]
+        self._watchdog(m)
+        try:
+            for k in range(warmup + iters):
+                cache0 = m["cache"].count if m["cache"] is not None else 0
+                done, inside, hs, offset = self._once(m, m["next"])  # from the end of a barrier
+                t0 = itr.t0
+                total = time.perf_counter() - t0
+                # every rank done before any rank's bookkeeping (and --cache setting): a pull's source is done
+                # first, and its work would otherwise share the CPU caches with its peer's timed transfer
+                self.comm.barrier()
+                stages = s["t"].take_stages() if hasattr(s["t"], "take_stages") else None  # staged: per-stage seconds
+                m["next"] += 1  # tags stay distinct across rounds
+                stats = s["codec"].take_stats() if m["codec"] is not None else None
+                ends, took = itr.prefill_ends(offset)  # per source: its prefill's end (real: measured there)
+                if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
+                    exposed = [d - ends.get(e.src, itr.prefill_s) if e.dst == self.rank else None
+                               for d, e in zip(done, itr.order)]
+                    m.setdefault("took", []).append(took)
+                    m["rec"].append((done, total - inside, hs, exposed, rnd))
+                    if stats is not None:
+                        m["codec"].append(stats)
+                    m.setdefault("cost", []).append(itr.cost)  # time outside the wire (costs.py)
+                    m.setdefault("t0s", []).append(t0)
+                    if m["cache"] is not None:  # did this iteration start with the bytes set (the rows' cache_bytes)
+                        m.setdefault("cache_set", []).append(m["cache"].count - cache0 == 1)
+                    m.setdefault("stages", []).append(stages)
+                if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
+                    m["warm"] = True
+                    self.sample(m["case"]["transport"], "warm", m["no"])
+                if k + 1 == warmup + iters // 2 and not m.get("mid"):  # half-way: the steady state's start
+                    m["mid"] = True
+                    self.sample(m["case"]["transport"], "mid", m["no"])
+        finally:
+            GUARD.disarm()
+        self.sample(m["case"]["transport"], "end", m["no"])
+
+    def finish(self, m: dict, s: dict) -> None:
+        """Check every byte (if asked), then deliver the case's rows."""
+        case, entries, itr = m["case"], m["entries"], m["itr"]
+        nwrong = None
+        self._watchdog(m)
+        try:
+            m["clock"] = checkpass.one_clock(self, m)
+            if self.opts.check:
+                nwrong = checkpass.check(self, m, s)
+        finally:
+            GUARD.disarm()
+        # rows follow `entries`; the iteration completed them in `itr.order`
+        pos = [itr.order.index(e) for e in entries]
+        rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
+        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
+                  m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)},
+                  stages=m.get("stages"), cost=costs.reorder(m.get("cost", []), pos), took=m.get("took"),
+                  cache=(m["cache"].per_entry, m.get("cache_set", [])) if m["cache"] is not None else None)
+
+
+def device_reason(cls, case: dict) -> str | None:
+    """Why a transport cannot run a case's memory kind and copy engine here, or None."""
+    kind = case.get("memory", "host")
+    if kind not in cls.caps.memory:
+        if cls.name == "staged" and kind == "host":
+            return "staged: --memory host has nothing to stage (use torch-cpu, pinned or cuda)"
+        return f"{cls.name} moves {', '.join(cls.caps.memory)} memory, not {kind}"
+    from kvbench.memory import copy
+
+    return device.probe(kind) or copy.probe(case.get("copy", "batch"), "cuda" if kind == "cuda" else "cpu")
+
+
+def case_label(no: int, case: dict) -> str:
+    """How the one-line failure message names a case."""
+    what = "bulk" if case.get("variant") == "bulk" else f"{case['alloc']} {case['block_size']}-token blocks"
+    return f"case {no} ({case['transport']} {case['op']} {case['model']} {case['tokens']} tokens, {what})"

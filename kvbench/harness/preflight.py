@@ -1,0 +1,90 @@
+"""One preflight for the memory a run will really use, before anything is allocated or written.
+
+Pools take RAM; shared-memory pools (shm's segments, MPICH's Win.Allocate)
+also take space in /dev/shm, which a container caps at 64 MiB by default and
+which fails with SIGBUS, not an error, when overfilled (PLATFORM pitfall 12);
+registrations that pin memory (RDMA) need the locked-memory limit.  Every rank
+reports its host's facts and every rank reaches the same verdict.
+"""
+from __future__ import annotations
+
+import resource
+
+from kvbench import memory, transports
+from kvbench.job import cleanup
+
+GiB, MiB = 2**30, 2**20
+SETUP_BASE_S = 120.0  # connection set-up and registration on a large cluster
+SETUP_FILL_BPS = 100e6  # a pool is allocated and filled well above this rate on any host
+
+
+def setup_seconds(nbytes: int) -> float:
+    """The deadline of one transport's setup (allocate, fill, register, connect) for a pool of ``nbytes``."""
+    return SETUP_BASE_S + nbytes / SETUP_FILL_BPS
+
+
+def process_usage() -> dict:
+    """Resident memory and open file descriptors of this process."""
+    import psutil
+
+    p = psutil.Process()
+    return {"rss_bytes": p.memory_info().rss, "open_fds": p.num_fds()}
+
+
+def memlock_limit() -> int | None:
+    """RLIMIT_MEMLOCK's soft limit in bytes; None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _needs(name: str, nbytes: int, layer_bytes: int, options: dict, rank: int, pages: str) -> dict:
+    """What one rank needs for one transport's pools: RAM, /dev/shm, locked memory (bytes)."""
+    try:
+        cls = transports.load(name)
+    except Exception:  # unavailable: its rows are skipped, it allocates nothing
+        return {"ram": 0, "shm": 0, "locked": 0, "huge": 0}
+    pools = (2 if rank == 0 else 0) if cls.caps.local_only else 1
+    placed = dict(cls.memory_needs(nbytes, options)) if pools else {}
+    if pages == "huge" and pools and not placed.get("shm"):  # kvbench's own pools from the kernel's huge pages
+        placed["huge"] = (pools if cls.caps.local_only else 1) * nbytes
+    check = 3 * layer_bytes if pools else 0  # the check's temporaries: expected words and a diff per descriptor
+    return {"ram": pools * nbytes + check, "shm": placed.get("shm", 0), "locked": placed.get("locked", 0),
+            "huge": placed.get("huge", 0)}
+
+
+def check(comm, groups: list[tuple[str, int, int]], options: dict[str, dict], pages: str = "4k") -> str | None:
+    """Collective: the first shortfall as one line (same on every rank), or None.
+
+    ``groups`` are (transport, pool bytes per rank, largest layer bytes) in run order; transports run
+    one after the other, so each is checked on its own.
+    """
+    mine = [_needs(n, nb, lb, options.get(n, {}), comm.rank, pages) for n, nb, lb in groups]
+    facts = comm.allgather((comm.hostname, mine, memory.available_bytes(), cleanup.shm_free_bytes(),
+                            memlock_limit(), memory.hugepages_free_bytes()))
+    for i, (name, _, _) in enumerate(groups):
+        hosts: dict[str, dict] = {}
+        for host, needs, avail, shm_free, locked, huge_free in facts:
+            h = hosts.setdefault(host, {"ram": 0, "shm": 0, "huge": 0, "ranks": 0, "avail": avail, "shm_free": shm_free,
+                                        "huge_free": huge_free})
+            h["ram"] += needs[i]["ram"]
+            h["shm"] += needs[i]["shm"]
+            h["huge"] += needs[i]["huge"]
+            h["ranks"] += 1
+            if locked is not None and needs[i]["locked"] > locked:
+                return (f"{name}: registering a {needs[i]['locked'] / GiB:.2f} GiB pool pins it, but this rank's "
+                        f"locked-memory limit (ulimit -l) on {host} is {locked / MiB:.1f} MiB: raise it "
+                        "(ulimit -l unlimited; systemd LimitMEMLOCK=infinity; docker --ulimit memlock=-1)")
+        for host, h in hosts.items():
+            if h["ram"] > 0.9 * h["avail"]:
+                return (f"{name}: pools need {h['ram'] / GiB:.2f} GiB on host {host} ({h['ranks']} ranks) but only "
+                        f"{h['avail'] / GiB:.2f} GiB is available: lower --tokens, --pool-factor or the model size")
+            if h["huge"] > h["huge_free"]:
+                return (f"{name}: --pages huge needs {h['huge'] / GiB:.2f} GiB of reserved huge pages on host {host} "
+                        f"({h['ranks']} ranks) but {h['huge_free'] / GiB:.2f} GiB is free: reserve more "
+                        "(sysctl vm.nr_hugepages=N, or hugepages=N at boot) or use --pages thp")
+            if h["shm"] > h["shm_free"]:
+                return (f"{name}: pools need {h['shm'] / GiB:.2f} GiB in {cleanup.SHM_DIR} on host {host} "
+                        f"({h['ranks']} ranks) but {h['shm_free'] / MiB:.1f} MiB is free there: give the container a "
+                        "larger /dev/shm (docker run --shm-size=8g; Kubernetes: an emptyDir with medium: Memory), "
+                        "or lower --tokens or --pool-factor, or run without this transport")
+    return None

@@ -1,0 +1,96 @@
+"""What a case's requests are, before anything is timed: their geometry, the pool that holds them, and the
+plan of their blocks and descriptors (the control plane).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvbench import memory
+from kvbench.model import planes
+from kvbench.model import shapes as M
+from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
+from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.schemes import Entry, offset_bulk
+from kvbench.transports.base import TransportError
+
+
+def case_geometry(case: dict) -> dict:
+    """Shape numbers of a case: blocks, block bytes, payload (pure arithmetic)."""
+    shape = M.shard(M.get_model(case["model"]), case["tp"], case["pp"])
+    ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
+    if planes.scaled(case):  # values, block scales, tensor scales in planes of their own
+        return planes.geometry(case, shape, ntok)
+    bs = case["block_size"]
+    bb = M.block_bytes(shape, bs, case["dtype"])
+    nb = M.num_blocks(ntok, bs)
+    last = (ntok - (nb - 1) * bs) * shape.row_elems * M.dtype_bytes(case["dtype"])
+    return {"shape": shape, "ntok": ntok, "block_bytes": bb, "nblocks": nb, "last_bytes": last,
+            "full_bytes": shape.layers * shape.regions * nb * bb,
+            "payload": M.bytes_per_token(shape, case["dtype"]) * ntok}
+
+
+def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
+    """One pool size for a transport's cases: ``factor`` x the requests one rank holds at once.
+
+    ``entries`` is the number of pairs the busiest rank belongs to; each case
+    multiplies it by its own ``inflight``.
+    """
+    need = max(case_geometry(c)["full_bytes"] * c.get("inflight", 1) for c in cases) * entries
+    return -(-int(need * factor) // memory.PAGE) * memory.PAGE
+
+
+def plan(h, case: dict, g: dict, s: dict) -> list[Entry]:
+    """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (harness ``h``:
+    its rank, comm, seed and case number)."""
+    fmt = planes.fit(case["layout"], g, s["nbytes"]) if "fmt" in g else None
+    lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
+                                        g["block_bytes"], s["nbytes"])
+    bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
+    seed = h.opts.seed * 1_000_003 + h.case_no
+    allocs: dict[str, BlockAllocator] = {}
+    mine, slots = {}, {}
+    for i, (src, dst) in enumerate(s["pairs"]):
+        for req in range(case["inflight"]):
+            for side, r in (("src", src), ("dst", dst)):
+                if r != h.rank:
+                    continue
+                if side not in allocs:
+                    allocs[side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
+                ids = allocs[side].allocate(g["nblocks"], "contiguous" if bulk else case["alloc"])
+                if ids is None:
+                    raise TransportError(f"pool of {lay.nblocks} blocks per layer cannot hold the requests "
+                                         f"in flight; raise --pool-factor")
+                mine[(i, req, side)] = ids
+                slots[(i, req, side)] = sum(1 for key in slots if key[2] == side)
+    blocks, allslots = {}, {}
+    for part, sl in ([(mine, slots)] if s["local"] else h.comm.allgather((mine, slots))):
+        blocks.update(part)
+        allslots.update(sl)
+    entries = []
+    for i, (src, dst) in enumerate(s["pairs"]):
+        if h.rank not in (src, dst):
+            continue
+        for req in range(case["inflight"]):
+            layers = []
+            descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
+            if fmt:  # scale planes beside the values: their own descriptors
+                entries.append(Entry(i, req, src, dst, planes.request_layers(
+                    fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")]))
+                continue
+            per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
+            for layer, d in enumerate(per_layer):
+                if bulk:
+                    d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))
+                layers.append(np.ascontiguousarray(d))
+            if bulk:  # requests sharing a pool get disjoint slices of each layer
+                if case["variant"] == "hot":  # every layer is layer 0's range: the same buffer, cache-hot
+                    layers = [layers[0]] * len(layers)
+                layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")])
+                for j, d in enumerate(layers):
+                    start, span = lay.layer_span(0 if case["variant"] == "hot" else j)
+                    if int((d[:, :2] + d[:, 2:3]).max()) > start + span:
+                        raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
+                if case["variant"] in CHUNKS:
+                    layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
+            entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
+    return entries

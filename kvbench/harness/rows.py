@@ -1,0 +1,95 @@
+"""A case's result rows: the case keys every row carries, one row per (entry, iteration) and the check's row,
+gathered to rank 0's sink.
+
+``Rows`` is mixed into the harness (it reads ``comm``, ``rank``, ``opts``,
+``case_no`` and ``sink``) so that subclasses such as the workload harness
+build their rows through the same ``base_row`` and ``deliver``.
+"""
+from __future__ import annotations
+
+from kvbench.codecs.path import codec_columns, lossy_columns
+from kvbench.harness.requests import case_geometry
+from kvbench.model.descriptors import CHUNKS
+from kvbench.model.schemes import control_bytes
+from kvbench.results import costs
+
+
+class Rows:
+    """Building and delivering rows (a mixin of ``Harness``)."""
+
+    def base_row(self, case: dict, g: dict | None = None, no: int | None = None) -> dict:
+        bulk = case.get("variant", "paged") != "paged"
+        return {
+            "case": self.case_no if no is None else no, "variant": case.get("variant", "paged"), "transport": case["transport"],
+            "op": case["op"], "memory": case.get("memory", "host"), "copy": case.get("copy", "batch"),
+            "prefill": case.get("prefill", "clock"), "model": case["model"], "tokens": case["tokens"],
+            "prefix_hit": case["prefix_hit"], "block_size": 0 if bulk else case["block_size"],
+            "block_bytes": CHUNKS.get(case.get("variant"), 0) if bulk or g is None else g["block_bytes"],
+            "layout": case["layout"],
+            "allocation": case["variant"] if bulk else case["alloc"], "coalesce": "bulk" if bulk else case["coalesce"],
+            "dtype": case["dtype"], "codec": case.get("codec", "none"), "fill": self.opts.fill,
+            "scales": case.get("scales", "none"),
+            "overlap": case["overlap"], "scheme": case["scheme"],
+            "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
+            "layers": (g or case_geometry(case))["shape"].layers,
+            "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
+            "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
+        }
+
+    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
+             errors=None, stages=None, cost=None, took=None, cache=None) -> None:
+        rows = []
+        nan = float("nan")
+        prefill_s = float(case["prefill_ms"]) / 1e3
+        for k, e in enumerate(entries):
+            role = "both" if e.src == e.dst else ("prefill" if e.src == self.rank else "decode")
+            base = dict(self.base_row(case, g, no), rank=self.rank, role=role, pair=e.pair, req=e.req,
+                        payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
+                        descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
+                        queue_s=nan, arrival_s=nan, completion=rules[k])
+            # a destination's times move onto its source's clock: + (its barrier exit - the source's)
+            skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
+            for it, (done, over, hs, exposed, rnd) in enumerate(rec):
+                skew = float(skews[it]) if skews is not None else 0.0
+                rows.append(dict(base, **stage_columns(stages[it] if stages else None),
+                                 iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
+                                 handshake_s=hs if e.src == self.rank else nan,
+                                 exposed_s=nan if exposed[k] is None else exposed[k] + skew,
+                                 skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
+                                 **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
+                                 **real_prefill_s(took, it, e.src),
+                                 cache_bytes=0 if cache is None or not cache[1][it] else cache[0][k]))
+            if nwrong is not None:
+                rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
+                                 nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
+                                 clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
+        self.deliver(rows)
+
+    def emit_skipped(self, case: dict, reason: str) -> None:
+        self.case_no += 1
+        row = dict(self.base_row(dict(case, variant="paged")), rank=self.rank, role="", pair=-1, req=0, iter=-1,
+                   seconds=float("nan"), harness_seconds=float("nan"),
+                   payload_bytes=case_geometry(case)["payload"], wire_bytes=0, descriptors=0,
+                   status="skipped", reason=reason, nwrong=None, prefill_s=float("nan"), handshake_s=float("nan"),
+                   exposed_s=float("nan"), queue_s=float("nan"), arrival_s=float("nan"), skew_s=float("nan"),
+                   clock_err_s=float("nan"), clock_offset_s=float("nan"), completion="")
+        self.deliver([row] if self.rank == 0 else [])
+
+    def deliver(self, rows: list[dict]) -> None:
+        everything = self.comm.gather(rows)
+        if self.rank == 0:
+            flat = [r for part in everything for r in part]
+            if self.sink:
+                self.sink(flat)
+
+
+def real_prefill_s(took: list | None, it: int, src: int) -> dict:
+    """A real prefill's measured seconds (on the source, sent to its destinations) as the row's prefill_s."""
+    return {"prefill_s": took[it][src]} if took and src in took[it] else {}
+
+
+def stage_columns(stages: dict | None) -> dict:
+    """A row's per-stage seconds (staged: gather, wire, scatter on this rank in this iteration; else empty)."""
+    nan = float("nan")
+    stages = stages or {}
+    return {f"{k}_s": float(stages.get(k, nan)) for k in ("gather", "wire", "scatter")}

@@ -1,0 +1,156 @@
+"""The harness's only door to MPI: rank, roles, barrier, gathers, notifications, abort.
+
+MPI is initialised lazily, on first use, so that ``kvbench size`` and
+``kvbench list`` never start MPI, and so that a transport whose library
+must be loaded before MPI (ucxx, PLATFORM pitfall 7) can be imported first.
+A process started without ``mpirun`` runs as a world of one.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+_MPI = None
+
+# Every MPI tag kvbench uses, in one place so that no two messages can share one.
+_NOTIFY_TAG = 7001  # comm.notify / wait_notify
+# an iteration's control plane: what real engines send beside the KV
+TAG_REQUEST, TAG_GRANT, TAG_LAYER_READY, TAG_CLOCK, TAG_STATE = 7101, 7102, 7103, 7104, 7105
+TAG_T0, TAG_FINAL = 7106, 7107  # after timing: barrier exits, and when the check pass's first layer was final
+TAG_P2D, TAG_D2P, TAG_FACTS = 7201, 7202, 7204  # the workload loop: prefill to decode, back, and facts
+TAG_FAIL, TAG_ACK = 7301, 7302  # the guard: a rank's failure line to rank 0, and its acknowledgement
+TAG_CODEC_TABLE = 7205  # a codec's exponent table, once per connection
+TAG_SYNC = 7401  # clock offsets by ping-pong
+
+
+def _mpi():
+    global _MPI
+    if _MPI is None:
+        import mpi4py
+
+        mpi4py.rc.threads = True
+        mpi4py.rc.thread_level = "multiple"  # the tcp transport uses threads beside MPI calls
+        from mpi4py import MPI
+
+        _MPI = MPI
+    return _MPI
+
+
+def preload(transports: list[str]) -> None:
+    """Import libraries that must be loaded before MPI (ucxx's UCX; PLATFORM pitfall 7)."""
+    # several UCX copies (mpich's, NIXL's, ucxx's) each warn about the others' variables
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    if "ucx" in transports and _MPI is None:
+        # importing ucxx sets UCX_* defaults for itself (rendezvous threshold, memtype cache...);
+        # MPICH's own UCX reads the same variables, so keep them out of everybody else's way
+        before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+        try:
+            import ucxx  # noqa: F401
+        except Exception:  # missing or broken: the ucx transport reports why
+            pass
+        for k in [k for k in os.environ if k.startswith("UCX_") and k not in before]:
+            del os.environ[k]
+        os.environ.update(before)
+
+
+class Comm:
+    """MPI COMM_WORLD as the harness needs it."""
+
+    def __init__(self):
+        MPI = _mpi()
+        self.world = MPI.COMM_WORLD
+        self.rank = self.world.Get_rank()
+        self.size = self.world.Get_size()
+        self.hostname = socket.gethostname()
+        self._transport_comm = None
+        # zero-byte messages' buffers, built once: notifications sit on timed paths
+        self._empty, self._empty_in = [b"", 0, MPI.BYTE], [bytearray(0), 0, MPI.BYTE]
+
+    def barrier(self) -> None:
+        self.world.Barrier()
+
+    def bcast(self, obj, root: int = 0):
+        return self.world.bcast(obj, root=root)
+
+    def allgather(self, obj) -> list:
+        return self.world.allgather(obj)
+
+    def gather(self, obj, root: int = 0):
+        return self.world.gather(obj, root=root)
+
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        self.world.send(obj, dest=dest, tag=tag)
+
+    def recv(self, source: int, tag: int = 0):
+        return self.world.recv(source=source, tag=tag)
+
+    def notify(self, dest: int, tag: int = _NOTIFY_TAG) -> None:
+        """Tell ``dest`` that bytes it is waiting for have landed (zero-byte send)."""
+        self.world.Send(self._empty, dest, tag)
+
+    def wait_notify(self, source: int, tag: int = _NOTIFY_TAG) -> None:
+        """Block until ``source`` calls ``notify`` for us."""
+        self.world.Recv(self._empty_in, source, tag)
+
+    def isend_bytes(self, buf, dest: int, tag: int):
+        """Non-blocking send of a bytes-like control message; returns a request to ``waitall``."""
+        return self.world.Isend([buf, _mpi().BYTE], dest=dest, tag=tag)
+
+    def recv_bytes(self, buf, source: int, tag: int) -> None:
+        """Receive a control message of known size into ``buf``."""
+        self.world.Recv([buf, _mpi().BYTE], source=source, tag=tag)
+
+    def probe(self, source: int, tag: int) -> int:
+        """Block until a message from ``source`` with ``tag`` is there; its size in bytes."""
+        st = _mpi().Status()
+        self.world.Probe(source=source, tag=tag, status=st)
+        return st.Get_count(_mpi().BYTE)
+
+    def waitall(self, requests) -> None:
+        if requests:
+            _mpi().Request.Waitall(requests)
+
+    def transport_comm(self):
+        """A duplicate of COMM_WORLD reserved for the ``mpi`` transport."""
+        if self._transport_comm is None:
+            self._transport_comm = self.world.Dup()
+        return self._transport_comm
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now (after the error has been printed)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.world.Abort(code)
+
+    def finalize(self) -> None:
+        if self._transport_comm is not None:
+            self._transport_comm.Free()
+            self._transport_comm = None
+        MPI = _mpi()
+        if not MPI.Is_finalized():
+            MPI.Finalize()
+
+    def library(self) -> str:
+        """First line of the MPI library's version string."""
+        return _mpi().Get_library_version().strip().splitlines()[0]
+
+
+_COMM: Comm | None = None
+_LOCK = threading.Lock()
+
+
+def get() -> Comm:
+    """The process's Comm (initialises MPI on first call)."""
+    global _COMM
+    with _LOCK:
+        if _COMM is None:
+            _COMM = Comm()
+        return _COMM
+
+
+def transport_comm():
+    """For the ``mpi`` transport only: its own communicator."""
+    return get().transport_comm()
+

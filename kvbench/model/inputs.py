@@ -1,0 +1,61 @@
+"""Value types that both the run's suite axes (suite.py) and `kvbench plan`'s inputs (report/plan.py) take.
+
+One place, so a model, block size, prompt length or dtype is refused in the same words by every command.
+Each is a pydantic type whose check raises ValueError with the line the user sees.  Only model.py is
+imported: report/plan.py reads result files and must not pull in the harness or a transport.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator
+
+from kvbench.model import shapes as M
+
+
+def unique(v: list) -> list:
+    """A list in which no value is given twice (a sweep or a plan would repeat its rows)."""
+    seen = set()
+    for x in v:
+        if x in seen:
+            raise ValueError(f"{x!r} is listed twice")
+        seen.add(x)
+    return v
+
+
+def check_model(name: str) -> str:
+    """A preset name or a model .yaml file that loads."""
+    M.get_model(name)
+    return name
+
+
+def check_tokens(n: int) -> int:
+    """A prompt length in tokens: positive."""
+    if n <= 0:
+        raise ValueError(f"{n} is not a positive prompt length")
+    return n
+
+
+def check_positive(n: int) -> int:
+    """A count (ranks per TP or PP group, requests in flight): positive."""
+    if n <= 0:
+        raise ValueError(f"{n} is not a positive integer")
+    return n
+
+
+def check_prefix_hit(n: int) -> int:
+    """Prompt tokens already cached at decode: zero or more."""
+    if n < 0:
+        raise ValueError(f"{n} is negative (prompt tokens already cached at decode: 0 or more)")
+    return n
+
+
+ModelName = Annotated[str, AfterValidator(check_model)]
+BlockSize = Annotated[int, AfterValidator(M.check_block_size)]
+Tokens = Annotated[int, AfterValidator(check_tokens)]
+Positive = Annotated[int, AfterValidator(check_positive)]
+PrefixHit = Annotated[int, AfterValidator(check_prefix_hit)]
+# the dtypes model.DTYPES sizes per element; nvfp4's bytes depend on its scale planes (formats.py), so only a
+# run, which builds its formats, takes it
+KVDType = Literal[tuple(M.DTYPES)]
+DType = Literal[KVDType, "nvfp4"]

@@ -1,0 +1,164 @@
+"""The paged KV pool: one allocation per rank, its layouts, and a block allocator.
+
+A pool is raw, page-aligned bytes, allocated once and registered once.  A
+*layout* interprets those bytes as ``layers x regions x blocks`` of
+``block_bytes`` each, the way serving engines do:
+
+* ``layer-major`` (vLLM FlashAttention): per layer, K then V, each
+  ``[blocks, block_size, heads, dim]``; a block's K and V are far apart.
+* ``block-major`` (FlashInfer-like): per layer ``[blocks, 2, block_size,
+  heads, dim]``; a block's K and V are adjacent.
+* ``mla``: one latent region per layer ``[blocks, block_size, rank+rope]``.
+
+Because a layout is just arithmetic over offsets, cases with different block
+sizes, dtypes or layouts reuse the same registered pool.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+LAYOUTS = ("layer-major", "block-major", "mla")
+ALLOC_HELP = "contiguous, random or fragmented:<run> (runs of <run> adjacent blocks)"
+
+
+class Pool:
+    """One rank's pool: a page-aligned uint8 array plus where it came from."""
+
+    def __init__(self, array: np.ndarray, kind: str = "host", release=None):
+        self.array = array
+        self.kind = kind
+        self.nbytes = int(array.nbytes)
+        self.addr = int(array.__array_interface__["data"][0])
+        self._release = release
+        self.own_pages = False  # True: a transport allocated it (alloc) and chose its pages: its pages() reports them
+
+    def release(self) -> None:
+        """Free the memory (idempotent)."""
+        rel, self._release = self._release, None
+        self.array = None
+        if rel is not None:
+            rel()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Offsets of (layer, region, block) inside a pool of ``nblocks`` per layer."""
+
+    kind: str
+    layers: int
+    regions: int  # 2 for K/V, 1 for MLA or fused
+    block_bytes: int  # bytes of one block of one region
+    nblocks: int  # blocks per layer (per region)
+
+    @classmethod
+    def fit(cls, kind: str, layers: int, regions: int, block_bytes: int, pool_bytes: int) -> Layout:
+        """The largest layout of this shape that fits in ``pool_bytes``."""
+        if kind == "mla" and regions != 1:
+            raise ValueError("layout 'mla' needs a model with MLA attention (one latent region)")
+        if kind != "mla" and regions != 2:
+            raise ValueError(f"layout '{kind}' needs K and V regions; use layout 'mla' for MLA models")
+        nblocks = pool_bytes // (layers * regions * block_bytes)
+        return cls(kind, layers, regions, block_bytes, int(nblocks))
+
+    @property
+    def nbytes(self) -> int:
+        return self.layers * self.regions * self.nblocks * self.block_bytes
+
+    def offsets(self, layer: int, region: int, blocks: np.ndarray) -> np.ndarray:
+        """Byte offsets of ``blocks`` (int64 array) of one layer and region."""
+        b = np.asarray(blocks, dtype=np.int64)
+        bb, nb, r = self.block_bytes, self.nblocks, self.regions
+        if self.kind == "block-major":
+            return (layer * nb + b) * (r * bb) + region * bb
+        return ((layer * r + region) * nb + b) * bb  # layer-major and mla
+
+    def layer_span(self, layer: int) -> tuple[int, int]:
+        """(offset, nbytes) of the contiguous bytes that hold one layer."""
+        per = self.regions * self.nblocks * self.block_bytes
+        return layer * per, per
+
+
+def parse_alloc(spec: str) -> tuple[str, int]:
+    """'random' -> ('random', 1); 'fragmented:4' -> ('fragmented', 4)."""
+    m = re.fullmatch(r"(contiguous|random|fragmented:(\d+))", spec)
+    if not m:
+        raise ValueError(f"alloc '{spec}' is not one of: {ALLOC_HELP}")
+    if spec.startswith("fragmented"):
+        run = int(m.group(2))
+        if run < 1:
+            raise ValueError("fragmented:<run> needs run >= 1")
+        return "fragmented", run
+    return spec, 1
+
+
+class BlockAllocator:
+    """Hands out block ids of one pool; seeded, so runs are reproducible.
+
+    ``allocate`` returns ``None`` when there are not enough free blocks
+    (the caller decides between back-pressure and failure).
+    """
+
+    def __init__(self, nblocks: int, seed: int = 0):
+        self.nblocks = nblocks
+        self.free_mask = np.ones(nblocks, dtype=bool)
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def nfree(self) -> int:
+        return int(self.free_mask.sum())
+
+    def allocate(self, n: int, spec: str = "random") -> np.ndarray | None:
+        """Reserve ``n`` blocks with pattern ``spec``; int64 ids in request order."""
+        kind, run = parse_alloc(spec)
+        if n > self.nfree:
+            return None
+        free = np.flatnonzero(self.free_mask)
+        if kind == "contiguous":
+            ids = self._first_run(n)
+        elif kind == "random" or run == 1:
+            ids = self.rng.choice(free, size=n, replace=False)
+        else:
+            ids = self._runs(n, run)
+        if ids is None:
+            return None
+        ids = ids.astype(np.int64)
+        self.free_mask[ids] = False
+        return ids
+
+    def release(self, ids: np.ndarray) -> None:
+        """Return ``ids`` to the free set."""
+        self.free_mask[ids] = True
+
+    def _first_run(self, n: int) -> np.ndarray | None:
+        # first fit: the first window of n consecutive free blocks
+        f = self.free_mask.astype(np.int64)
+        c = np.concatenate(([0], np.cumsum(f)))
+        ok = np.flatnonzero(c[n:] - c[:-n] == n) if n <= self.nblocks else []
+        if len(ok) == 0:
+            return None
+        return np.arange(ok[0], ok[0] + n)
+
+    def _runs(self, n: int, run: int) -> np.ndarray | None:
+        # run-aligned chunks that are entirely free, chosen at random, in random order
+        nchunks = self.nblocks // run
+        chunks = self.free_mask[: nchunks * run].reshape(nchunks, run).all(axis=1)
+        cand = np.flatnonzero(chunks)
+        need = -(-n // run)
+        if len(cand) < need:
+            return None
+        pick = self.rng.choice(cand, size=need, replace=False)
+        ids = (pick[:, None] * run + np.arange(run)[None, :]).ravel()
+        return ids[:n]
+
+
+def block_array(pool: np.ndarray, lay, dtype=np.uint8) -> np.ndarray:
+    """A (layers, regions, blocks, block_bytes / itemsize) view of a pool: ``[:, :, ids]`` is blocks ``ids``."""
+    L, R, nb = lay.layers, lay.regions, lay.nblocks
+    w = lay.block_bytes // np.dtype(dtype).itemsize
+    flat = pool[: lay.nbytes].view(dtype)
+    if lay.kind == "block-major":
+        return flat.reshape(L, nb, R, w).transpose(0, 2, 1, 3)
+    return flat.reshape(L, R, nb, w)

@@ -1,0 +1,115 @@
+"""Who pairs with whom: rank pairing schemes, the requests of each pair (entries), and their control bytes.
+
+A *scheme* turns a world of ranks into (prefill, decode) pairs that transfer
+at the same time; ``inflight`` requests per pair are in flight at once, each
+with its own source and destination blocks.  An *entry* is one request of
+one pair: its per-layer descriptor arrays, built once per case and reused
+by every iteration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.model.descriptors import DST, LEN, SRC
+
+SCHEMES = ("pairwise", "many-to-one", "one-to-many", "all-pairs")
+SCHEME_HELP = ("pairwise: even ranks prefill, odd ranks decode, (2k, 2k+1); many-to-one: every rank but the "
+               "last prefills into the last rank's pool at once; one-to-many: rank 0 prefills for every other "
+               "rank; all-pairs: every even rank with every odd rank, all at once")
+
+
+class SchemeError(ValueError):
+    """A scheme that cannot be formed from this many ranks."""
+
+
+def make_pairs(scheme: str, world: int) -> list[tuple[int, int]]:
+    """(prefill rank, decode rank) pairs of ``scheme`` on ``world`` ranks (empty for a world of one)."""
+    if scheme not in SCHEMES:
+        raise SchemeError(f"scheme '{scheme}' is not one of: {', '.join(SCHEMES)}")
+    if world == 1:
+        return []
+    if scheme == "pairwise":
+        if world % 2:
+            raise SchemeError(f"scheme 'pairwise' needs an even number of ranks (got {world}): "
+                              "even ranks prefill, odd ranks decode")
+        return [(r, r + 1) for r in range(0, world, 2)]
+    if scheme == "many-to-one":
+        return [(r, world - 1) for r in range(world - 1)]
+    if scheme == "one-to-many":
+        return [(0, r) for r in range(1, world)]
+    if world % 2:
+        raise SchemeError(f"scheme 'all-pairs' needs an even number of ranks (got {world})")
+    return [(s, d) for s in range(0, world, 2) for d in range(1, world, 2)]
+
+
+def max_entries_per_rank(pairs: list[tuple[int, int]], inflight: int) -> int:
+    """The most requests any one rank's pool must hold at once (sizes the pool)."""
+    count: dict[int, int] = {}
+    for s, d in pairs:
+        count[s] = count.get(s, 0) + 1
+        count[d] = count.get(d, 0) + 1
+    return max(count.values(), default=1) * inflight
+
+
+@dataclass
+class Entry:
+    """One request of one pair, as this rank sees it."""
+
+    pair: int
+    req: int  # index among the pair's in-flight requests
+    src: int
+    dst: int
+    layers: list[np.ndarray]
+    blocks_dst: np.ndarray | None = None  # the block table decode granted (sent in the handshake)
+
+    @property
+    def payload(self) -> int:
+        return int(sum(int(d[:, LEN].sum()) for d in self.layers))
+
+    @property
+    def descriptors(self) -> int:
+        return sum(len(d) for d in self.layers)
+
+
+def roles(entries: list[Entry], rank: int, op: str, local: bool):
+    """Split entries into what this rank initiates and what it serves, with the peer of each."""
+    init, serve = [], []
+    for e in entries:
+        initiator = e.src if op == "push" else e.dst
+        peer = e.dst if initiator == e.src else e.src
+        if local or initiator == rank:
+            init.append((e, peer))
+        else:
+            serve.append((e, rank_other(e, rank)))
+    return init, serve
+
+
+def rank_other(e: Entry, rank: int) -> int:
+    return e.dst if e.src == rank else e.src
+
+
+def offset_bulk(layers: list[np.ndarray], src_slot: int, dst_slot: int) -> list[np.ndarray]:
+    """Shift one-descriptor-per-layer (bulk) arrays so that several requests do not overlap."""
+    out = []
+    for d in layers:
+        d = d.copy()
+        d[:, SRC] += src_slot * d[:, LEN]
+        d[:, DST] += dst_slot * d[:, LEN]
+        out.append(d)
+    return out
+
+
+# control-plane message sizes: what real engines send beside the KV
+REQUEST_BYTES = 64  # request id, prompt length, sampling parameters
+STATE_BYTES = 64  # first token and sampler state, sent with the completion
+
+
+def control_bytes(e: Entry, handshake: str) -> int:
+    """Metadata bytes a request adds to the wire: request, block table grant, sampler state."""
+    if handshake == "off":
+        return 0
+    return REQUEST_BYTES + 4 * len(e.blocks_dst) + STATE_BYTES
+
+

@@ -1,0 +1,242 @@
+"""Model shapes, presets and the KV arithmetic (pure functions, no I/O but YAML loading).
+
+bytes per token (MHA/GQA/MQA) = 2 x layers x kv_heads x head_dim x dtype_bytes   (K and V)
+bytes per token (MLA)         = layers x (kv_lora_rank + rope_dim) x dtype_bytes  (one latent)
+request bytes                 = bytes per token x (prompt tokens - prefix-hit tokens)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8-e4m3": 1, "fp8-e5m2": 1}
+ATTENTION = ("mha", "gqa", "mqa", "mla")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parts of a model that decide the size of its KV cache."""
+
+    name: str
+    layers: int
+    kv_heads: int = 0  # MHA/GQA/MQA
+    head_dim: int = 0
+    attention: str = "gqa"
+    kv_lora_rank: int = 0  # MLA latent width
+    rope_dim: int = 0  # MLA decoupled RoPE key width
+    params_b: float = 0.0  # parameters in billions
+    q_heads: int = 0
+    active_params_b: float = 0.0  # parameters a token passes through (MoE: fewer than params_b); 0 = params_b
+    source: str = ""
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention '{self.attention}' is not one of: {', '.join(ATTENTION)}")
+        if self.layers <= 0:
+            raise ValueError("layers must be a positive integer")
+        if self.attention == "mla":
+            if self.kv_lora_rank <= 0:
+                raise ValueError("an MLA model needs kv_lora_rank > 0 (and usually rope_dim)")
+        elif self.kv_heads <= 0 or self.head_dim <= 0:
+            raise ValueError("kv_heads and head_dim must be positive integers")
+
+    @property
+    def regions(self) -> int:
+        """Regions per layer in the pool: 2 (K, V) or 1 (MLA latent)."""
+        return 1 if self.attention == "mla" else 2
+
+    @property
+    def row_elems(self) -> int:
+        """Elements of one token in one region of one layer."""
+        if self.attention == "mla":
+            return self.kv_lora_rank + self.rope_dim
+        return self.kv_heads * self.head_dim
+
+
+# Presets: each with the config it comes from.
+PRESETS: dict[str, ModelShape] = {
+    m.name: m
+    for m in [
+        # meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192
+        ModelShape("llama-2-70b", 80, 8, 128, "gqa", params_b=69.0, q_heads=64, source="meta-llama/Llama-2-70b-hf config.json"),
+        # meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096
+        ModelShape("llama-3-8b", 32, 8, 128, "gqa", params_b=8.0, q_heads=32, source="meta-llama/Meta-Llama-3-8B config.json"),
+        # meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads, 8 KV heads
+        ModelShape("llama-3-70b", 80, 8, 128, "gqa", params_b=70.6, q_heads=64, source="meta-llama/Meta-Llama-3-70B config.json"),
+        # meta-llama/Llama-3.1-405B config.json: 126 layers, 128 heads, 8 KV heads, hidden 16384
+        ModelShape("llama-3.1-405b", 126, 8, 128, "gqa", params_b=405.0, q_heads=128, source="meta-llama/Llama-3.1-405B config.json"),
+        # Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads, 4 KV heads, hidden 3584 (head_dim 128)
+        ModelShape("qwen2.5-7b", 28, 4, 128, "gqa", params_b=7.6, q_heads=28, source="Qwen/Qwen2.5-7B config.json"),
+        # Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192
+        ModelShape("qwen2.5-72b", 80, 8, 128, "gqa", params_b=72.7, q_heads=64, source="Qwen/Qwen2.5-72B config.json"),
+        # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096
+        ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, active_params_b=12.9, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
+        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64
+        ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, active_params_b=37.0, source="deepseek-ai/DeepSeek-V3 config.json"),
+        # facebook/opt-66b config.json: 64 layers, 72 heads x 128 (MHA, hidden 9216)
+        ModelShape("opt-66b", 64, 72, 128, "mha", params_b=66.0, q_heads=72, source="facebook/opt-66b config.json"),
+    ]
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a KV dtype name."""
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype '{dtype}' is not one of: {', '.join(DTYPES)}") from None
+
+
+def get_model(name: str) -> ModelShape:
+    """A preset (or a registered model) by name, or a model from a YAML file path (``*.yaml``/``*.yml``)."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if name.endswith((".yaml", ".yml")):
+        return load_model_yaml(name)
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"model '{name}' is not one of: {', '.join(PRESETS)} (or a model .yaml file)") from None
+
+
+class ModelFile(BaseModel):
+    """A model YAML file: the fields of ModelShape, each of its type (no 32.5 layers, no "many")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    name: str | None = None
+    layers: int = Field(gt=0)
+    kv_heads: int = Field(0, ge=0)
+    head_dim: int = Field(0, ge=0)
+    attention: Literal["mha", "gqa", "mqa", "mla"] = "gqa"
+    kv_lora_rank: int = Field(0, ge=0)
+    rope_dim: int = Field(0, ge=0)
+    params_b: float = Field(0.0, ge=0)
+    q_heads: int = Field(0, ge=0)
+    active_params_b: float = Field(0.0, ge=0)
+    source: str = ""
+
+
+def load_model_yaml(path: str) -> ModelShape:
+    """Read a model from YAML with the fields of ModelShape (layers required); one-line errors naming the field."""
+    from kvbench.model.yamlfile import read
+
+    try:
+        data = read(path)
+    except ValueError as exc:
+        raise ValueError(f"model file {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"model file {path}: expected a mapping of ModelShape fields (name, layers, kv_heads, ...)")
+    try:
+        m = ModelFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field (allowed: {', '.join(ModelFile.model_fields)})"
+        elif err["type"] == "missing":
+            msg = "required"
+        raise ValueError(f"model file {path}: field '{field}': {msg}") from None
+    fields = m.model_dump()
+    fields["name"] = fields["name"] or path
+    try:
+        return ModelShape(**fields)
+    except ValueError as exc:
+        raise ValueError(f"model file {path}: {exc}") from None
+
+
+def shard(m: ModelShape, tp: int = 1, pp: int = 1) -> ModelShape:
+    """The slice of ``m`` one rank holds under tensor (tp) and pipeline (pp) parallelism.
+
+    TP divides KV heads across ranks; when there are fewer KV heads than ranks
+    each rank holds one replicated head (vLLM's behaviour).  The MLA latent is
+    not split by TP (every rank keeps it whole).  PP divides layers, the
+    first stages taking the remainder.
+    """
+    if tp < 1 or pp < 1:
+        raise ValueError("tp and pp must be >= 1")
+    if pp > m.layers:
+        raise ValueError(f"pp={pp} exceeds the model's {m.layers} layers")
+    layers = math.ceil(m.layers / pp)
+    if m.attention == "mla":
+        return replace(m, layers=layers)
+    if m.kv_heads >= tp and m.kv_heads % tp:
+        raise ValueError(f"tp={tp} does not divide the model's {m.kv_heads} KV heads")
+    heads = max(1, m.kv_heads // tp)
+    return replace(m, layers=layers, kv_heads=heads)
+
+
+def bytes_per_token(m: ModelShape, dtype: str) -> int:
+    """KV bytes one token adds to the cache, over all layers."""
+    return m.layers * m.regions * m.row_elems * dtype_bytes(dtype)
+
+
+def layer_bytes_per_token(m: ModelShape, dtype: str) -> int:
+    """KV bytes one token adds to one layer (all regions)."""
+    return m.regions * m.row_elems * dtype_bytes(dtype)
+
+
+def block_bytes(m: ModelShape, block_size: int, dtype: str) -> int:
+    """Bytes of one block (``block_size`` tokens) of one region of one layer."""
+    return block_size * m.row_elems * dtype_bytes(dtype)
+
+
+def transferred_tokens(tokens: int, prefix_hit: int = 0) -> int:
+    """Prompt tokens whose KV must move (prefix-cache hits stay put)."""
+    if tokens <= 0:
+        raise ValueError("tokens must be a positive integer")
+    if not 0 <= prefix_hit <= tokens:
+        raise ValueError(f"prefix_hit must be between 0 and tokens ({tokens})")
+    return tokens - prefix_hit
+
+
+def request_bytes(m: ModelShape, dtype: str, tokens: int, prefix_hit: int = 0) -> int:
+    """KV bytes of one request that cross the wire."""
+    return bytes_per_token(m, dtype) * transferred_tokens(tokens, prefix_hit)
+
+
+def num_blocks(tokens: int, block_size: int) -> int:
+    """Blocks per layer that hold ``tokens`` (the last one may be partial)."""
+    return -(-tokens // block_size)
+
+
+def check_block_size(block_size: int) -> int:
+    """Block sizes are positive powers of two (engines' kernels assume it)."""
+    if not isinstance(block_size, int) or block_size <= 0 or block_size & (block_size - 1):
+        raise ValueError(f"block size {block_size} is not a positive power of two (e.g. 16, 32, 64)")
+    return block_size
+
+
+def prefill_flops(m: ModelShape, tokens: int) -> float:
+    """FLOPs of one prefill: 2 x active params x tokens + causal attention 2 x layers x tokens^2 x d_attn.
+
+    d_attn = q_heads x head_dim (128 for MLA's attention heads).  The linear
+    term is the weights; the quadratic term is QK^T and AV over a causal mask
+    (half of the 4 x L x n^2 x d of full attention).
+    """
+    params = (m.active_params_b or m.params_b) * 1e9
+    if params <= 0:
+        raise ValueError(f"model '{m.name}' has no parameter count: give --prefill-ms instead of --prefill-tflops")
+    d_attn = (m.q_heads or m.kv_heads) * (m.head_dim or 128)
+    return 2.0 * params * tokens + 2.0 * m.layers * tokens * tokens * d_attn
+
+
+def prefill_ms(m: ModelShape, tokens: int, tflops: float) -> float:
+    """Prefill time in ms at an achieved ``tflops`` (10^12 FLOP/s)."""
+    if tflops <= 0:
+        raise ValueError("--prefill-tflops must be positive")
+    return prefill_flops(m, tokens) / (tflops * 1e12) * 1e3
+
+
+# Named link rates for `kvbench size`, in GB/s (10^9 B/s) of one-way payload at line rate.
+LINKS: dict[str, float] = {
+    "25GbE": 25 / 8,
+    "100GbE": 100 / 8,
+    "200G IB HDR": 200 / 8,
+    "400G IB NDR": 400 / 8,
+    "PCIe 5 x16": 64.0,
+    "NVLink 4 (H100)": 450.0,
+}

@@ -1,0 +1,6 @@
+"""What is stored: the row schema with its version and upgrades, the writer and the sidecar (store), the
+per-layer costs kvbench itself adds to a transfer (costs), and the machine facts a buyer needs (machine).
+
+Public API: ``store.ResultWriter``, ``store.ROW_COLUMNS``, ``store.SCHEMA_VERSION``, ``store.upgrade``,
+``store.case_stats``, ``costs``, ``machine.facts``.
+"""

@@ -1,0 +1,128 @@
+"""What a buyer's engineer needs to see about a GPU/RDMA node: for ``kvbench env`` and the sidecar.
+
+GPUs (model, memory, driver, CUDA) from nvidia-smi; the GPU-NIC PCIe topology and NVLink links from
+``nvidia-smi topo -m`` / ``nvlink -s``; RDMA devices with port state, link layer, rate and MTU from sysfs;
+GPUDirect support (nvidia-peermem loaded; dma-buf possible: a CUDA 11.7+ driver and kernel 5.12+); the NIC's
+PCIe relaxed-ordering state (its absence halved GPUDirect bandwidth for Mooncake users) from ``lspci -vvv``;
+the locked-memory limit registrations count against.  Every probe is cheap, never imports CUDA, and reports
+what it could not learn instead of failing.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import resource
+import subprocess
+
+from kvbench.memory.host import _read  # one reader of /sys and /proc files for the whole package
+
+SYS = "/sys"
+
+
+
+
+def _run(cmd: list[str], timeout: float = 10) -> str | None:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return p.stdout if p.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def rdma_devices(root: str = SYS) -> list[dict]:
+    """Per RDMA device and port: state, physical state, link layer, rate, active MTU (from ``ibv_devinfo``-like
+    sysfs files), its PCI address and, from its PCI config, relaxed ordering."""
+    base = os.path.join(root, "class", "infiniband")
+    out = []
+    for dev in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        d = os.path.join(base, dev)
+        pci = os.path.basename(os.path.realpath(os.path.join(d, "device")))
+        for port in sorted(os.listdir(os.path.join(d, "ports"))) if os.path.isdir(os.path.join(d, "ports")) else []:
+            p = os.path.join(d, "ports", port)
+            mtu = None
+            for ndev in sorted(os.listdir(os.path.join(d, "device", "net"))) if os.path.isdir(
+                    os.path.join(d, "device", "net")) else []:
+                mtu = _read(os.path.join(d, "device", "net", ndev, "mtu"))
+            out.append({"device": dev, "port": int(port), "state": _strip(_read(os.path.join(p, "state"))),
+                        "phys_state": _strip(_read(os.path.join(p, "phys_state"))),
+                        "link_layer": _read(os.path.join(p, "link_layer")), "rate": _read(os.path.join(p, "rate")),
+                        "netdev_mtu": int(mtu) if mtu and mtu.isdigit() else None, "pci": pci,
+                        "relaxed_ordering": relaxed_ordering(pci)})
+    return out
+
+
+def _strip(v: str | None) -> str | None:
+    """'4: ACTIVE' -> 'ACTIVE'."""
+    return v.split(":", 1)[1].strip() if v and ":" in v else v
+
+
+def relaxed_ordering(pci: str, lspci: str | None = None) -> str:
+    """'on' / 'off' from the device's PCIe DevCtl (``RlxdOrd+``/``RlxdOrd-`` in ``lspci -vvv``), or why unknown."""
+    text = lspci if lspci is not None else _run(["lspci", "-vvv", "-s", pci])
+    if text is None:
+        return "unknown (lspci absent or not permitted)"
+    m = re.search(r"DevCtl:.*?RlxdOrd([+-])", text, re.S)
+    return {"+": "on", "-": "off"}[m.group(1)] if m else "unknown (no DevCtl line: run as root)"
+
+
+def gpudirect(root: str = SYS) -> dict:
+    """How GPU memory can be registered with a NIC here."""
+    peer = _read(os.path.join(root, "module", "nvidia_peermem", "version")) or \
+        _read(os.path.join(root, "kernel", "mm", "memory_peers", "nv_mem", "version"))
+    kernel = platform.release()
+    m = re.match(r"(\d+)\.(\d+)", kernel)
+    dmabuf_kernel = bool(m) and (int(m.group(1)), int(m.group(2))) >= (5, 12)
+    return {"nvidia_peermem": peer or "not loaded",
+            "dma_buf": f"kernel {kernel} {'supports' if dmabuf_kernel else 'predates'} dma-buf RDMA (5.12+); "
+                       "the GPU driver must be 515+ (CUDA 11.7)"}
+
+
+def memlock() -> str:
+    """The locked-memory limit (RLIMIT_MEMLOCK) RDMA and pinned registrations count against."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    fmt = lambda v: "unlimited" if v == resource.RLIM_INFINITY else f"{v / 2**20:.0f} MiB"  # noqa: E731
+    return f"{fmt(soft)} (hard {fmt(hard)})"
+
+
+def gpus() -> list[dict]:
+    """Model, memory, driver and CUDA version per GPU (nvidia-smi; empty without it)."""
+    text = _run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version,pci.bus_id",
+                 "--format=csv,noheader,nounits"])
+    cuda = re.search(r"CUDA Version: ([\d.]+)", _run(["nvidia-smi"]) or "")
+    out = []
+    for line in (text or "").splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) >= 5:
+            out.append({"index": int(f[0]), "name": f[1], "memory_mib": int(f[2]) if f[2].isdigit() else f[2],
+                        "driver": f[3], "pci": f[4], "cuda": cuda.group(1) if cuda else None})
+    return out
+
+
+def topology() -> str | None:
+    """``nvidia-smi topo -m``: which GPUs and NICs share a PCIe switch (PIX/PXB) or only the CPU (NODE/SYS),
+    and NVLink (NV#) between GPUs."""
+    return _run(["nvidia-smi", "topo", "-m"])
+
+
+def facts() -> dict:
+    """Everything above, for the sidecar."""
+    return {"gpus": gpus(), "rdma": rdma_devices(), "gpudirect": gpudirect(), "memlock": memlock(),
+            "topology": topology()}
+
+
+def lines(f: dict) -> list[str]:
+    """``kvbench env``'s lines for these facts."""
+    out = []
+    for g in f["gpus"]:
+        out.append(f"{'GPU ' + str(g['index']):<16} {g['name']}, {g['memory_mib']} MiB, driver {g['driver']}, "
+                   f"CUDA {g['cuda']}, PCI {g['pci']}")
+    for r in f["rdma"]:
+        out.append(f"{r['device'] + ':' + str(r['port']):<16} {r['state']} ({r['phys_state']}), {r['link_layer']}, "
+                   f"{r['rate']}, MTU {r['netdev_mtu']}, PCI {r['pci']}, relaxed ordering {r['relaxed_ordering']}")
+    out.append(f"{'GPUDirect':<16} nvidia-peermem {f['gpudirect']['nvidia_peermem']}; {f['gpudirect']['dma_buf']}")
+    out.append(f"{'memlock':<16} {f['memlock']}")
+    if f["topology"]:
+        out += ["# nvidia-smi topo -m (PIX/PXB: same PCIe switch; NODE/SYS: through the CPU; NV#: NVLink)",
+                *f["topology"].rstrip().splitlines()]
+    return out

@@ -1,0 +1,298 @@
+"""The row schema (versioned), the writer, the metadata sidecar, and per-case statistics.
+
+Raw samples are stored, statistics derived (pyperf/asv): one row per
+(case, rank, iteration).  A file is never overwritten: a name that exists
+gets a numeric suffix, and the table is replaced atomically after each case
+so an interrupted run keeps every finished case.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+SCHEMA_VERSION = 4  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+# 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
+# time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is")
+READS = (1, 2, 3, 4)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
+
+CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
+                "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
+                "pp", "world_size", "inflight"]
+CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
+CASE_COLUMNS += ["scales", "fill"]  # v3: fp8 scale planes (formats.py); pool contents (memory/values.py)
+CASE_COLUMNS += ["cache"]  # v4: where a request's bytes were when its iteration started (cachestate.py)
+# per row: seconds = until this rank's part of the request was complete, from the iteration's start
+# (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
+# handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
+# queue_s = wait for decode blocks (back-pressure); arrival_s = arrival time since the workload began
+ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
+                              "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
+                              "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
+# --- v3, codecs (kvbench/codecpath.py): per row and iteration, this rank's seconds encoding (source) or decoding
+# and scattering (destination) the request's layers
+# codec_max_abs_err / codec_max_rel_err: on a lossy codec's check row, the largest errors (nwrong counts the
+# elements outside its stated tolerance, docs/codecs.md)
+ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_max_rel_err"]
+# skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
+# clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
+# its source's; completion: who stamped the landing,
+# "transport" (its own receive or progress thread) or "harness" (the moment its wait or notification returned)
+
+# --- v3, GPU issue: copy = the copy engine of device bytes (copy.py; "batch" for host rows, where it is unused);
+# gather_s / wire_s / scatter_s = seconds this rank spent in each stage of the staged transport in this iteration
+# (device -> bounce, the inner transport, bounce -> device; NaN for every other transport)
+GPU_DEFAULTS = {"copy": "batch", "gather_s": np.nan, "wire_s": np.nan, "scatter_s": np.nan}
+CASE_COLUMNS += ["copy"]
+# prefill = how the prefill was made: "clock" (a timer of prefill_ms) or "real" (each layer's matmuls where the
+# pools live, prefill.py); with "real", prefill_s is the prefill's measured seconds on the source that iteration
+GPU_DEFAULTS["prefill"] = "clock"
+CASE_COLUMNS += ["prefill"]
+ROW_COLUMNS += ["prefill"]
+ROW_COLUMNS += ["copy", "gather_s", "wire_s", "scatter_s"]
+
+# --- schema 3, time outside the wire (costs.py; v2 rows read with them empty) ---------------------------
+# post_s: this rank's seconds in the transport's prepare/post/start/serve/signal calls in the iteration;
+# lib_s: the part of post_s inside the library call that moves or queues the bytes; notify_s: its seconds in the harness's own notifications; wake_s: this request's gap from the transport's
+# landing stamp to the harness's wait returning (empty where the harness stamps the landing)
+ROW_COLUMNS += ["post_s", "lib_s", "notify_s", "wake_s"]
+# --- schema 4: cache_bytes = bytes of this request's ranges this rank read (--cache warm) or flushed from the
+# CPU caches (cold) before the iteration's barrier; 0 under as-is (v3 rows read with it empty)
+ROW_COLUMNS += ["cache_bytes"]
+
+
+def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
+    """Rows of an older schema as this one's (the columns it lacked, empty)."""
+    if version not in READS:
+        raise ValueError(f"schema version {version} (this kvbench reads {', '.join(map(str, READS))})")
+    for col in ROW_COLUMNS:
+        if col not in df.columns:
+            df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
+                       "cache": "as-is", **GPU_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+    return df
+
+
+def machine_name() -> str:
+    """Short host name, safe as a directory name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname().split(".")[0]) or "unknown"
+
+
+class ResultWriter:
+    """Writes ``<dir>/<machine>/<timestamp>_<suite>.parquet`` plus ``.meta.json``."""
+
+    def __init__(self, root: str, suite_name: str, meta: dict):
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        folder = os.path.join(root, machine_name())
+        os.makedirs(folder, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", suite_name)
+        base = os.path.join(folder, f"{stamp}_{safe}")
+        n = 0
+        while True:  # claim a name nobody has, atomically (O_EXCL on the sidecar)
+            cand = base if n == 0 else f"{base}-{n}"
+            try:
+                fd = os.open(cand + ".meta.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                break
+            except FileExistsError:
+                n += 1
+        os.close(fd)
+        self.path = cand + ".parquet"
+        self.meta_path = cand + ".meta.json"
+        # until the run ends by itself or through the exit path, the sidecar says it has not
+        self.meta = dict(meta, schema_version=SCHEMA_VERSION, results=os.path.basename(self.path),
+                         status="INCOMPLETE", reason=INCOMPLETE_REASON, groups_done=[])
+        self.frames: list[pd.DataFrame] = []
+        self._write_meta()
+
+    @classmethod
+    def reopen(cls, path: str, meta: dict) -> ResultWriter:
+        """Continue an interrupted result set: keep the transports it finished, drop a half-done one's rows."""
+        self = cls.__new__(cls)
+        self.path, self.meta_path = path, path[: -len(".parquet")] + ".meta.json"
+        with open(self.meta_path) as fh:
+            old = json.load(fh)
+        done = list(old.get("groups_done", []))
+        df = pd.read_parquet(path) if os.path.exists(path) else pd.DataFrame(columns=ROW_COLUMNS)
+        version = old.get("schema_version", SCHEMA_VERSION)
+        df = upgrade(df, version)[ROW_COLUMNS]  # an older schema's rows as this one's: one schema per file
+        kept = df[df["transport"].isin(done)]
+        self.frames = [kept]  # (empty: the older table is replaced now, not when the first new case lands)
+        resumes = [*old.get("resumed", []), {"started": meta["started"], "argv": meta["argv"],
+                                             "dropped_rows": int(len(df) - len(kept))}]
+        if version != SCHEMA_VERSION:
+            resumes[-1]["upgraded_from_schema"] = version
+        self.meta = dict(old, status="INCOMPLETE", reason=INCOMPLETE_REASON, resumed=resumes, schema_version=SCHEMA_VERSION,
+                         git_commit=meta["git_commit"], run_id=meta["run_id"], shm_segments=meta["shm_segments"])
+        self._write_table()
+        self._write_meta()
+        return self
+
+    def last_case(self) -> int:
+        """The highest case number stored (new cases continue after it)."""
+        return max((int(f["case"].max()) for f in self.frames if len(f)), default=0)
+
+    def group_done(self, transport: str) -> None:
+        """Every case of ``transport`` is stored: a resume will not run it again."""
+        self.meta["groups_done"].append(transport)
+        self._write_meta()
+
+    def add(self, rows: list[dict]) -> None:
+        """Append one case's rows and rewrite the table atomically."""
+        self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))
+        self._write_table()
+
+    def _write_table(self) -> None:
+        if not self.frames:
+            return
+        df = pd.concat(self.frames, ignore_index=True)
+        tmp = self.path + ".tmp"
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, self.path)
+
+    def finish(self, **extra) -> None:
+        """Record end-of-run facts (status, totals) in the sidecar."""
+        self.meta.update(extra)
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        tmp = self.meta_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(self.meta, fh, indent=2, default=str)
+        os.replace(tmp, self.meta_path)
+
+
+def git_commit() -> str:
+    """The commit of the kvbench checkout, with -dirty if it has local changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape the numbers."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("kvbench", "numpy", "pandas", "pyarrow", "mpi4py", "mpich", "openmpi", "nixl", "ucxx-cu12",
+                "mooncake-transfer-engine-non-cuda", "torch", "cupy-cuda12x"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def pair_times(df: pd.DataFrame) -> pd.Series:
+    """Headline seconds per (case, pair, req, iter): the max over the two ranks of that transfer."""
+    ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
+    return ok.groupby(["case", "pair", "req", "iter"])["seconds"].max()
+
+
+def case_stats(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per case: percentiles (us) and GB/s (10^9 B/s) at p50, from raw rows."""
+    t = pair_times(df).rename("t").reset_index()
+    # aggregate: every request of every pair per iteration; the iteration ends when the last one lands
+    ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
+    per_req = ok.groupby(["case", "pair", "req"])["payload_bytes"].first().groupby("case").sum()
+    makespan = t.groupby(["case", "iter"])["t"].max().groupby("case").median()
+    agg = t.groupby("case")["t"].agg(
+        p50=lambda s: float(np.percentile(s, 50)),
+        p95=lambda s: float(np.percentile(s, 95)),
+        p99=lambda s: float(np.percentile(s, 99)),
+        iters="count",
+    )
+    keys = df.groupby("case").agg(
+        **{c: (c, "first") for c in CASE_COLUMNS if c != "case"},
+        payload_bytes=("payload_bytes", "first"),
+        descriptors=("descriptors", "first"),
+        nwrong=("nwrong", "sum"),
+        status=("status", "first"),
+        reason=("reason", "first"),
+    )
+    dec = ok[ok["exposed_s"].notna()].groupby("case")["exposed_s"]
+    for q in (50, 95, 99):
+        agg[f"exposed_p{q}"] = dec.quantile(q / 100)
+    agg["handshake_p50"] = ok.groupby("case")["handshake_s"].median()
+    agg["prefill_s"] = df.groupby("case")["prefill_s"].first()
+    out = keys.join(agg, how="left")
+    out["pairs"] = ok.groupby("case")["pair"].nunique()
+    out["gbps"] = out["payload_bytes"] / out["p50"] / 1e9
+    out["agg_gbps"] = per_req / makespan / 1e9
+    return out.reset_index()
+
+
+def system_description() -> dict:
+    """An allowlisted description of this machine: nothing secret, enough to compare."""
+    info = {"hostname": machine_name(), "platform": platform.platform(), "machine": platform.machine(),
+            "cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as fh:
+            info["mem_total_bytes"] = int(fh.readline().split()[1]) * 1024
+    except OSError:
+        pass
+    info["rdma_devices"] = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
+    info["nics"] = sorted(n for n in os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+    info["nic_speed_mbps"] = {n: nic_speed_mbps(n) for n in info["nics"]}  # the line rate %line divides by
+    info["rdma_rates"] = rdma_rates()
+    info["gpus"] = gpu_names()
+    from kvbench.results import machine as hwfacts
+
+    info["gpu_rdma"] = hwfacts.facts()  # GPU issue: GPUs, RDMA ports, GPUDirect, memlock, topology
+    info["argv0"] = os.path.basename(sys.argv[0])
+    return info
+
+
+def gpu_names() -> list[str]:
+    """GPU names from nvidia-smi when it exists and answers (no CUDA import)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def nic_speed_mbps(ifname: str) -> int | None:
+    """The NIC's reported link speed (Mb/s), or None when it has none (loopback, virtual, link down)."""
+    try:
+        with open(f"/sys/class/net/{ifname}/speed") as fh:
+            v = int(fh.read().strip())
+        return v if v > 0 else None
+    except (OSError, ValueError):  # loopback answers EINVAL; a link that is down, -1
+        return None
+
+
+def rdma_rates() -> dict[str, str]:
+    """Per RDMA device port, the rate the kernel reports (e.g. '400 Gb/sec (4X NDR)')."""
+    out = {}
+    root = "/sys/class/infiniband"
+    for dev in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        ports = os.path.join(root, dev, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            try:
+                with open(os.path.join(ports, port, "rate")) as fh:
+                    out[f"{dev}/{port}"] = fh.read().strip()
+            except OSError:
+                pass
+    return out

@@ -1,0 +1,239 @@
+"""Network plumbing shared by the socket-based transports: address selection, socket tuning,
+and the authenticated rendezvous (the higher rank of a pair dials the lower with its rank
+and the run's token; the acceptor keeps accepting while each caller's hello arrives, and
+refuses and logs a wrong one, or one not complete within HANDSHAKE_S).  The transports close
+their listener once their peers are connected, so a later caller is refused by the kernel.
+
+Address rules (NCCL's): ``options["addr"]``, else ``options["ifname"]`` or
+KVBENCH_SOCKET_IFNAME (comma-separated name prefixes, ``=`` exact, ``^``
+exclude), else the local address routing to this host's name (127.0.0.1 if
+that is loopback).  A cluster user pins kvbench to the data-plane NIC this way.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import selectors
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+
+from kvbench.transports.base import LEN, TransportError
+
+IOV_MAX = 1024
+_HELLO = struct.Struct("<4sII")  # magic, rank, token length; the token follows
+_ACK = struct.Struct("<4sI")  # magic, the acceptor's rank
+HELLO, ACK = b"KVBh", b"KVBa"
+HANDSHAKE_S = 10.0  # seconds an accepted caller has to complete its hello
+
+
+def if_addr(name: str) -> str | None:
+    """IPv4 address of interface ``name`` (SIOCGIFADDR), None if it has none."""
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            res = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(res[20:24])
+
+
+def select_addr(hostname: str, options: dict) -> tuple[str, str | None]:
+    """(address, interface) to listen on, by the rules in the module docstring."""
+    names = [n for _, n in socket.if_nameindex()]
+    spec = options.get("ifname") or os.environ.get("KVBENCH_SOCKET_IFNAME")
+    if options.get("addr"):
+        addr = str(options["addr"])
+    elif spec:
+        exclude, exact = spec.startswith("^"), "=" in spec[:2]
+        pats = [p for p in spec.lstrip("^=").split(",") if p]
+        for n in names:
+            if any(n == p if exact else n.startswith(p) for p in pats) != exclude and (a := if_addr(n)):
+                return a, n
+        have = ", ".join(f"{n} ({if_addr(n) or 'no IPv4'})" for n in names)
+        raise TransportError(f"no interface with an IPv4 address matches '{spec}'; available: {have}")
+    else:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((socket.gethostbyname(hostname), 9))  # UDP: a route lookup, nothing is sent
+                addr = s.getsockname()[0]
+        except OSError:
+            addr = "127.0.0.1"
+        addr = "127.0.0.1" if addr.startswith("127.") else addr
+    return addr, next((n for n in names if if_addr(n) == addr), None)
+
+
+def sysctl(name: str, field: int = 0) -> int:
+    try:
+        with open(f"/proc/sys/net/{name}") as fh:
+            return int(fh.read().split()[field])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tune(s: socket.socket, want: int) -> None:
+    """TCP_NODELAY and socket buffers (before connect/listen, so the window scale fits)."""
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if want <= 0:
+        return  # leave it to autotuning
+    for opt, force, cap, auto in ((socket.SO_SNDBUF, 32, "wmem", "tcp_wmem"),
+                                  (socket.SO_RCVBUF, 33, "rmem", "tcp_rmem")):
+        try:  # SO_SNDBUFFORCE=32 / SO_RCVBUFFORCE=33 need CAP_NET_ADMIN
+            s.setsockopt(socket.SOL_SOCKET, force, want)
+        except OSError:
+            limit = sysctl(f"core/{cap}_max")
+            if 2 * limit >= min(want, sysctl(f"ipv4/{auto}", 2)):  # the kernel doubles it
+                s.setsockopt(socket.SOL_SOCKET, opt, min(want, limit))
+
+
+def py_vec(sock, mv: memoryview, descs: np.ndarray, col: int, writing: bool) -> None:
+    """Fallback for kvbench._native.sendv/recvv: sendmsg/recvmsg_into, IOV_MAX ranges a call."""
+    offs, lens = descs[:, col].tolist(), descs[:, LEN].tolist()
+    i, skip, n = 0, 0, len(offs)
+    while i < n:
+        j = min(n, i + IOV_MAX)
+        iov = [mv[o : o + k] for o, k in zip(offs[i:j], lens[i:j])]
+        iov[0] = iov[0][skip:]
+        moved = sock.sendmsg(iov) if writing else sock.recvmsg_into(iov, 0, socket.MSG_WAITALL)[0]
+        if moved == 0 and not writing:
+            raise ConnectionError("peer closed the connection mid-transfer")
+        moved += skip  # counted from the start of range i
+        while i < j and moved >= lens[i]:
+            moved -= lens[i]
+            i += 1
+        skip = moved
+
+
+def hello(rank: int, token: bytes) -> bytes:
+    """The bytes a dialling peer sends first (public so tests can forge a rogue one)."""
+    return _HELLO.pack(HELLO, rank, len(token)) + token
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf, got = bytearray(n), 0
+    while got < n:
+        r = sock.recv_into(memoryview(buf)[got:], n - got, socket.MSG_WAITALL)
+        if r == 0:
+            raise ConnectionError("peer closed the connection")
+        got += r
+    return bytes(buf)
+
+
+def dial(addr: str, port: int, peer: int, me: int, token: bytes, deadline: float, sockbuf: int = 0,
+         what: str = "tcp") -> socket.socket:
+    """Connect to ``peer`` (retrying until ``deadline``), present rank and token, expect its ack;
+    ``what`` names the transport in errors."""
+    where = f"{addr}:{port}"
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tune(s, sockbuf)
+        s.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            s.connect((addr, port))
+            break
+        except OSError as exc:
+            s.close()
+            if time.monotonic() + 0.1 >= deadline:
+                raise TransportError(f"{what}: rank {me} cannot reach rank {peer} at {where}: {exc}") from None
+            time.sleep(0.1)
+    try:  # no retry once the hello is out: the acceptor would see a duplicate
+        s.sendall(hello(me, token))
+        answer = _ACK.unpack(recv_exact(s, _ACK.size))
+    except OSError as exc:
+        answer = exc
+    if answer != (ACK, peer):
+        s.close()
+        raise TransportError(f"{what}: rank {peer} at {where} did not accept rank {me}: {answer}")
+    return s
+
+
+def _hello_rank(buf: bytearray, token: bytes) -> int | str | None:
+    """The rank a complete hello in ``buf`` presents, why it is refused, or None while bytes are missing."""
+    if len(buf) < _HELLO.size:
+        return None
+    magic, rank, n = _HELLO.unpack_from(buf)
+    if magic != HELLO or n > 4096:
+        return "bad handshake"
+    if len(buf) < _HELLO.size + n:
+        return None
+    return rank if hmac.compare_digest(bytes(buf[_HELLO.size:]), token) else "bad token"
+
+
+def accept_peers(listener: socket.socket, want: set[int], me: int, token: bytes, deadline: float,
+                 timeout: float, what: str = "tcp", channels: int = 1) -> dict[int, list[socket.socket]]:
+    """Accept ``channels`` connections from each rank in ``want``, in the order that rank dialled them
+    (a dialler waits for each ack before its next dial); refuse (and log) any other caller.
+
+    One selector loop keeps accepting while every accepted caller's hello arrives on its own: a caller
+    gets HANDSHAKE_S in all to complete it, so a slow or silent one is refused then and never holds
+    up a real peer."""
+    got: dict[int, list[socket.socket]] = {}
+    pending: dict[socket.socket, tuple[tuple, float, bytearray]] = {}  # caller, its handshake deadline, bytes so far
+    sel = selectors.DefaultSelector()
+
+    def refuse(s: socket.socket, why: str) -> None:
+        who = pending.pop(s)[0]
+        sel.unregister(s)
+        s.close()
+        print(f"kvbench {what}: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
+
+    listener.setblocking(False)
+    sel.register(listener, selectors.EVENT_READ)
+    try:
+        while sum(map(len, got.values())) < channels * len(want):
+            now = time.monotonic()
+            for s in [s for s, (_, until, _) in pending.items() if until <= now]:
+                refuse(s, f"no handshake within {HANDSHAKE_S:g} s")
+            if now >= deadline:
+                host, port = listener.getsockname()[:2]
+                raise TransportError(f"{what}: rank {me} waited {timeout:g} s at {host}:{port} for ranks "
+                                     f"{sorted(r for r in want if len(got.get(r, ())) < channels)}")
+            for key, _ in sel.select(min([deadline, *(until for _, until, _ in pending.values())]) - now):
+                if key.fileobj is listener:
+                    try:
+                        s, who = listener.accept()
+                    except BlockingIOError:  # the caller hung up before we got to it
+                        continue
+                    s.setblocking(False)
+                    pending[s] = (who, time.monotonic() + HANDSHAKE_S, bytearray())
+                    sel.register(s, selectors.EVENT_READ)
+                    continue
+                s, buf = key.fileobj, pending[key.fileobj][2]
+                need = _HELLO.size + (_HELLO.unpack_from(buf)[2] if len(buf) >= _HELLO.size else 0) - len(buf)
+                try:
+                    data = s.recv(need)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    refuse(s, "no handshake")
+                    continue
+                buf += data
+                if (rank := _hello_rank(buf, token)) is None:
+                    continue
+                if isinstance(rank, str) or rank not in want or len(got.get(rank, ())) == channels:
+                    refuse(s, rank if isinstance(rank, str) else f"unexpected rank {rank}")
+                    continue
+                try:
+                    s.setblocking(True)
+                    s.sendall(_ACK.pack(ACK, me))
+                except OSError:
+                    refuse(s, "hung up before the ack")
+                    continue
+                del pending[s]
+                sel.unregister(s)
+                got.setdefault(rank, []).append(s)
+    except BaseException:
+        for s in (s for ss in got.values() for s in ss):
+            s.close()
+        raise
+    finally:
+        for s in list(pending):
+            refuse(s, "setup ended before its handshake")
+        sel.close()
+    return got

@@ -1,0 +1,53 @@
+"""The house in wings (docs/layout.md): no import cycle, no import against the wing order, the map current."""
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import layout as L  # noqa: E402
+
+
+def test_no_import_cycle():
+    assert L.cycles(L.modules()) == []
+
+
+def test_no_import_against_the_wing_order():
+    assert L.upward(L.modules()) == []
+
+
+def test_the_checks_can_fail(tmp_path, monkeypatch):
+    """A cycle and an upward import planted in a copy of two modules are both found."""
+    mods = L.modules()
+    a, b = mods["kvbench.job.comm"], mods["kvbench.job.status"]
+    a.imports.append(("kvbench.job.status", 1, True))
+    b.imports.append(("kvbench.job.comm", 1, False))
+    b.imports.append(("kvbench.cli.main", 2, False))
+    assert ["kvbench.job.comm", "kvbench.job.status"] in L.cycles(mods)
+    assert any("kvbench.cli.main" in line for line in L.upward(mods))
+
+
+def test_only_the_package_doors_and_c_sources_at_the_top():
+    top = {n for n in os.listdir(os.path.join(ROOT, "kvbench")) if not n.startswith((".", "__pycache__"))}
+    loose = {n for n in top if n.endswith(".py") and n not in ("__init__.py", "__main__.py")}
+    assert loose == set()
+
+
+def test_no_module_over_400_lines():
+    assert {m.name: m.lines for m in L.modules().values() if m.lines > 400} == {}
+
+
+def test_every_wing_says_its_job():
+    for line in L.WINGS:
+        for w in line:
+            if w in ("kvbench", "__main__"):
+                continue
+            doc = L.modules()[f"kvbench.{w}"].doc
+            assert len(doc) > 40, f"kvbench/{w}/__init__.py has no docstring that says its job"
+
+
+def test_layout_doc_is_generated_from_the_tree():
+    with open(L.DOC) as fh:
+        assert fh.read() == L.render(L.modules()), "docs/layout.md is stale: run python tools/layout.py"

@@ -1,0 +1,215 @@
+"""kvbench's layout, read from the tree: wings, modules, imports; writes docs/layout.md and checks the layering.
+
+`python tools/layout.py` rewrites docs/layout.md; `python tools/layout.py --check` exits 1 on an import cycle, an
+import from a lower wing into a higher one, or a docs/layout.md that no longer matches the tree.
+tests/test_layout.py runs the same checks.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "kvbench"
+DOC = ROOT / "docs" / "layout.md"
+
+# Bottom first: a wing imports only wings on lower lines, or itself.  Wings on one line are peers and may not
+# import each other.  "kvbench" is the package root: its __init__ and the C extensions.
+WINGS: list[tuple[str, ...]] = [
+    ("kvbench",),
+    ("job",),
+    ("model",),
+    ("memory",),
+    ("transports",),
+    ("codecs",),
+    ("results",),
+    ("report",),
+    ("harness",),
+    ("config",),
+    ("selftest", "gpucheck"),
+    ("cli",),
+    ("__main__",),
+]
+LEVEL = {w: i for i, line in enumerate(WINGS) for w in line}
+C_EXTENSIONS = ("_native", "_codec", "_mpicalls")
+
+
+@dataclass
+class Module:
+    name: str  # dotted
+    path: Path
+    doc: str
+    lines: int
+    imports: list[tuple[str, int, bool]] = field(default_factory=list)  # (target module, line, at top level)
+
+    @property
+    def wing(self) -> str:
+        parts = self.name.split(".")
+        if len(parts) == 1 or parts[1] in C_EXTENSIONS:
+            return "kvbench"
+        return parts[1]
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    p = ROOT / name.replace(".", "/")
+    return p.with_suffix(".py").exists() or (p / "__init__.py").exists() or (
+        name.startswith("kvbench.") and name.split(".")[-1] in C_EXTENSIONS)
+
+
+def modules() -> dict[str, Module]:
+    """Every kvbench module with its kvbench imports, function-level ones included."""
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        name = _name(path)
+        src = path.read_text()
+        tree = ast.parse(src)
+        doc = (ast.get_docstring(tree) or "").strip().split("\n\n")[0].replace("\n", " ")
+        m = Module(name, path, doc, len(src.splitlines()))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base for a in node.names]
+            else:
+                continue
+            for t in dict.fromkeys(targets):
+                if t == "kvbench" or t.startswith("kvbench."):
+                    m.imports.append((t, node.lineno, id(node) in top))
+        out[name] = m
+    return out
+
+
+def _wing_of(name: str) -> str:
+    parts = name.split(".")
+    return "kvbench" if len(parts) == 1 or parts[1] in C_EXTENSIONS else parts[1]
+
+
+def upward(mods: dict[str, Module]) -> list[str]:
+    """Imports from a lower wing into a higher one (or between peers)."""
+    bad = []
+    for m in mods.values():
+        for t, line, _ in m.imports:
+            a, b = m.wing, _wing_of(t)
+            if a != b and LEVEL[b] >= LEVEL[a]:
+                bad.append(f"{m.path.relative_to(ROOT)}:{line}: {m.wing} imports {t} ({b} is not below {a})")
+    return bad
+
+
+def cycles(mods: dict[str, Module]) -> list[list[str]]:
+    """Import cycles between modules (each strongly connected component of more than one module)."""
+    graph = {n: sorted({t for t, _, _ in m.imports if t in mods and t != n}) for n, m in mods.items()}
+    index, low, stack, on, comps, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):  # Tarjan; the graph is small, so recursion is fine
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def render(mods: dict[str, Module]) -> str:
+    """docs/layout.md: the wings bottom first, each with its job and its modules."""
+    out = ["# Code layout", "",
+           "Generated by `python tools/layout.py` from the tree (a test fails when it is stale): do not edit by hand.",
+           "",
+           "kvbench is one package in wings. Each wing is a folder whose `__init__` says its one job and names its "
+           "public API. **Wing order, bottom first** (a wing imports only wings above it in this list, never a later "
+           "one; wings on one line are peers and import neither way); `tests/test_layout.py` fails on an import "
+           "cycle or an import against this order, function-level imports included:", ""]
+    for i, line in enumerate(WINGS):
+        out.append(f"{i}. " + ", ".join(f"`{w}`" for w in line))
+    out.append("")
+    by_wing: dict[str, list[Module]] = {}
+    for m in mods.values():
+        by_wing.setdefault(m.wing, []).append(m)
+    for line in WINGS:
+        for w in line:
+            ms = sorted(by_wing.get(w, []), key=lambda m: m.name)
+            if not ms:
+                continue
+            head = next((m for m in ms if m.path.name == "__init__.py" and m.name.count(".") == 1), None)
+            title = "kvbench/ (root)" if w == "kvbench" else f"kvbench/{w}/"
+            out += [f"## {title}", ""]
+            if head and head.doc and w != "kvbench":
+                out += [head.doc, ""]
+            out += ["| module | what it is for |", "| --- | --- |"]
+            for m in ms:
+                if m is head and w != "kvbench":
+                    continue
+                rel = m.path.relative_to(ROOT)
+                out.append(f"| `{rel}` | {m.doc.replace('|', '/')} |")
+            if w == "kvbench":
+                for c in sorted(PKG.glob("*.c")):
+                    out.append(f"| `{c.relative_to(ROOT)}` | {_c_doc(c)} |")
+            out.append("")
+    out += ["## Outside the package", "",
+            "| folder | what it is for |", "| --- | --- |",
+            "| `suites/` | YAML sweep definitions (axes are data, not code) |",
+            "| `results/` | committed reference runs under `results/reference/<machine>/`; user runs land in "
+            "`results/runs/` (ignored by git) |",
+            "| `benchmarks/` | the `make bench-*` jobs and their plain library references (no kvbench code in a "
+            "reference) |",
+            "| `tests/` | unit, property, conformance, honesty, faults and lab tests (`make test`) |",
+            "| `tools/` | this generator and the layering check |",
+            "| `docs/` | methodology, evidence and per-path notes |", ""]
+    return "\n".join(out)
+
+
+def _c_doc(path: Path) -> str:
+    text = path.read_text()
+    if text.startswith("/*"):
+        return " ".join(text[2:text.index("*/")].split()).split(". ")[0].rstrip(".")
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    mods = modules()
+    if "--check" in argv:
+        problems = upward(mods) + [" <-> ".join(c) for c in cycles(mods)]
+        if DOC.read_text() != render(mods):
+            problems.append("docs/layout.md is stale: run python tools/layout.py")
+        for p in problems:
+            print(p)
+        return 1 if problems else 0
+    DOC.write_text(render(mods))
+    print(f"wrote {DOC.relative_to(ROOT)} ({len(mods)} modules)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

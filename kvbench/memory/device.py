@@ -64,7 +64,7 @@ def probe(kind: str) -> str | None:
 
 
 def driver_reason() -> str | None:
-    """Why no CUDA driver is usable here (PLATFORM: a GPU is there when libcuda.so.1 loads), or None."""
+    """Why no CUDA driver is usable here (a GPU is there when libcuda.so.1 loads: docs/pitfalls.md#detect-hardware), or None."""
     import ctypes
 
     try:
@@ -131,7 +131,7 @@ def alloc(nbytes: int, kind: str, pages: str = "4k", device: int | None = None) 
     dev = local_device() if device is None and kind == "cuda" else (device or 0)
     check_fits(nbytes, kind, dev)
     if kind == "torch-cpu":
-        arr = host.alloc_host(nbytes, pages=pages)  # page-aligned (PLATFORM pitfall 1), pre-faulted
+        arr = host.alloc_host(nbytes, pages=pages)  # page-aligned (docs/pitfalls.md#page-align), pre-faulted
         return DevicePool(torch.from_numpy(arr), kind, keep=arr)
     if kind == "pinned":
         t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)

@@ -30,7 +30,7 @@ import re
 import numpy as np
 
 PAGE = mmap.PAGESIZE
-KINDS = ("host",)  # "cuda" joins when the GPU issue lands
+KINDS = ("host",)  # host memory only; memory/device.py lists the device kinds
 PAGE_KINDS = ("4k", "thp", "huge")
 
 MAP_HUGETLB = getattr(mmap, "MAP_HUGETLB", 0x40000)  # Linux x86-64 value; Python's mmap lacks the constant

@@ -26,7 +26,7 @@ NP      ?= 2
 MPI     ?= wheel
 ARGS    ?=
 ENGINES ?= 1
-# torch for the device layer: the CPU build where no CUDA driver loads (PLATFORM: this pinned version resolves to
+# torch for the device layer: the CPU build where no CUDA driver loads (docs/pitfalls.md#torch-cpu-build: this pinned version resolves to
 # the CPU wheel; an unpinned torch is a multi-GB CUDA build); TORCH_INDEX=<url> picks the index it comes from
 TORCH_CPU ?= 2.13.0
 TORCH_INDEX ?=

@@ -416,7 +416,7 @@ def main() -> int:
         traceback.print_exc()
         sys.stderr.flush()
         comm.Abort(1)
-        os._exit(1)  # Abort can return with the mpich wheel (PLATFORM pitfall 11)
+        os._exit(1)  # Abort can return with the mpich wheel (docs/pitfalls.md#abort-returns)
     if comm.rank == 0:
         print(f"# fidelity_ref: {', '.join(refs)}; {a.layers} layers per request, block {a.block} B (paged), cache {CACHE}, "
               f"iters={','.join(map(str, a.iters))} warmup={','.join(map(str, a.warmup))}; GB/s = size x layers / "

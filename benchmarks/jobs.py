@@ -38,7 +38,7 @@ def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
     """Run one job (mpiexec and its ranks) with a timeout; kill its whole tree if it outlives it.
 
     MPICH leaves /dev/shm/mpich_shm_* behind when ranks die without finishing
-    (PLATFORM pitfall 8).  The segments this job's ranks map are recorded while
+    (docs/pitfalls.md#mpich-leftovers).  The segments this job's ranks map are recorded while
     it runs (polled every 10 ms at first, then every 250 ms: a job that dies within
     its first poll can still leave one unseen); those still on disk and mapped by
     nobody once it is gone are removed.  Other jobs' segments are never touched.

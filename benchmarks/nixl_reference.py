@@ -103,7 +103,7 @@ def main() -> int:
     xop = a.op.upper()
 
     if "UCX_MODULES" not in os.environ and not os.path.exists("/sys/class/infiniband"):
-        # NIXL's bundled libnl (loaded by UCX's ib module) can segfault at exit (PLATFORM pitfall 3);
+        # NIXL's bundled libnl (loaded by UCX's ib module) can segfault at exit (docs/pitfalls.md#nixl-exit);
         # without RDMA devices that module is useless, so leave it out, as kvbench's nixl transport does
         os.environ["UCX_MODULES"] = "^ib"
     from nixl._api import nixl_agent, nixl_agent_config

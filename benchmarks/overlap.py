@@ -4,8 +4,7 @@
 For each transport: a bulk-only run measures T, the request's transfer time
 at the bulk ceiling, and a short launch of the sweep at those P measures it
 again the way the sweep will (its bulk rows take turns with idle prefill
-waits, which slowed them on a 2-core VM: tcp 36 ms bulk-only, 47-55 ms in
-the sweep); that T sets P = ratio x T for the first launch of the sweep of
+waits, which slows them: docs/evidence.md); that T sets P = ratio x T for the first launch of the sweep of
 prefill times, serial and streaming, push and pull, and the median T of the
 launches so far sets it for each later one.  Every row is checked against
 the model from its launch's own bulk rows:
@@ -40,13 +39,13 @@ from jobs import launch  # noqa: E402
 from kvbench.report import read, summarize  # noqa: E402
 
 # --bind core: unbound, the scheduler wakes a receiver onto its sender's CPU after the idle waits of a
-# long prefill, which made an isolated 4 MiB tcp layer take 2.6 ms instead of 1.8 ms here
+# long prefill, which slowed an isolated tcp layer (docs/evidence.md)
 BASE = ["-m", "llama-3-8b", "--alloc", "contiguous", "--coalesce", "on", "-b", "256", "-e", "256", "--bind", "core"]
 # tcp busy-polls its control messages (a pull's layer-ready signals and requests; payload receives
 # sleep as in block mode), as an engine's progress thread would: a receiver asleep in the kernel pays
-# a wake-up per message after an idle gap (0.1-0.3 ms on a 2-core VM), and a streaming pull sends
-# three per layer (signal, request, data), which put tcp pull at P = 4 T 0.35-0.74 ms above T/L with
-# poll=block (0.5 ms tolerance).  --kvbench-args "-O poll=block" (or spin) measures the others.
+# a wake-up per message after an idle gap, and a streaming pull sends three per layer (signal,
+# request, data), which put tcp pull at long prefills past the 0.5 ms tolerance with poll=block
+# (docs/evidence.md).  --kvbench-args "-O poll=block" (or spin) measures the others.
 PER_TRANSPORT = {"tcp": ["-O", "poll=control"]}
 
 
@@ -131,8 +130,8 @@ def main() -> int:
                      *mine]
             # a short calibration sweep (as many iterations per turn as the measuring launches) sets the
             # first launch's P; each later launch's P comes from the median T of the launches before it:
-            # one calibration launch in a slow phase (T 79 ms against 52-57 ms in the launches that
-            # followed) had put the tcp rows at P/T 0.35-6.08 instead of 0.25-4
+            # one calibration launch in a slow phase of the machine had put the tcp rows far from the
+            # P/T ratios asked for (docs/evidence.md)
             cal_rounds = max(1, rounds // 2)
             cal = [*sweep, "-n", str(cal_rounds * (int(a.iters) // rounds)), "--rounds", str(cal_rounds)]
             t_ms = bulk_ms(summarize(read(run(a.mpirun, cal + prefill(a.ratios, t_bulk), tmp))[0]))

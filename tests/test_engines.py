@@ -33,7 +33,7 @@ def test_unavailable_engine_rows_are_skipped_with_the_hint(kvrun, tmp_path):
 
 
 def test_ucx_and_mpi_in_one_process(kvrun):
-    """ucxx's UCX must load before MPI's (PLATFORM pitfall 7): kvbench preloads it; both transports work."""
+    """ucxx's UCX must load before MPI's (docs/pitfalls.md#ucx-first): kvbench preloads it; both transports work."""
     for name in ("ucx", "mpi"):
         reason = unavailable(name)
         if reason:

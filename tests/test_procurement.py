@@ -1,4 +1,4 @@
-"""suites/procurement*.yaml: the buyer's sweep covers what the issue promises, and make procurement's driver
+"""suites/procurement*.yaml: the buyer's sweep covers what make procurement promises, and make procurement's driver
 writes its report and plan beside the results without overwriting anything."""
 import os
 import subprocess

@@ -68,7 +68,7 @@ def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int) -> int:
 
 
 def cmd_list(a) -> int:
-    comm.preload(transports.names())  # ucxx must load before mpi4py does (PLATFORM pitfall 7)
+    comm.preload(transports.names())  # ucxx must load before mpi4py does (docs/pitfalls.md#ucx-first)
     print("# transports (name: status)")
     for name in transports.names():
         reason = transports.probe(name)
@@ -109,7 +109,7 @@ def cmd_env(a) -> int:
     print(f"{'GPUs':<16} {', '.join(sysd['gpus']) or 'none (nvidia-smi absent or no devices)'}")
     print(f"{'RDMA devices':<16} {', '.join(sysd['rdma_devices']) or 'none (/sys/class/infiniband absent)'}")
     print(f"{'NICs':<16} {', '.join(sysd['nics']) or '-'}")
-    for line in hwfacts.lines(sysd.get("gpu_rdma") or hwfacts.facts()):  # GPU issue: GPUs, RDMA ports, GPUDirect
+    for line in hwfacts.lines(sysd.get("gpu_rdma") or hwfacts.facts()):  # GPUs, RDMA ports, GPUDirect
         print(line)
     for k, v in library_versions().items():
         print(f"{k:<16} {v}")

@@ -94,7 +94,7 @@ class Axes(BaseModel):
     prefill_ms: list[PrefillMs] = Field(default=[0.0], min_length=1)
     handshake: list[Literal["off", "serial", "overlap"]] = Field(default=["off"], min_length=1)
     arrival: list[Arrival] = Field(default=["none"], min_length=1)
-    # GPU issue: where the pools live (host: numpy; torch-cpu, pinned, cuda: torch tensors, memory/device.py)
+    # where the pools live (host: numpy; torch-cpu, pinned, cuda: torch tensors, memory/device.py)
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
     memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
     copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)

@@ -67,7 +67,7 @@ class PrefillClock:
 
 
 def sleep_until(deadline: float) -> None:
-    """Sleep, then spin the last 0.2 ms: sleep alone overshoots by 50-100 us."""
+    """Sleep, then spin the last 0.2 ms: sleep alone wakes late."""
     left = deadline - time.perf_counter()
     if left > 3e-4:
         time.sleep(left - 2e-4)

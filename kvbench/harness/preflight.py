@@ -2,7 +2,7 @@
 
 Pools take RAM; shared-memory pools (shm's segments, MPICH's Win.Allocate)
 also take space in /dev/shm, which a container caps at 64 MiB by default and
-which fails with SIGBUS, not an error, when overfilled (PLATFORM pitfall 12);
+which fails with SIGBUS, not an error, when overfilled (docs/pitfalls.md#small-dev-shm);
 registrations that pin memory (RDMA) need the locked-memory limit.  Every rank
 reports its host's facts and every rank reaches the same verdict.
 """

@@ -1,11 +1,12 @@
 """Shared-memory files a run leaves behind, and how to remove them (stdlib only).
 
-Two kinds of files outlive a run that ends badly (PLATFORM pitfalls 8, 11, 12):
+Two kinds of files outlive a run that ends badly (docs/pitfalls.md: mpich-leftovers,
+abort-returns, small-dev-shm):
 
 * kvbench's own pool segments, ``kvbench_{run_id}_r{rank}_p{pid}``: the shm
   transport unlinks them once every rank has mapped them, but a rank killed
   during setup, or one that ends with ``os._exit`` (no atexit), leaks them.
-* MPICH's ``mpich_shm_*`` files (1-2 MB), left whenever a job ends without
+* MPICH's ``mpich_shm_*`` files, left whenever a job ends without
   ``MPI_Finalize``: after ``MPI_Abort``, ``os._exit``, or a SIGKILL from the
   launcher.
 

@@ -2,7 +2,7 @@
 
 MPI is initialised lazily, on first use, so that ``kvbench size`` and
 ``kvbench list`` never start MPI, and so that a transport whose library
-must be loaded before MPI (ucxx, PLATFORM pitfall 7) can be imported first.
+must be loaded before MPI (ucxx, docs/pitfalls.md#ucx-first) can be imported first.
 A process started without ``mpirun`` runs as a world of one.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _mpi():
 
 
 def preload(transports: list[str]) -> None:
-    """Import libraries that must be loaded before MPI (ucxx's UCX; PLATFORM pitfall 7)."""
+    """Import libraries that must be loaded before MPI (ucxx's UCX; docs/pitfalls.md#ucx-first)."""
     # several UCX copies (mpich's, NIXL's, ucxx's) each warn about the others' variables
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     if "ucx" in transports and _MPI is None:

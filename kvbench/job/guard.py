@@ -4,7 +4,7 @@ A failure is an exception on any rank, a deadline that passed (the watchdog) or
 a signal.  The rank that sees it builds the line (rank, host, what the job was
 doing, cause); rank 0 writes it into the sidecar and prints it; every rank then
 removes this run's segments and ends the job.  ``MPI_Abort`` can return with
-the mpich wheel (PLATFORM pitfall 11), so the process exits right after it
+the mpich wheel (docs/pitfalls.md#abort-returns), so the process exits right after it
 whatever it did, and a timer ends it even if the exit path itself hangs.
 
 Signals reach a thread of ours through Python's wake-up file descriptor: a
@@ -216,7 +216,7 @@ class Guard:
                 self.comm.abort(code)
             except Exception:
                 pass
-        os._exit(code)  # Abort can return (PLATFORM pitfall 11)
+        os._exit(code)  # Abort can return (docs/pitfalls.md#abort-returns)
 
 
 def describe(exc: BaseException) -> str:

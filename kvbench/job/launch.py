@@ -53,7 +53,7 @@ def mpich_segments(pids) -> set[str]:
 
 
 def remove_orphan_segments(names) -> None:
-    """After a launch: its MPICH segments still on disk that no process maps any more (PLATFORM pitfall 8)."""
+    """After a launch: its MPICH segments still on disk that no process maps any more (docs/pitfalls.md#mpich-leftovers)."""
     left = [n for n in names if os.path.exists(f"/dev/shm/{n}")]
     if not left:
         return

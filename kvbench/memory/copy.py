@@ -8,7 +8,7 @@ engine     on a CUDA device (stream-ordered, asynchronous)              on host 
 =========  ==========================================================  =========================================
 memcpy     one ``cuMemcpyAsync`` per descriptor, the loop in C          the native batched copy (one memcpy per
            (kvbench._native.call_copies): the copy engines, with a      row in C): the host has no per-call
-           driver call (~2-4 us) per descriptor                         driver cost to model
+           driver call per descriptor                                   driver cost to model
 kernel     one gather/scatter kernel launch for all descriptors (cupy   torch's vectorized index copy (rows of the
            RawKernel: a CTA per descriptor, 16-byte vectors); without   descriptors' common divisor, one index_select
            cupy, torch's index copy (a few launches)                    and one index_copy_): the SMs' role
@@ -17,7 +17,7 @@ batch      the driver's batched memcpy, ``cuMemcpyBatchAsync`` (CUDA    the nati
 =========  ==========================================================  =========================================
 
 Buffers are 1-D uint8 torch tensors or numpy arrays.  Host buffers go through the native copy by pointer
-(PLATFORM pitfall 14: a torch index copy ran ~1 GB/s on 32 KiB blocks here, the native copy ~5).
+(a torch index copy is much slower on a CPU: docs/pitfalls.md#torch-cpu-copies).
 """
 from __future__ import annotations
 

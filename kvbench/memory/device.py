@@ -3,8 +3,8 @@ on the device.
 
 * ``torch-cpu``: a page-aligned, pre-faulted host mapping (memory.alloc_host) seen as a CPU tensor: the device
   layer's code on a machine without a GPU (tests, a user checking a setup).  Its bytes are host memory, so
-  copies may also take the native batched copy by pointer (a torch index copy ran ~1 GB/s here, the native
-  copy ~5).
+  copies may also take the native batched copy by pointer (a torch index copy is much slower:
+  docs/pitfalls.md#torch-cpu-copies).
 * ``pinned``: page-locked host memory (cudaHostAlloc through torch); needs a CUDA build and a GPU.
 * ``cuda``: one device allocation per rank, a uint8 tensor; refused before allocating when it exceeds the
   device's free memory.
@@ -64,7 +64,7 @@ def probe(kind: str) -> str | None:
 
 
 def driver_reason() -> str | None:
-    """Why no CUDA driver is usable here (PLATFORM: a GPU is there when libcuda.so.1 loads), or None."""
+    """Why no CUDA driver is usable here (a GPU is there when libcuda.so.1 loads: docs/pitfalls.md#detect-hardware), or None."""
     import ctypes
 
     try:
@@ -131,7 +131,7 @@ def alloc(nbytes: int, kind: str, pages: str = "4k", device: int | None = None) 
     dev = local_device() if device is None and kind == "cuda" else (device or 0)
     check_fits(nbytes, kind, dev)
     if kind == "torch-cpu":
-        arr = host.alloc_host(nbytes, pages=pages)  # page-aligned (PLATFORM pitfall 1), pre-faulted
+        arr = host.alloc_host(nbytes, pages=pages)  # page-aligned (docs/pitfalls.md#page-align), pre-faulted
         return DevicePool(torch.from_numpy(arr), kind, keep=arr)
     if kind == "pinned":
         t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -152,7 +152,7 @@ def _words(torch, idx, rank: int, epoch: int = 0):
     """pattern.pattern_at(rank, idx) ^ verify._mix(epoch) as int32 (the same bits), for int64 word indices.
 
     int32 products wrap like the uint32 ones of pattern.py (torch has no uint32 arithmetic on every build);
-    int32 runs about 4x faster here than int64 with masks."""
+    int32 runs faster than int64 with masks."""
     w = (idx & 0xFFFFFFFF).to(torch.int32)  # wraps: the word index modulo 2^32, as pattern.py's astype
     w.mul_(_s32(_MUL))
     w.bitwise_xor_(_s32((rank + 1) * _RANK) ^ (_s32(epoch * 0x85EBCA6B) if epoch else 0))
@@ -242,7 +242,7 @@ def buf(pool):
 
 def checker(pool):
     """The module whose poison/write_epoch/snapshot/count_wrong fit ``pool``: this one for CUDA pools, verify.py
-    for host bytes (torch-cpu and pinned pools are host memory: numpy checks them ~10x faster than torch's
+    for host bytes (torch-cpu and pinned pools are host memory: numpy checks them faster than torch's
     byte indexing on a CPU; tests/test_device.py holds the two to the same bytes)."""
     import sys
 

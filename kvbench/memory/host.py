@@ -30,7 +30,7 @@ import re
 import numpy as np
 
 PAGE = mmap.PAGESIZE
-KINDS = ("host",)  # "cuda" joins when the GPU issue lands
+KINDS = ("host",)  # host memory only; memory/device.py lists the device kinds
 PAGE_KINDS = ("4k", "thp", "huge")
 
 MAP_HUGETLB = getattr(mmap, "MAP_HUGETLB", 0x40000)  # Linux x86-64 value; Python's mmap lacks the constant
@@ -151,7 +151,7 @@ def alloc_host(nbytes: int, pages: str = "4k") -> np.ndarray:
         mm = mmap.mmap(-1, size, flags=flags)
         _madvise(mm, MADV_NOHUGEPAGE)
         arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
-    arr.fill(0)  # pre-fault: first touch is 10x slower than a warm copy (and where the kernel picks the page size)
+    arr.fill(0)  # pre-fault (docs/pitfalls.md#pre-fault): first touch is slow, and where the kernel picks the page size
     return arr
 
 

@@ -49,7 +49,7 @@ ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_
 # its source's; completion: who stamped the landing,
 # "transport" (its own receive or progress thread) or "harness" (the moment its wait or notification returned)
 
-# --- v3, GPU issue: copy = the copy engine of device bytes (copy.py; "batch" for host rows, where it is unused);
+# --- v3, device memory: copy = the copy engine of device bytes (copy.py; "batch" for host rows, where it is unused);
 # gather_s / wire_s / scatter_s = seconds this rank spent in each stage of the staged transport in this iteration
 # (device -> bounce, the inner transport, bounce -> device; NaN for every other transport)
 GPU_DEFAULTS = {"copy": "batch", "gather_s": np.nan, "wire_s": np.nan, "scatter_s": np.nan}
@@ -258,7 +258,7 @@ def system_description() -> dict:
     info["gpus"] = gpu_names()
     from kvbench.results import machine as hwfacts
 
-    info["gpu_rdma"] = hwfacts.facts()  # GPU issue: GPUs, RDMA ports, GPUDirect, memlock, topology
+    info["gpu_rdma"] = hwfacts.facts()  # GPUs, RDMA ports, GPUDirect, memlock, topology
     info["argv0"] = os.path.basename(sys.argv[0])
     return info
 

@@ -57,16 +57,16 @@ def tbf_params(rate_bits: int) -> tuple[int, int]:
     """(burst, limit) in bytes for ``tc qdisc ... tbf rate R burst B limit Q``.
 
     burst: 2 ms of the rate, at least 64 KiB.  The qdisc's watchdog fires late by
-    up to the softirq latency of a busy 2-core VM; tokens that accrue meanwhile
+    up to the softirq latency of a busy machine; tokens that accrue meanwhile
     are kept only up to ``burst``, so a burst that covers that lateness keeps the
-    long-run rate at R (with 1 ms, iperf3 and kvbench's tcp got 1-3% less here
-    than with 2 ms, which reach the 1448/1514 TCP-over-Ethernet ceiling).  64 KiB
+    long-run rate at R (1 ms fell short of the TCP-over-Ethernet ceiling that
+    2 ms reaches: docs/evidence.md).  64 KiB
     holds one GSO packet whole (smaller bursts make tbf split GSO packets in
     software).  It is also what an idle link lends a transfer at line speed: a
     layer sent after an idle gap may finish up to burst/R early (2 ms at 1 Gbit/s,
     inside the streaming row's tolerance), and a 1 s bulk transfer gains 0.2%.
     limit (queue): 50 ms of the rate, at least 8 MiB.  A TCP socket may keep
-    tcp_limit_output_bytes (4 MiB here) in the qdisc, and kvbench and UCX open
+    tcp_limit_output_bytes (a sysctl) in the qdisc, and kvbench and UCX open
     more than one; a drop would measure TCP's loss recovery, not the link.  The
     queue's depth does not move when a flow's last byte leaves (the qdisc is
     work-conserving), so a deep queue costs the measurement nothing.

@@ -2,7 +2,7 @@
 
 The harness owns *how* (timing, barriers, checking, printing); a transport
 owns *what* (the one data movement).  A transport never imports mpi4py (the
-``mpi`` transport alone takes its communicator from ``kvbench.comm``) and
+``mpi`` transport alone takes its communicator from ``kvbench.job.comm``) and
 never times itself: at most, ``wait`` reports when a completion it saw on a
 thread of its own happened (see Completion semantics).
 
@@ -35,8 +35,8 @@ a notification of their own (two-sided receives, NIXL notifications, RDMA
 WRITE_WITH_IMM) set it True and make ``serve`` + ``wait`` block until then.
 A transport whose receive thread sees the last byte land returns that
 ``time.perf_counter()`` from ``wait``; the harness's done time is then the
-landing, not the moment the waiting thread was scheduled again (tcp: 70-100 us
-on a 2-core VM).
+landing, not the moment the waiting thread was scheduled again (a wake-up
+delay that is no part of the transfer; docs/evidence.md).
 
 Prepared posts
 --------------
@@ -325,7 +325,7 @@ def check_descs(descs: np.ndarray, src_nbytes: int, dst_nbytes: int) -> None:
         raise TransportError(f"descriptors must be int64 (n, 3), got {descs.dtype} {descs.shape}")
     if len(descs) == 0:
         return
-    if len(descs) <= 8:  # bulk and coalesced layers: plain integers are 25x cheaper than numpy reductions
+    if len(descs) <= 8:  # bulk and coalesced layers: on a few rows plain integers cost less than numpy reductions
         for s, d, n in descs.tolist():
             if s < 0 or d < 0 or n <= 0:
                 raise TransportError("descriptor with a negative offset or non-positive length")

@@ -3,9 +3,9 @@
 No metadata server: each engine is initialised with ``P2PHANDSHAKE`` and its
 session id (``host:rpc_port``) plus the pool's base address is what
 ``register`` returns.  Each post is one ``batch_transfer_async_write``/``read``
-per chunk of at most ``batch`` descriptors (default 2048: 4096+ fail on tcp
-with "queue-full" at the engine's default queue caps, PLATFORM pitfall 4; see
-below); ``wait`` blocks in
+per chunk of at most ``batch`` descriptors (default 2048: larger batches fail
+on tcp with "queue-full" at the engine's default queue caps,
+docs/pitfalls.md#engine-listeners; see below); ``wait`` blocks in
 ``get_batch_transfer_status`` (GIL released).
 
 Notification (option ``notify``).  Mooncake's Python API only attaches
@@ -14,7 +14,7 @@ complete the initiator sends the tag (8 bytes) on a TCP socket per pair and
 the destination's ``serve``/``wait`` sleeps in ``recv`` on it (``socket``, the
 default).  It must sleep, not spin: on tcp the engine's own threads move the
 bytes, and a destination busy-polling for the harness's MPI message takes
-their CPU (2 cores, 1 MiB messages: 0.64-0.70 instead of 1.03-1.23 GB/s).
+their CPU and the bandwidth drops (docs/evidence.md).
 ``notify=mpi`` leaves it to the harness's MPI message.  The socket binds
 ``host`` and is closed once the peers are connected; a peer must present the
 run's token, as in the tcp transport.
@@ -27,13 +27,13 @@ protocol really in use is derived the way the engine decides (its topology's
 HCA list and MC_FORCE_TCP); ``rdma`` requested with TCP in use is an error,
 never a mislabelled row.  Both of its listeners (handshake RPC and the TCP
 data port) bind all interfaces even when ``host`` is 127.0.0.1.
-Options: ``protocol``, ``host`` (address peers reach; default ``kvbench.net``'s
+Options: ``protocol``, ``host`` (address peers reach; default ``kvbench.transports.sockets``'
 choice: ``addr``/``ifname`` options, KVBENCH_SOCKET_IFNAME, else the host
 name's route), ``device`` (HCA filter, e.g. ``mlx5_0,mlx5_1``), ``batch``.
 The tcp lanes' queue caps (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER,
 MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER) default to 65535 here, as serving
-deployments set them: at the engine's defaults ~2-4k outstanding descriptors
-per peer fail with "queue-full".
+deployments set them: at the engine's defaults a few thousand outstanding
+descriptors per peer fail with "queue-full".
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ layer of at most ``split`` ranges (bulk, coalesced) moves as contiguous calls.
 Options (``ctx.options``):
   window   "allocate" (default; MPI.Win.Allocate provides the pool, which MPICH
            shares between the ranks of a node) or "create" (Win.Create over
-           the harness's pool; 3-6x slower on MPICH within a node)
+           the harness's pool; slower on MPICH within a node: docs/evidence.md)
   epoch    "lock_all" (default; one passive epoch from ready() to close()) or
            "lock" (Lock a peer at its first post, Unlock it at the last wait)
   prep     "on" (default): keep the committed datatypes while a descriptor array
@@ -18,8 +18,8 @@ Options (``ctx.options``):
   split    N (default 4): a layer of at most N descriptors (bulk rows, coalesced
            contiguous allocations: 1-2 per layer) moves as N contiguous calls
            instead of one hindexed call.  MPICH copies between two non-contiguous
-           datatypes through a 16 KiB bounce buffer (MPIR_Localcopy), measured at
-           ~70% of a contiguous Put within a node; 0: always one hindexed call.
+           datatypes through a 16 KiB bounce buffer (MPIR_Localcopy), slower than a
+           contiguous Put within a node (docs/evidence.md); 0: always one hindexed call.
   calls    "native" (default): a request's contiguous Puts/Gets, the Flush with its
            completion notice and the destination's receive with Win.Sync are each
            one call into C (mpi_native.py), as a C engine makes them; "mpi4py":
@@ -46,8 +46,8 @@ class MpiTransport(MpiBase):
 
     notifies=True: a Flush completes every operation posted to the peer so
     far, so after each Flush the initiator Isends ONE message listing the tags
-    of the pushes it completed (not one per layer: 16 per-layer messages cost
-    3-5% at 1 MiB layers here); the destination's wait receives messages until
+    of the pushes it completed (not one per layer: a message per layer cost
+    measurable time, docs/evidence.md); the destination's wait receives messages until
     its tag is listed and calls Win.Sync once per message, which MPI's memory
     model requires at the target once it learns of the completion (it matters
     on weakly ordered CPUs such as Grace).  Only the window's owner can do

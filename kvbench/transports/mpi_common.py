@@ -30,7 +30,7 @@ def fail(exc) -> TransportError:
 
 def hindexed(MPI, lens: np.ndarray, displs: np.ndarray):
     """A committed byte datatype of ``lens`` bytes at each of ``displs``."""
-    # mpi4py copies sequences item by item: Python ints (tolist) convert ~3x
+    # mpi4py copies sequences item by item: Python ints (tolist) convert
     # faster than numpy scalars, and equal lengths spare one array entirely
     if len(lens) and (lens == lens[0]).all():
         return MPI.BYTE.Create_hindexed_block(int(lens[0]), displs.tolist()).Commit()

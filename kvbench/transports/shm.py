@@ -12,7 +12,7 @@ behind in /dev/shm; the mappings stay valid until the process exits.  An
 leaves can be swept by a later run (``cleanup.sweep_orphans``).
 
 Filling a segment past the free space of /dev/shm is a SIGBUS, not a Python
-error (containers give it 64 MiB), so ``alloc`` checks the free space first.
+error (a container's may be small: docs/pitfalls.md#small-dev-shm), so ``alloc`` checks the free space first.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class ShmTransport(Transport):
         """The pool lives in a named shared segment so that peers can map it."""
         size = max(nbytes, mmap.PAGESIZE)
         free = cleanup.shm_free_bytes()
-        if size > free:  # past this the fill below is a SIGBUS, not an exception (PLATFORM pitfall 12)
+        if size > free:  # past this the fill below is a SIGBUS, not an exception (docs/pitfalls.md#small-dev-shm)
             raise TransportError(
                 f"shm: the pool needs {_size(size)} in {cleanup.SHM_DIR} but {_size(free)} is free: give the "
                 "container a larger /dev/shm (docker run --shm-size=..., Kubernetes: an emptyDir with medium: "

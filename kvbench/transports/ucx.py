@@ -12,7 +12,7 @@ packed message.  Scatter-gather: ucxx has no iov datatype, and ``tag_send_multi`
 ``tag_send`` per block cost a Python object and a message per block, so a layer
 of n > 1 descriptors is packed into page-aligned staging with one
 ``copy_batch`` (GIL released), sent as ONE tag message and unpacked likewise:
-one extra memcpy per side, measured 1.3-1.7x faster than either alternative.
+one extra memcpy per side, which measured faster than either alternative (docs/evidence.md).
 One descriptor goes pool to pool.  A packed push's staging is capped
 (``staging_mib``, default 1024): one that would exceed it is packed when
 started, after the oldest started push frees a buffer; idle buffers beyond
@@ -23,7 +23,7 @@ UCX tags hold (sender rank, kind, per-direction sequence) and each layer
 carries a checked header (magic, kvbench tag, bytes, descriptors), so a
 mixed-up stream raises.  Progress is polled in ``wait`` (no asyncio, no
 thread).  ``import ucxx`` must precede mpi4py's MPI init in the process
-(PLATFORM pitfall 7; ``kvbench.comm.preload`` does it).  Options: ``tls``
+(docs/pitfalls.md#ucx-first; ``kvbench.job.comm.preload`` does it).  Options: ``tls``
 (UCX_TLS, e.g. ``sm``, ``tcp``), ``err_handling`` (off; on excludes shared
 memory), ``staging_mib``.  ``info()["lanes"]`` is what UCX really selected.
 """

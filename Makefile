@@ -15,7 +15,7 @@
 #   make bench-codecs       codecs on shm, tcp loopback and (root) a 1 Gbit/s shaped link: measured vs predicted
 #   make lint               ruff
 #   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
-#                           then its report and plan in results/<machine>/ (about 10 min on a 2-core VM)
+#                           then its report and plan in results/runs/<machine>/ (about 10 min on a 2-core VM)
 #   make bench-staged       staged over tcp on torch-cpu pools: the pipeline against pipeline=off
 #   make gpu-check          (a GPU machine) device pools, copy engines, host<->device, cuda_ipc, staged: ~5 min
 
@@ -132,7 +132,7 @@ lint: $(STAMP)
 	$(BIN)/python tools/layout.py --check
 
 clean-results:
-	@echo "results are never deleted by make; remove results/<machine>/ files by hand if you must"
+	@echo "results are never deleted by make; your runs are in results/runs/ (ignored by git): remove files there by hand if you must"
 
 # codecs on the path: shm, tcp over loopback, tcp over a shaped veth (root; RATE, default 1gbit): effective GB/s
 # measured next to the model's prediction and break-even link rates (docs/codecs.md)

@@ -5,7 +5,7 @@
    one `kvbench run` launch, their tables streamed to this terminal (a progress bar on stderr when it
    is one);
 2. `kvbench report` over both result files and `kvbench plan` for the three models on the measured
-   paths and on nominal 100GbE / 400G IB NDR, written into the results' folder (results/<machine>/)
+   paths and on nominal 100GbE / 400G IB NDR, written into the results' folder (results/runs/<machine>/)
    as <stamp>_procurement.report.txt, the page <stamp>_procurement.report/ (report.md with plots/, a
    self-contained report.html, report.csv) and <stamp>_procurement.plan.txt (never overwriting).
 """

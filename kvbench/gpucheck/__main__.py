@@ -4,7 +4,7 @@ Runs with the machine's own Python and the packages a CUDA image ships (torch; c
 extension built in place, no network and no MPI: single-GPU checks run in this process; the two-rank ones
 (cuda_ipc) in two processes it starts itself, which exchange the IPC handle over a pipe; the harness's
 2-rank rows (staged, cuda_ipc through kvbench run) only where an MPI launcher exists.  Prints one short table
-last and writes every number to results/<machine>/<time>_gpucheck.json.  Without a GPU it stops at once with
+last and writes every number to results/runs/<machine>/<time>_gpucheck.json.  Without a GPU it stops at once with
 one line (exit 2).
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ def parse(argv):
     p.add_argument("--blocks", type=int, default=4096, help="blocks per copy-engine layer")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per measurement (median kept)")
     p.add_argument("--mpirun", default=None, help="MPI launcher for the harness rows (default: mpiexec on PATH)")
-    p.add_argument("-o", "--results", default="results", help="results directory (default results/)")
+    p.add_argument("-o", "--results", default="results/runs", help="results directory (default results/runs/, "
+                   "which git ignores)")
     p.add_argument("--only", default="", help="comma list of checks: pool,copy,hostdev,ipc,harness,prefill")
     a = p.parse_args(argv)
     for name in ("pool_mib", "block_kib", "blocks", "repeats"):

@@ -1,7 +1,7 @@
 """The README stays a page a newcomer reads, and no link in it or in docs/ points nowhere.
 
 Relative links (``[text](path)``, ``[text](path#anchor)``, ``[text](#anchor)``) must name an existing file
-and, with an anchor, a heading of that file under GitHub's slug rule. http(s) links are not fetched.
+and, with an anchor, a heading of that file under GitHub's slug rule (or an explicit ``<a id>``). http(s) links are not fetched.
 """
 from __future__ import annotations
 
@@ -44,11 +44,13 @@ def slug(heading: str) -> str:
 
 
 def anchors(path: str) -> set[str]:
-    """Every heading's slug in a Markdown file, duplicates numbered -1, -2 ... as GitHub numbers them."""
+    """Every heading's slug in a Markdown file, duplicates numbered -1, -2 ... as GitHub numbers them, and every
+    explicit ``<a id="name">`` anchor."""
     seen: dict[str, int] = {}
     out = set()
     with open(path, encoding="utf-8") as f:
         for line in prose_lines(f.read()):
+            out.update(re.findall(r'<a (?:id|name)="([^"]+)"', line))
             m = HEADING.match(line)
             if not m:
                 continue
@@ -115,3 +117,9 @@ def test_user_runs_land_outside_the_committed_references():
     with open(os.path.join(ROOT, ".gitignore"), encoding="utf-8") as f:
         assert "results/runs/" in f.read().split()
     assert glob.glob(os.path.join(ROOT, "results", "reference", "*", "*.parquet"))
+
+
+def test_explicit_anchors_count_and_missing_ones_do_not(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text('<a id="page-align"></a>\n## Page-align every pool\n\n```\n<a id="in-code"></a>\n```\n')
+    assert anchors(str(page)) == {"page-align", "page-align-every-pool"}

@@ -37,6 +37,7 @@ def newest(outdir: str) -> str | None:
 def main(argv=None) -> int:
     import pandas as pd
 
+    from kvbench.job.launch import launch
     from kvbench.report.codecs import codec_rows, table, verdicts
     from kvbench.selftest import netns as N
     from kvbench.selftest import run as S
@@ -62,8 +63,8 @@ def main(argv=None) -> int:
     tables = []
 
     # 1. the host: shm and tcp over loopback, one launch
-    rc, text = (0, "") if a.host_rate else S.launch([a.mpirun, "-n", "2", sys.executable, "-m", "kvbench", "run", "-t", "shm,tcp", *base], 1800,
-                        S.rank_env({}))
+    rc, text = (0, "") if a.host_rate else launch([a.mpirun, "-n", "2", sys.executable, "-m", "kvbench", "run", "-t", "shm,tcp", *base], 1800,
+                        S.rank_env({}), grace=S.GRACE_S)
     path = newest(out)
     if a.host_rate:
         H = a.host_rate
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
         try:
             env = {**S.MPI_ENV["ucx"], **S.TCP_ENV}
             before = set(glob.glob(os.path.join(out, "*", "*.parquet")))
-            rc, text = S.launch(S.kvbench_cmd(a.mpirun, link, ["-t", "tcp", *base]), 3600, S.rank_env(env))
+            rc, text = launch(S.kvbench_cmd(a.mpirun, link, ["-t", "tcp", *base]), 3600, S.rank_env(env), grace=S.GRACE_S)
             new = sorted(set(glob.glob(os.path.join(out, "*", "*.parquet"))) - before)
             if rc != 0 or not new:
                 print(f"# shaped-link run failed (exit {rc}):\n{text[-3000:]}")

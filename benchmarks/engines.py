@@ -68,8 +68,9 @@ sys.path.insert(0, ROOT)  # kvbench's own stats code, when run from a checkout w
 sys.path.insert(0, HERE)
 
 import native_tools as nt  # noqa: E402  (subprocess only: ucx_perftest, transfer_engine_bench)
-from jobs import LIVE, availability, descendants, kill_tree, kvbench_exe, launch  # noqa: E402
+from jobs import availability, kvbench_exe, launch  # noqa: E402
 
+from kvbench.job.launch import LIVE, kill_tree  # noqa: E402
 from kvbench.results.store import case_stats  # noqa: E402  (pandas only; no MPI)
 
 KIB = 1024
@@ -84,7 +85,7 @@ PAGE = 4096
 # ----- processes and leftovers --------------------------------------------------------------
 def _kill_live() -> None:
     for root in list(LIVE):
-        kill_tree(root, descendants(root))
+        kill_tree(root)
     LIVE.clear()
     nt._kill_all()
 

@@ -1,76 +1,25 @@
-"""Launching benchmark jobs (mpiexec and its ranks, native tools) with a timeout, and cleaning up.
+"""Launching benchmark jobs (mpiexec and its ranks, native tools) from the checkout, and what kvbench can run.
 
-Shared by the benchmark scripts in this folder.  hydra's proxies start
-sessions of their own, so a process group misses the ranks: a job is
-followed through /proc as a process tree instead, and killed whole.
+Shared by the benchmark scripts in this folder.  The launching itself (a
+timeout, the process tree followed through /proc and killed whole, MPICH
+leftovers removed) is kvbench.job.launch's, the selftest's too.
 """
 from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # kvbench's process-tree helpers, from a checkout without install
 
-from kvbench.job.launch import descendants, remove_orphan_segments, starttime  # noqa: E402
-from kvbench.job.launch import mpich_segments as shm_of  # noqa: E402
-
-LIVE: set[int] = set()  # process trees (root pids) of launches in flight
-
-
-def kill_tree(root: int | None, tree: dict[int, int]) -> None:
-    """SIGKILL root (a child not yet reaped) and the processes seen in its tree, each only if it is
-    still the same process."""
-    for pid, st in [*([(root, None)] if root else []), *tree.items()]:
-        if st is not None and starttime(pid) != st:
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+from kvbench.job import launch as L  # noqa: E402
 
 
 def launch(cmd: list[str], timeout: float, env=None) -> tuple[int, str]:
-    """Run one job (mpiexec and its ranks) with a timeout; kill its whole tree if it outlives it.
-
-    MPICH leaves /dev/shm/mpich_shm_* behind when ranks die without finishing
-    (docs/pitfalls.md#mpich-leftovers).  The segments this job's ranks map are recorded while
-    it runs (polled every 10 ms at first, then every 250 ms: a job that dies within
-    its first poll can still leave one unseen); those still on disk and mapped by
-    nobody once it is gone are removed.  Other jobs' segments are never touched.
-    """
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True, cwd=ROOT, env=env)
-    except OSError as exc:
-        return 127, f"cannot start {cmd[0]}: {exc.strerror}"
-    LIVE.add(p.pid)
-    mine: set[str] = set()
-    tree: dict[int, int] = {}
-    deadline, chunks, poll = time.monotonic() + timeout, [], 0.01
-    while True:
-        tree.update(descendants(p.pid))
-        mine |= shm_of(tree)
-        try:
-            out, _ = p.communicate(timeout=poll)
-            break
-        except subprocess.TimeoutExpired:
-            poll = min(0.25, 2 * poll)  # often at first: a job that fails at once maps its segments briefly
-            if time.monotonic() > deadline:
-                kill_tree(p.pid, tree)
-                out, _ = p.communicate()
-                chunks.append(f"\n(timed out after {timeout:g} s)")
-                break
-    LIVE.discard(p.pid)
-    rc = p.returncode if not chunks else 124
-    if rc != 0:  # ranks a dead launcher left behind (the launcher itself is reaped: not by pid)
-        kill_tree(None, tree)
-    remove_orphan_segments(mine)
-    return rc, (out or "") + "".join(chunks)
+    """Run one job from the checkout's root (kvbench.job.launch.launch: timeout, whole-tree kill, this job's
+    own MPICH segments removed); (exit code, output)."""
+    return L.launch(cmd, timeout, env, cwd=ROOT)
 
 
 def kvbench_exe() -> list[str]:

@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_module.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -232,12 +233,6 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
-    {"encode", encode, METH_VARARGS, "encode(kind, data, lut, streams, counts, pos, val, chunk_log2) -> escapes or -1"},
-    {"decode", decode, METH_VARARGS, "decode(kind, streams, counts, pos, val, exps, out, chunk_log2)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_codec", "exp-split encode/decode loops.", -1, methods};
-
-PyMODINIT_FUNC PyInit__codec(void) { return PyModule_Create(&moddef); }
+KV_MODULE(_codec, "exp-split encode/decode loops.",
+          KV_METHOD(encode, "encode(kind, data, lut, streams, counts, pos, val, chunk_log2) -> escapes or -1"),
+          KV_METHOD(decode, "decode(kind, streams, counts, pos, val, exps, out, chunk_log2)"))

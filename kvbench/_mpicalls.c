@@ -24,6 +24,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_module.h"
 #include <stdint.h>
 
 typedef int (*rma4_fn)(const void *, int, int, int, intptr_t, int, int, int);
@@ -134,14 +135,8 @@ static PyObject *comm_rank(PyObject *self, PyObject *args) {
     return Py_BuildValue("(ii)", rc, rank);
 }
 
-static PyMethodDef methods[] = {
-    {"rma", rma, METH_VARARGS, "rma(fn, hsize, base, descs, ocol, tcol, peer, byte, win): MPI_Put/MPI_Get per row; (rc, failing row or -1)."},
-    {"flush_send", flush_send, METH_VARARGS, "flush_send(flush, send, hsize, win, peer, buf, count, dtype, tag, comm): MPI_Win_flush, then MPI_Send unless send is 0; rc."},
-    {"recv_sync", recv_sync, METH_VARARGS, "recv_sync(recv, get_count, sync, hsize, buf, count, dtype, peer, tag, comm, win): MPI_Recv, MPI_Get_count, MPI_Win_sync; (rc, count)."},
-    {"comm_rank", comm_rank, METH_VARARGS, "comm_rank(fn, hsize, comm): MPI_Comm_rank; (rc, rank)."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_mpicalls", "The mpi transport's MPI calls by address.", -1, methods};
-
-PyMODINIT_FUNC PyInit__mpicalls(void) { return PyModule_Create(&moddef); }
+KV_MODULE(_mpicalls, "The mpi transport's MPI calls by address.",
+          KV_METHOD(rma, "rma(fn, hsize, base, descs, ocol, tcol, peer, byte, win): MPI_Put/MPI_Get per row; (rc, failing row or -1)."),
+          KV_METHOD(flush_send, "flush_send(flush, send, hsize, win, peer, buf, count, dtype, tag, comm): MPI_Win_flush, then MPI_Send unless send is 0; rc."),
+          KV_METHOD(recv_sync, "recv_sync(recv, get_count, sync, hsize, buf, count, dtype, peer, tag, comm, win): MPI_Recv, MPI_Get_count, MPI_Win_sync; (rc, count)."),
+          KV_METHOD(comm_rank, "comm_rank(fn, hsize, comm): MPI_Comm_rank; (rc, rank)."))

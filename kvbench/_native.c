@@ -31,6 +31,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_module.h"
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -375,17 +376,11 @@ static PyObject *evict(PyObject *self, PyObject *args) {
     return PyBool_FromLong(done);
 }
 
-static PyMethodDef methods[] = {
-    {"touch", touch, METH_VARARGS, "touch(buf, descs, col): read every 64-byte line of each row's range of buf (and its last byte); a sum of the bytes read."},
-    {"evict", evict, METH_VARARGS, "evict(buf, descs, col): flush every line of each row's range of buf from the CPU caches; False where this CPU cannot."},
-    {"call_copies", call_copies, METH_VARARGS, "call_copies(fn, dst, src, descs, stream): fn(dst+D, src+S, L, stream) per row; (rc, failing row or -1)."},
-    {"copy_batch", copy_batch, METH_VARARGS, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."},
-    {"sendv", sendv, METH_VARARGS, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd); the perf_counter time the last byte left."},
-    {"recvv", recvv, METH_VARARGS, "recvv(fd, buf, descs, col[, expect[, spin]]): read and compare a header, then readv into every row's range of buf (blocking fd); returns the header read if it differs, else the perf_counter time the last byte landed."},
-    {"relay", relay, METH_VARARGS, "relay(ctl, fd, pending, wlock, spin): turn each layer-ready signal read from ctl into the request pending[tag], written on fd under wlock; returns the first header that is not a signal."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_native", "Batched copies and vectored socket I/O.", -1, methods};
-
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&moddef); }
+KV_MODULE(_native, "Batched copies and vectored socket I/O.",
+          KV_METHOD(touch, "touch(buf, descs, col): read every 64-byte line of each row's range of buf (and its last byte); a sum of the bytes read."),
+          KV_METHOD(evict, "evict(buf, descs, col): flush every line of each row's range of buf from the CPU caches; False where this CPU cannot."),
+          KV_METHOD(call_copies, "call_copies(fn, dst, src, descs, stream): fn(dst+D, src+S, L, stream) per row; (rc, failing row or -1)."),
+          KV_METHOD(copy_batch, "copy_batch(dst, src, descs): memcpy every (SRC, DST, LEN) row."),
+          KV_METHOD(sendv, "sendv(fd, buf, descs, col[, head]): writev head, then every row's range of buf (blocking fd); the perf_counter time the last byte left."),
+          KV_METHOD(recvv, "recvv(fd, buf, descs, col[, expect[, spin]]): read and compare a header, then readv into every row's range of buf (blocking fd); returns the header read if it differs, else the perf_counter time the last byte landed."),
+          KV_METHOD(relay, "relay(ctl, fd, pending, wlock, spin): turn each layer-ready signal read from ctl into the request pending[tag], written on fd under wlock; returns the first header that is not a signal."))

@@ -77,7 +77,7 @@ def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
         "run_ref = R.run_ref\n"
         "def failing(comm, *a, **k):\n"
         "    if comm.rank == 1:\n"
-        "        from kvbench.procs import mpich_segments\n"
+        "        from kvbench.job.launch import mpich_segments\n"
         f"        open({str(segs)!r}, 'w').write(' '.join(mpich_segments([os.getpid()])))\n"
         "        raise RuntimeError('injected failure on rank 1')\n"
         "    return run_ref(comm, *a, **k)\n"

@@ -16,8 +16,8 @@ NETWORK = ["shm", "tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake"]
 
 def unavailable(name: str) -> str | None:
     """Probe in a fresh process: some engines must load before MPI (docs/pitfalls.md#ucx-first)."""
-    code = (f"from kvbench import comm, transports; comm.preload([{name!r}]); r = transports.probe({name!r}); "
-            "print('OK' if r is None else r)")
+    code = (f"from kvbench import transports; from kvbench.job import comm; comm.preload([{name!r}]); "
+            f"r = transports.probe({name!r}); print('OK' if r is None else r)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     line = (out.stdout.strip().splitlines() or [out.stderr.strip()[-200:]])[-1]
     return None if line == "OK" else line

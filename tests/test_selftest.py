@@ -12,6 +12,7 @@ import time
 import pandas as pd
 import pytest
 
+from kvbench.selftest import judge as J
 from kvbench.selftest import netns as N
 from kvbench.selftest import run as R
 
@@ -45,45 +46,45 @@ def test_tbf_params():
 
 def test_judge_rate_against_iperf3():
     shaped, iperf = 1e9, 0.95e9
-    assert R.judge_rate(0.95e9 / 8, shaped, iperf).ok
-    v = R.judge_rate(0.9 * 0.95e9 / 8, shaped, iperf)
+    assert J.judge_rate(0.95e9 / 8, shaped, iperf).ok
+    v = J.judge_rate(0.9 * 0.95e9 / 8, shaped, iperf)
     assert v.ok and v.basis == "iperf3" and v.ratio == pytest.approx(0.9)
-    assert not R.judge_rate(0.89 * 0.95e9 / 8, shaped, iperf).ok
-    assert not R.judge_rate(1.06 * 0.95e9 / 8, shaped, iperf).ok  # faster than the link: a timing error
-    assert R.judge_rate(1.05 * 0.95e9 / 8, shaped, iperf).ok
+    assert not J.judge_rate(0.89 * 0.95e9 / 8, shaped, iperf).ok
+    assert not J.judge_rate(1.06 * 0.95e9 / 8, shaped, iperf).ok  # faster than the link: a timing error
+    assert J.judge_rate(1.05 * 0.95e9 / 8, shaped, iperf).ok
 
 
 def test_judge_rate_against_shaped():
-    v = R.judge_rate(0.86e9 / 8, 1e9, None)
+    v = J.judge_rate(0.86e9 / 8, 1e9, None)
     assert v.ok and v.basis == "shaped" and (v.lo, v.hi) == (0.85, 1.05)
-    assert not R.judge_rate(0.84e9 / 8, 1e9, None).ok
-    assert not R.judge_rate(1.1e9 / 8, 1e9, None).ok
-    assert not R.judge_rate(0.0, 1e9, None).ok
+    assert not J.judge_rate(0.84e9 / 8, 1e9, None).ok
+    assert not J.judge_rate(1.1e9 / 8, 1e9, None).ok
+    assert not J.judge_rate(0.0, 1e9, None).ok
 
 
 def test_exposed_model():
-    assert R.exposed_model(1.0, 2.0, 32) == pytest.approx(1 / 32)  # prefill slower: the last layer only
-    assert R.exposed_model(1.0, 0.5, 32) == pytest.approx(0.5 + 1 / 32)  # link slower: the excess too
+    assert J.exposed_model(1.0, 2.0, 32) == pytest.approx(1 / 32)  # prefill slower: the last layer only
+    assert J.exposed_model(1.0, 0.5, 32) == pytest.approx(0.5 + 1 / 32)  # link slower: the excess too
 
 
 def test_judge_exposed():
-    v = R.judge_exposed(0.033, 1.0, 2.0, 32)  # T/L = 31.25 ms, tolerance 20% = 6.25 ms
+    v = J.judge_exposed(0.033, 1.0, 2.0, 32)  # T/L = 31.25 ms, tolerance 20% = 6.25 ms
     assert v.ok and v.model_s == pytest.approx(0.03125) and v.tol_s == pytest.approx(0.00625)
-    assert not R.judge_exposed(0.03125 + 0.0063, 1.0, 2.0, 32).ok
-    assert not R.judge_exposed(0.03125 - 0.0063, 1.0, 2.0, 32).ok
-    assert R.judge_exposed(0.002, 0.0032, 0.01, 32).tol_s == pytest.approx(0.002)  # the 2 ms floor
+    assert not J.judge_exposed(0.03125 + 0.0063, 1.0, 2.0, 32).ok
+    assert not J.judge_exposed(0.03125 - 0.0063, 1.0, 2.0, 32).ok
+    assert J.judge_exposed(0.002, 0.0032, 0.01, 32).tol_s == pytest.approx(0.002)  # the 2 ms floor
 
 
 def test_choose_tokens():
-    assert R.choose_tokens(1e9, 131072) == 1024  # llama-3-8b fp16: 134 MB, 1.07 s at 1 Gbit/s
-    assert R.choose_tokens(1e6, 131072) == 256  # never below one block
-    assert R.choose_tokens(1e10, 131072) % 256 == 0
+    assert J.choose_tokens(1e9, 131072) == 1024  # llama-3-8b fp16: 134 MB, 1.07 s at 1 Gbit/s
+    assert J.choose_tokens(1e6, 131072) == 256  # never below one block
+    assert J.choose_tokens(1e10, 131072) % 256 == 0
 
 
 def test_results_path():
     out = "# kvbench 0.1.0\n# results: /tmp/x/vm/20260101-000000_selftest.parquet\n"
-    assert R.results_path(out) == "/tmp/x/vm/20260101-000000_selftest.parquet"
-    assert R.results_path("no such line") is None
+    assert J.results_path(out) == "/tmp/x/vm/20260101-000000_selftest.parquet"
+    assert J.results_path("no such line") is None
 
 
 def _rows():
@@ -98,13 +99,13 @@ def _rows():
 
 def test_rates_and_transfers_from_rows():
     df = _rows()
-    bps, sec = R.bulk_rate(df, "tcp")
+    bps, sec = J.bulk_rate(df, "tcp")
     assert sec == pytest.approx(1.11) and bps == pytest.approx(1000 / 1.11)  # the slower rank, median
-    exp, layers, n = R.exposed_median(df, "tcp")
+    exp, layers, n = J.exposed_median(df, "tcp")
     assert exp == pytest.approx(0.031) and layers == 32 and n == 3
-    assert R.transfers(df, "tcp", warmup=1) == 5  # warm-up + 3 timed + the check pass
+    assert J.transfers(df, "tcp", warmup=1) == 5  # warm-up + 3 timed + the check pass
     with pytest.raises(ValueError):
-        R.bulk_rate(df, "mpi")
+        J.bulk_rate(df, "mpi")
 
 
 def test_kvbench_cmd_places_ranks():

@@ -178,13 +178,13 @@ def test_pull_layer_ready_socket_and_mpi_move_every_byte(kvrun):
 
 def test_control_stream_out_of_step_fails_the_waiting_read():
     """Anything but a READY on the control connection stops the pair with a line naming it."""
-    from kvbench.transports.tcp import _HDR, MAGIC, PUSH
+    from kvbench.transports.tcp_conn import HDR, MAGIC, PUSH
 
     a, b, pa, pb = connected_pair()
     d = np.array([[0, 0, 4096]], dtype=np.int64)
     a.serve("pull", 1, d, tag=(3 << 16) | 1)
     h = b.post_when_ready(0, d, tag=(3 << 16) | 1)
-    a.conns[1].ctl.sendall(_HDR.pack(MAGIC, PUSH, (3 << 16) | 1, 4096, 1))
+    a.conns[1].ctl.sendall(HDR.pack(MAGIC, PUSH, (3 << 16) | 1, 4096, 1))
     with pytest.raises(TransportError, match="control stream from rank 0 out of step: expected a layer-ready "
                                              "signal, got push data req 3 layer 1"):
         b.wait(h)

@@ -24,52 +24,36 @@ block is reusable only once poisoned again, so a slow check shows up as
 occupancy, never as a hidden gap).  The one inline check, that granted
 blocks still hold poison, runs before the grant is sent; its cost is the
 decode row's harness_seconds.
+
+This file holds the harness (sizing, one case, the prefill rank's loop, rows
+and the summary); the decode rank's loop is load_decode.py, and the case both
+loops read is loadcase.py.
 """
 from __future__ import annotations
 
 import heapq
-import queue
-import threading
 import time
-from collections import deque
+from functools import partial
 
 import numpy as np
 
 from kvbench import memory, transports
 from kvbench.harness import clocks
+from kvbench.harness.load_decode import decode_rank
+from kvbench.harness.loadcase import NAN, POLL_S, LoadCase
 from kvbench.harness.loop import Harness, UserError, case_geometry
 from kvbench.harness.prefill import PrefillClock
 from kvbench.job import faults
 from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
 from kvbench.job.guard import GUARD
-from kvbench.memory.verify import layer_is_right
 from kvbench.model import shapes as M
 from kvbench.model import workload as W
-from kvbench.model.descriptors import DST, LEN, coalesce, request_descs
-from kvbench.model.layout import BlockAllocator, Layout, block_array
+from kvbench.model.layout import BlockAllocator, Layout
 from kvbench.model.schemes import REQUEST_BYTES, STATE_BYTES, SchemeError, make_pairs
-from kvbench.transports.base import TransportError, wait_landed
+from kvbench.transports.base import TransportError
 
 SLOTS = 4  # source-side request slots: a prefill rank's pool holds this many of its largest request
-POLL_S = 0.0  # idle loops yield the core but keep polling (as MPI waits do): wake-up latency is ms under load
-NAN = float("nan")
 DROPPED = "dropped: no decode blocks within alloc_timeout_ms"
-
-
-class _Waiter(threading.Thread):
-    """Waits on two-sided receives off the decode loop (the contract has no non-blocking test)."""
-
-    def __init__(self, t, t0: float):
-        super().__init__(daemon=True)
-        self.t, self.t0, self.jobs, self.done = t, t0, queue.Queue(), queue.Queue()
-
-    def run(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            rid, handles = job
-            try:
-                self.done.put((rid, wait_landed(self.t, handles)[0] - self.t0, None))
-            except Exception as exc:  # re-raised in the event loop, which fails the rank
-                self.done.put((rid, NAN, exc))
 
 
 class LoadHarness(Harness):
@@ -163,16 +147,16 @@ class LoadHarness(Harness):
         plans, cap = self.workload(case, g)
         sh = g["shape"]
         srcs, dests = self.routes()
-        x = {"case": case, "g": g, "t": s["t"], "cap": cap, "plans": plans, "srcs": srcs, "dests": dests,
-             "lay": Layout.fit(case["layout"], sh.layers, sh.regions, g["block_bytes"], s["nbytes"]),
-             "pool": s["pools"][0].array, "elem": M.dtype_bytes(case["dtype"]), "n": self.wl.requests,
-             "bpt": M.bytes_per_token(sh, case["dtype"]), "seed": self.opts.seed * 1_000_003 + self.case_no}
+        x = LoadCase(case=case, g=g, t=s["t"], cap=cap, plans=plans, srcs=srcs, dests=dests,
+                     lay=Layout.fit(case["layout"], sh.layers, sh.regions, g["block_bytes"], s["nbytes"]),
+                     pool=s["pools"][0].array, elem=M.dtype_bytes(case["dtype"]), n=self.wl.requests,
+                     bpt=M.bytes_per_token(sh, case["dtype"]), seed=self.opts.seed * 1_000_003 + self.case_no)
         self._watchdog({"no": self.case_no, "case": case})
         rows, info = [], {}
         try:
             self.comm.barrier()
-            x["t0"] = t0 = time.perf_counter()  # the workload's clock: clk() = perf_counter() - t0
-            x["clk"] = lambda: time.perf_counter() - t0
+            x.t0 = t0 = time.perf_counter()  # the workload's clock: clk() = perf_counter() - t0
+            x.clk = lambda: time.perf_counter() - t0
             clock = self._sync_clocks(x)
             self.comm.barrier()
             if self.rank in srcs:
@@ -186,36 +170,31 @@ class LoadHarness(Harness):
         if self.rank == 0:
             self._summary(case, cap, self._seen, [i for i in infos if i])
 
-    def _sync_clocks(self, x) -> dict:
+    def _sync_clocks(self, x: LoadCase) -> dict:
         """Decode side: {prefill rank: (this clock minus the prefill's, round trip of that sample)}."""
-        mine = [s for s in x["srcs"] if self.rank in x["dests"][s]]
-        return clocks.sync(self.comm, mine, x["dests"].get(self.rank, []), x["clk"])
+        mine = [s for s in x.srcs if self.rank in x.dests[s]]
+        return clocks.sync(self.comm, mine, x.dests.get(self.rank, []), x.clk)
 
-    def _descs(self, x, src_ids, dst_ids, ntok) -> list[np.ndarray]:
-        last = (ntok - (len(src_ids) - 1) * x["case"]["block_size"]) * x["g"]["shape"].row_elems * x["elem"]
-        out = request_descs(x["lay"], x["lay"], src_ids, dst_ids, last)
-        return [coalesce(d) for d in out] if x["case"]["coalesce"] == "on" else out
-
-    def _row(self, x, role, k, pair, status, ntok, **kw) -> dict:
-        ok, nb = status == "ok", -(-ntok // x["case"]["block_size"])
-        wire = ntok * x["bpt"] + REQUEST_BYTES + 4 * nb + STATE_BYTES if ok else REQUEST_BYTES  # + control plane
-        return dict(self.base_row(x["case"], x["g"]), rank=self.rank, role=role, pair=pair, req=0, iter=k,
+    def _row(self, x: LoadCase, role, k, pair, status, ntok, **kw) -> dict:
+        ok, nb = status == "ok", -(-ntok // x.case["block_size"])
+        wire = ntok * x.bpt + REQUEST_BYTES + 4 * nb + STATE_BYTES if ok else REQUEST_BYTES  # + control plane
+        return dict(self.base_row(x.case, x.g), rank=self.rank, role=role, pair=pair, req=0, iter=k,
                     status=status, reason="" if ok else DROPPED, seconds=NAN, harness_seconds=NAN, nwrong=None,
-                    payload_bytes=ntok * x["bpt"], wire_bytes=wire, descriptors=0, prefill_s=NAN, handshake_s=NAN,
+                    payload_bytes=ntok * x.bpt, wire_bytes=wire, descriptors=0, prefill_s=NAN, handshake_s=NAN,
                     exposed_s=NAN, queue_s=NAN, arrival_s=NAN) | kw
 
     # ----- prefill rank --------------------------------------------------------------
-    def _prefill(self, x) -> list[dict]:
-        case, t, lay, clk, w = x["case"], x["t"], x["lay"], x["clk"], self.comm.world
-        me, n, L, op = self.rank, x["n"], x["lay"].layers, case["op"]
-        p, dests = x["plans"][me], x["dests"][me]
-        rid0 = x["srcs"].index(me) * n
+    def _prefill(self, x: LoadCase) -> list[dict]:
+        case, t, lay, clk, w = x.case, x.t, x.lay, x.clk, self.comm.world
+        me, n, L, op = self.rank, x.n, x.lay.layers, case["op"]
+        p, dests = x.plans[me], x.dests[me]
+        rid0 = x.srcs.index(me) * n
         streaming, hs_serial = case["overlap"] == "streaming", case["handshake"] == "serial"
         notify = op == "push" and not t.caps.notifies
         nb, ntok = p["nblocks"], p["ntok"]
         P = np.broadcast_to(p["prefill_s"], (n,)).astype(float)
         cum = PrefillClock(1.0, L).cum
-        slots_alloc = BlockAllocator(lay.nblocks, seed=x["seed"] * 7919 + me * 2)
+        slots_alloc = BlockAllocator(lay.nblocks, seed=x.seed * 7919 + me * 2)
         slots = [slots_alloc.allocate(int(nb.max()), case["alloc"]) for _ in range(SLOTS)]
         if any(sl is None for sl in slots):
             raise TransportError("source pool too small for the workload's requests")
@@ -248,7 +227,7 @@ class LoadHarness(Harness):
                     if ids is None:
                         status[k], resolved = "dropped", resolved + 1
                     else:
-                        descs[k] = self._descs(x, slots[k % SLOTS][: nb[k]], ids, int(ntok[k]))
+                        descs[k] = x.descs(slots[k % SLOTS][: nb[k]], ids, int(ntok[k]))
                         heapq.heappush(granted, k)
             if granted:  # one request streams at a time, oldest first
                 k = granted[0]
@@ -287,135 +266,10 @@ class LoadHarness(Harness):
                 for k in range(n)]
 
     # ----- decode rank ---------------------------------------------------------------
-    def _decode(self, x, clock) -> tuple[list[dict], dict]:
-        case, t, lay, clk, w, cap, pool = x["case"], x["t"], x["lay"], x["clk"], self.comm.world, x["cap"], x["pool"]
-        me, n, L, check = self.rank, x["n"], x["lay"].layers, self.opts.check
-        srcs = [s for s in x["srcs"] if me in x["dests"][s]]
-        expect = sum(1 for s in srcs for k in range(n) if x["dests"][s][k % len(x["dests"][s])] == me)
-        alloc = BlockAllocator(cap, seed=x["seed"] * 7919 + me * 2 + 1)
-        blocks = block_array(pool, lay)
-        wide = np.uint64 if lay.block_bytes % 8 == 0 else np.uint8  # poison checks 8 bytes at a time
-        words = block_array(pool, lay, wide)
-        poison8 = wide(int.from_bytes(bytes([memory.POISON]) * np.dtype(wide).itemsize, "little"))
-        bs, row = case["block_size"], x["g"]["shape"].row_elems * x["elem"]
-        if check:
-            blocks[:, :, :cap] = memory.POISON
-        fifo, holds, live, rec, sends, tasks = deque(), [], {}, {}, [], deque()
-        occ, resolved, corrupt, busy = [(clk(), 0)], 0, self.opts.inject_corruption, [0.0]
-        timeout_s, hold_s = self.wl.alloc_timeout_ms / 1e3, self.wl.decode_ms / 1e3
-        waiter = _Waiter(t, x["t0"]) if case["op"] == "push" and t.caps.notifies else None
-        if waiter:
-            waiter.start()
-
-        def verify(rid, r):  # one layer per step, between events
-            last, r["nwrong"] = (r["ntok"] - (len(r["ids"]) - 1) * bs) * row, 0
-            for i in range(L):  # the vectorized check reads 4-byte words; anything else takes the reference
-                if (last | lay.block_bytes) % 4 or not layer_is_right(pool, lay, i, r["src_ids"], r["ids"], last, r["src"]):
-                    r["nwrong"] += memory.count_wrong(pool, r["descs"][i], r["src"], x["elem"])
-                yield
-
-        def release(rid, r):
-            for i in range(L):
-                blocks[i][:, r["ids"]] = memory.POISON
-                yield
-            free(rid)
-
-        def free(rid):
-            r = rec[rid] = live.pop(rid)
-            alloc.release(r["ids"])
-            occ.append((clk(), cap - alloc.nfree))
-            r.update(status="ok", ndesc=sum(len(d) for d in r.pop("descs")))
-
-        def landed(rid, when):
-            nonlocal resolved, corrupt
-            r, resolved = live[rid], resolved + 1
-            r["landed"] = when
-            heapq.heappush(holds, (when + hold_s, rid))
-            if check:
-                if corrupt:  # fault injection: proves the check catches it
-                    d0 = r["descs"][0][0]
-                    pool[d0[DST]: d0[DST] + min(corrupt, int(d0[LEN]))] ^= 0xFF
-                    corrupt = 0
-                tasks.append(verify(rid, r))
-
-        try:
-            while resolved < expect or live:
-                idle = True
-                for s in srcs:
-                    while w.iprobe(source=s, tag=TAG_P2D):
-                        msg, idle = w.recv(source=s, tag=TAG_P2D), False
-                        if msg[0] == "req":
-                            fifo.append((s, msg[1], msg[2], msg[3], clk()))
-                        elif msg[0] == "done":
-                            landed(msg[1], clk())
-                        else:  # pull: read the layers prefill says are final
-                            r = live[msg[1]]
-                            r["h"] += [t.post("pull", s, r["descs"][i], ((msg[1] & 0xFFFF) << 16) | i)
-                                       for i in range(len(r["h"]), msg[2])]
-                            if msg[2] == L:
-                                landed(msg[1], wait_landed(t, r["h"])[0] - x["t0"])
-                while fifo:  # strict FIFO: the head blocks those behind it (no overtaking)
-                    s, rid, ntok, src_ids, t_in = fifo[0]
-                    ids = alloc.allocate(len(src_ids), case["alloc"])
-                    if ids is None:
-                        break
-                    fifo.popleft()
-                    a = clk()
-                    bad = int((words[:, :, ids] != poison8).any(axis=(0, 1, 3)).sum()) if check else 0
-                    r = live[rid] = {"src": s, "src_ids": src_ids, "ids": ids, "h": [], "queue": a - t_in, "bad": bad,
-                                     "ntok": ntok, "descs": self._descs(x, src_ids, ids, ntok), "check_s": clk() - a}
-                    if waiter:  # two-sided: receives are in place before the grant goes out
-                        r["h"] = [t.serve("push", s, d, ((rid & 0xFFFF) << 16) | i) for i, d in enumerate(r["descs"])]
-                        waiter.jobs.put((rid, r["h"]))
-                    sends.append(w.isend(("grant", rid, ids, r["queue"]), dest=s, tag=TAG_D2P))
-                    occ.append((a, cap - alloc.nfree))
-                    idle = False
-                while fifo and clk() - fifo[0][4] >= timeout_s:
-                    s, rid, ntok, _, t_in = fifo.popleft()
-                    rec[rid] = {"src": s, "status": "dropped", "queue": clk() - t_in, "ntok": ntok}
-                    sends.append(w.isend(("drop", rid, None, rec[rid]["queue"]), dest=s, tag=TAG_D2P))
-                    resolved, idle = resolved + 1, False
-                while waiter and not waiter.done.empty():
-                    rid, when, exc = waiter.done.get()
-                    if exc:
-                        raise exc
-                    landed(rid, when)
-                while holds and holds[0][0] <= clk():
-                    rid = heapq.heappop(holds)[1]
-                    if check:  # reusable only once poisoned again, after its check (same queue)
-                        tasks.append(release(rid, live[rid]))
-                    else:
-                        free(rid)
-                if tasks:
-                    a = time.perf_counter()
-                    if next(tasks[0], StopIteration) is StopIteration:
-                        tasks.popleft()
-                    busy[0] += time.perf_counter() - a
-                elif idle:
-                    time.sleep(POLL_S)
-        finally:
-            if waiter:
-                waiter.jobs.put(None)
-        for r in sends:
-            r.wait()
-        final_bad = int((words[:, :, :cap] != poison8).any(axis=(0, 1, 3)).sum()) if check else 0
-        facts = {}
-        for s in srcs:
-            facts.update(w.recv(source=s, tag=TAG_FACTS))
-        rows = []
-        for rid, r in sorted(rec.items()):
-            k, arr_s, arr, pend, P = facts[rid]
-            land = r.get("landed", NAN) - clock[r["src"]][0]  # on the prefill rank's clock
-            ok = r["status"] == "ok"
-            rows.append(self._row(x, "decode", k, self._pairs.index((r["src"], me)), r["status"], r["ntok"],
-                                  seconds=land - arr, descriptors=r.get("ndesc", 0), prefill_s=P, queue_s=r["queue"],
-                                  exposed_s=land - pend, arrival_s=arr_s, harness_seconds=r.get("check_s", NAN),
-                                  nwrong=r.get("nwrong") if ok and check else None))
-            if r.get("bad"):
-                rows[-1]["reason"] = f"{r['bad']} granted blocks were written while free"
-        viol = sum(r.get("bad", 0) for r in rec.values()) + final_bad
-        return rows, {"rank": me, "cap_blocks": cap, "occupancy": [(round(a, 6), u) for a, u in occ],
-                      "violations": viol if check else None, "check_s": round(busy[0], 4)}
+    def _decode(self, x: LoadCase, clock) -> tuple[list[dict], dict]:
+        return decode_rank(x, clock, self.comm.world, self.rank, self._pairs, self.opts.check,
+                           self.opts.inject_corruption, self.wl.alloc_timeout_ms / 1e3, self.wl.decode_ms / 1e3,
+                           partial(self._row, x))
 
     # ----- summary (rank 0) ----------------------------------------------------------
     def _summary(self, case, cap, rows, infos) -> None:

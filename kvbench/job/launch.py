@@ -1,5 +1,6 @@
-"""Process trees of launches (mpiexec and its ranks), for the scripts that start them with a timeout.
+"""Process trees of launches (mpiexec and its ranks): started with a timeout, killed whole (stdlib only).
 
+The one launch() and kill_tree() of the selftest and the benchmark scripts.
 hydra's proxies start sessions of their own, so a process group misses the
 ranks: a launch is followed through /proc as a tree instead, and a process is
 named by its pid and start time (pids are reused).
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
+import subprocess
 import time
 
 
@@ -65,3 +68,85 @@ def remove_orphan_segments(names) -> None:
                 os.unlink(f"/dev/shm/{n}")
             except OSError:
                 pass
+
+
+LIVE: set[int] = set()  # launches in flight (root pids), for a caller's way out: kill_tree(root) each
+
+
+def _signal_all(procs: dict[int, int | None], sig: int) -> None:
+    for pid, st in procs.items():
+        if st is not None and starttime(pid) == st:  # still the same process (pids are reused)
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _wait_gone(procs: dict[int, int | None], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(starttime(q) == st for q, st in procs.items() if st):
+        time.sleep(0.05)
+
+
+def kill_tree(root: int | None, tree: dict[int, int] | None = None, grace: float = 0.0) -> None:
+    """End root (a launch's process, or None) and its process tree, each process only if it is still the same one.
+
+    ``tree`` ({pid: start time}, as recorded while it ran) defaults to root's tree in /proc now; it is taken
+    before anything is signalled: once root is gone its descendants are nobody's children.  With ``grace``,
+    SIGTERM first while root lives (kvbench's ranks then leave through their own exit path: one line, their
+    segments removed), up to ``grace`` s for root and as long again for the rest; then SIGKILL."""
+    procs = dict(descendants(root) if tree is None and root else tree or {})
+    if root:
+        procs[root] = starttime(root)
+    if grace > 0 and root and procs[root] is not None:
+        _signal_all(procs, signal.SIGTERM)
+        _wait_gone({root: procs[root]}, grace)
+        _wait_gone(procs, grace)
+    _signal_all(procs, signal.SIGKILL)
+
+
+def launch(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | None = None,
+           grace: float = 0.0) -> tuple[int, str]:
+    """Run a command (with its process tree) for at most ``timeout`` s; (exit code, stdout+stderr); 124 = timeout,
+    127 = it could not start.  Past the timeout, or on an interrupt, its whole tree is killed (``kill_tree``
+    with ``grace``); after a failure, whatever its tree left behind is too.
+
+    MPICH leaves /dev/shm/mpich_shm_* behind when ranks die without finishing (docs/pitfalls.md#mpich-leftovers).  The
+    segments this launch's processes map are recorded while it runs (polled every 10 ms at first, then every
+    250 ms: a job that dies within its first poll can still leave one unseen); those still on disk and mapped
+    by nobody once it is gone are removed.  Other jobs' segments are never touched."""
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, cwd=cwd, env=env)
+    except OSError as exc:
+        return 127, f"cannot start {cmd[0]}: {exc.strerror}"
+    LIVE.add(p.pid)
+    mine: set[str] = set()
+    tree: dict[int, int] = {}
+    deadline, tail, poll = time.monotonic() + timeout, "", 0.01
+    try:
+        while True:
+            tree.update(descendants(p.pid))
+            mine |= mpich_segments(tree)
+            try:
+                out, _ = p.communicate(timeout=poll)
+                rc = p.returncode
+                break
+            except subprocess.TimeoutExpired:
+                poll = min(0.25, 2 * poll)  # often at first: a job that fails at once maps its segments briefly
+                if time.monotonic() > deadline:
+                    tree.update(descendants(p.pid))
+                    kill_tree(p.pid, tree, grace)
+                    out, rc, tail = p.communicate()[0], 124, f"\n(timed out after {timeout:g} s)"
+                    break
+    except BaseException:
+        tree.update(descendants(p.pid))
+        kill_tree(p.pid, tree, grace)
+        p.wait()
+        raise
+    finally:
+        LIVE.discard(p.pid)
+        if p.returncode != 0:  # ranks a dead launcher left behind (the launcher itself is reaped: not by pid)
+            kill_tree(None, tree)
+        remove_orphan_segments(mine)
+    return rc, (out or "") + tail

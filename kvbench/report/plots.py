@@ -79,6 +79,15 @@ def _transport_panels(d: pd.DataFrame, title: str):
         yield key, fig, _varying(g, LINE_KEYS), [(ax, t, g[g["transport"] == t]) for ax, t in zip(axes, transports)]
 
 
+def _block_panels(bw: pd.DataFrame, col: str, title: str):
+    """The paged rows that measured ``col``, per figure (``_transport_panels``): its key, the figure, and per
+    panel (panel, transport, its rows, its lines as (colour, label, the line's rows by block size))."""
+    paged = bw[(bw["variant"] == "paged") & bw[col].notna()]
+    for key, fig, vary, panels in _transport_panels(paged, title):
+        yield key, fig, [(ax, t, gt, [(f"C{i}", _label(lk, vary), gl.sort_values("block_size"))
+                                      for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS))]) for ax, t, gt in panels]
+
+
 def _legend(ax) -> None:
     """Below the panel, so that no line is hidden behind it."""
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, handlelength=3.5)
@@ -99,19 +108,16 @@ def _finish(ax, ticks, xlabel: str, ylabel: str, title: str, zero: bool = True) 
 
 def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
     """Paged GB/s against block size per transport and op, with the bulk (dashed) and ceiling (dotted) lines."""
-    paged = bw[(bw["variant"] == "paged") & bw["gbps"].notna()]
-    for key, fig, vary, panels in _transport_panels(paged, "Achieved bandwidth against block size"):
-        for ax, t, gt in panels:
-            for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS)):
-                gl = gl.sort_values("block_size")
-                color = f"C{i}"
-                ax.plot(gl["block_size"], gl["gbps"], "o-", color=color, label=f"paged {_label(lk, vary)}")
+    for key, fig, panels in _block_panels(bw, "gbps", "Achieved bandwidth against block size"):
+        for ax, t, gt, lines in panels:
+            for color, label, gl in lines:
+                ax.plot(gl["block_size"], gl["gbps"], "o-", color=color, label=f"paged {label}")
                 bulk, ceil = gl["bulk_gbps"].dropna(), gl["ceil_gbps"].dropna()
                 if len(bulk):
-                    ax.axhline(bulk.iloc[0], color=color, ls="--", lw=1, label=f"bulk {_label(lk, vary)}")
+                    ax.axhline(bulk.iloc[0], color=color, ls="--", lw=1, label=f"bulk {label}")
                 if len(ceil) and (not len(bulk) or ceil.iloc[0] != bulk.iloc[0]):
                     ax.axhline(ceil.iloc[0], color=color, ls=":", lw=1.2,
-                               label=f"ceiling {_label(lk, vary)} ({gl['ceil_name'].iloc[0]})")
+                               label=f"ceiling {label} ({gl['ceil_name'].iloc[0]})")
             _finish(ax, gt["block_size"], "block size (tokens)", "GB/s (10^9 B/s)", t)
         yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables; dashed = bulk (one "
                     "descriptor per layer); dotted = ceiling (best of bulk and contiguous chunks)", fig)
@@ -136,14 +142,11 @@ def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
 
 def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
     """p50, p95 and p99 request time (ms) against block size, per transport; colour = op."""
-    paged = bw[(bw["variant"] == "paged") & bw["p50"].notna()]
-    for key, fig, vary, panels in _transport_panels(paged, "Request time percentiles"):
-        for ax, t, gt in panels:
-            for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS)):
-                gl = gl.sort_values("block_size")
+    for key, fig, panels in _block_panels(bw, "p50", "Request time percentiles"):
+        for ax, t, gt, lines in panels:
+            for color, label, gl in lines:
                 for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-                    ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=f"C{i}",
-                            label=f"{_label(lk, vary)} {q}")
+                    ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=color, label=f"{label} {q}")
             _finish(ax, gt["block_size"], "block size (tokens)", "time per request (ms)", t, zero=False)
         yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}", fig)
 

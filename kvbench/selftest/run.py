@@ -18,20 +18,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 
-from kvbench.job.launch import descendants, mpich_segments, remove_orphan_segments, starttime
+from kvbench.job.launch import LIVE, kill_tree, launch
 
 from . import netns as N
+from .judge import (
+    BLOCK,
+    TARGET_S,
+    Row,
+    bulk_rate,
+    choose_tokens,
+    exposed_median,
+    judge_exposed,
+    judge_rate,
+    print_tables,
+    results_path,
+    transfers,
+)
 
 MODEL, DTYPE = "llama-3-8b", "fp16"
-BLOCK = 256  # tokens per block of the streaming row (contiguous + coalesced: it runs at the bulk ceiling)
-TARGET_S = 1.0  # a bulk transfer lasts about this long at the shaped rate
 P_OVER_T = 2.0  # the streaming row's prefill clock is this many times the transfer time at the shaped rate
-RATE_BAND_IPERF = (0.90, 1.05)
-RATE_BAND_SHAPED = (0.85, 1.05)
-EXPOSED_TOL = (0.20, 0.002)  # the streaming row passes within max(20% of T/L, 2 ms) of the model
 IPERF_PORT, IPERF_S, IPERF_OMIT_S = 5201, 4, 1
+GRACE_S = 5.0  # a launch past its timeout: SIGTERM, this long for its ranks to leave by their own exit path
 
 # what keeps the MPI ranks on the veth.  MPICH carries ranks of one host over shared memory (its ch4 shm,
 # and UCX's own shm/cma transports): NOLOCAL makes MPICH treat every rank as remote (without it 0 bytes
@@ -45,157 +53,7 @@ MPI_ENV = {
 TCP_ENV = {"KVBENCH_SOCKET_IFNAME": "=" + N.IFNAME}
 
 
-# ---------------------------------------------------------------- pure parts (unit-tested)
-
-@dataclass
-class RateVerdict:
-    ok: bool
-    ratio: float  # measured / basis
-    basis: str  # "iperf3" or "shaped"
-    lo: float
-    hi: float
-
-
-def judge_rate(measured_bytes_s: float, shaped_bits: float, iperf_bits: float | None = None) -> RateVerdict:
-    """kvbench's bulk rate against iperf3 on the same link (0.90-1.05), or the shaped rate without it (0.85-1.05)."""
-    bits = measured_bytes_s * 8
-    if iperf_bits:
-        (lo, hi), basis, ref = RATE_BAND_IPERF, "iperf3", iperf_bits
-    else:
-        (lo, hi), basis, ref = RATE_BAND_SHAPED, "shaped", shaped_bits
-    ratio = bits / ref if ref > 0 else math.nan
-    return RateVerdict(bool(lo <= ratio <= hi), ratio, basis, lo, hi)
-
-
-@dataclass
-class ExposedVerdict:
-    ok: bool
-    model_s: float
-    diff_s: float
-    tol_s: float
-
-
-def exposed_model(t_s: float, p_s: float, layers: int) -> float:
-    """The seeds' model of streaming exposed time: max(0, T - P) + T/L."""
-    return max(0.0, t_s - p_s) + t_s / layers
-
-
-def judge_exposed(exposed_s: float, t_s: float, p_s: float, layers: int) -> ExposedVerdict:
-    """Within max(20% of T/L, 2 ms) of the model."""
-    model = exposed_model(t_s, p_s, layers)
-    tol = max(EXPOSED_TOL[0] * t_s / layers, EXPOSED_TOL[1])
-    diff = exposed_s - model
-    return ExposedVerdict(bool(abs(diff) <= tol), model, diff, tol)
-
-
-def choose_tokens(rate_bits: float, bytes_per_token: int, seconds: float = TARGET_S, block: int = BLOCK) -> int:
-    """Prompt tokens (a multiple of ``block``) whose KV takes about ``seconds`` at the shaped rate."""
-    want = rate_bits / 8 * seconds / bytes_per_token
-    return max(block, math.ceil(want / block) * block)
-
-
-def results_path(output: str) -> str | None:
-    """The parquet file kvbench names on its ``# results:`` line."""
-    for ln in output.splitlines():
-        if ln.startswith("# results:"):
-            return ln.split(":", 1)[1].strip()
-    return None
-
-
-def bulk_rate(df, transport: str) -> tuple[float, float]:
-    """(bytes/s, seconds): payload / the median over timed iterations of the pair's slower rank (kvbench's GB/s)."""
-    d = df[(df["transport"] == transport) & (df["variant"] == "bulk") & (df["iter"] >= 0) & (df["status"] == "ok")]
-    if d.empty:
-        raise ValueError(f"no timed bulk rows for {transport}")
-    sec = float(d.groupby("iter")["seconds"].max().median())
-    return float(d["payload_bytes"].iloc[0]) / sec, sec
-
-
-def exposed_median(df, transport: str) -> tuple[float, int, int]:
-    """(median exposed_s over the decode rank's timed iterations, layers, iterations)."""
-    d = df[(df["transport"] == transport) & (df["role"] == "decode") & (df["iter"] >= 0) & (df["status"] == "ok")]
-    if d.empty:
-        raise ValueError(f"no timed decode rows for {transport}")
-    return float(d["exposed_s"].median()), int(d["layers"].iloc[0]), len(d)
-
-
-def transfers(df, transport: str, warmup: int) -> int:
-    """Transfers of the request in a launch: warm-up + timed iterations + check passes (iter -1)."""
-    d = df[(df["transport"] == transport) & (df["role"] == "decode")]
-    return warmup + int((d["iter"] >= 0).sum()) + int((d["iter"] == -1).sum())
-
-
 # ---------------------------------------------------------------- processes
-
-def _signal_all(procs: dict[int, str | None], sig: int) -> None:
-    for pid, st in procs.items():
-        if st is not None and starttime(pid) == st:  # still the same process (pids are reused)
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def kill_tree(p: subprocess.Popen, grace: float = 0.0) -> None:
-    """End a launch and its process tree.  With ``grace``, SIGTERM first: kvbench's ranks then leave through
-    their own exit path (one line, their segments removed); whatever is left after ``grace`` s is SIGKILLed.
-    The tree is taken before anything is signalled: once mpiexec is gone its ranks are nobody's children."""
-    procs = {pid: starttime(pid) for pid in [*descendants(p.pid), p.pid]}
-    if grace > 0 and p.poll() is None:
-        _signal_all(procs, signal.SIGTERM)
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(starttime(q) == st for q, st in procs.items() if st):
-            time.sleep(0.05)
-    _signal_all(procs, signal.SIGKILL)
-
-
-GRACE_S = 5.0
-LIVE: list[subprocess.Popen] = []  # launches in flight, killed on the way out
-
-
-def launch(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
-    """Run a command (with its process tree) for at most ``timeout`` s; (exit code, stdout+stderr); 124 = timeout.
-
-    MPICH leaves /dev/shm/mpich_shm_* behind when a rank dies without MPI_Finalize (PLATFORM pitfall 8):
-    the segments this launch's processes map are noted while it runs, and those still there and mapped
-    by nobody once it has ended are removed.  Other jobs' segments are never touched."""
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True, env=env)
-    except OSError as exc:
-        return 127, f"cannot start {cmd[0]}: {exc.strerror}"
-    LIVE.append(p)
-    tree: dict[int, str | None] = {}
-    mine: set[str] = set()
-    deadline, tail = time.monotonic() + timeout, ""
-    try:
-        while True:
-            tree.update({q: starttime(q) for q in descendants(p.pid) if q not in tree})
-            mine |= mpich_segments(tree)
-            try:
-                out, _ = p.communicate(timeout=0.25)
-                rc = p.returncode
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    kill_tree(p, GRACE_S)
-                    out, rc, tail = p.communicate()[0], 124, f"\n(timed out after {timeout:g} s)"
-                    break
-    except BaseException:
-        kill_tree(p, GRACE_S)
-        p.wait()
-        raise
-    finally:
-        LIVE.remove(p)
-        if p.returncode != 0:
-            _signal_all(tree, signal.SIGKILL)  # what a dead launcher left behind (no longer its children)
-        remove_orphan_segments(mine)
-    return rc, (out or "") + tail
-
 
 def default_mpiexec() -> str | None:
     cand = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -217,13 +75,14 @@ def iperf3(link: N.Link, timeout: float) -> tuple[float | None, str]:
         return None, "iperf3 not installed"
     server = subprocess.Popen(link.prefix("a") + ["iperf3", "-s", "-1", "-B", N.ADDR_A, "-p", str(IPERF_PORT)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    LIVE.append(server)
+    LIVE.add(server.pid)
     try:
         why = ""
         for _ in range(10):  # the server needs a moment to listen
             time.sleep(0.2)
             rc, out = launch(link.prefix("b") + ["iperf3", "-c", N.ADDR_A, "-p", str(IPERF_PORT), "-R",
-                                                 "-t", str(IPERF_S), "-O", str(IPERF_OMIT_S), "-J"], timeout)
+                                                 "-t", str(IPERF_S), "-O", str(IPERF_OMIT_S), "-J"], timeout,
+                             grace=GRACE_S)
             try:
                 doc = json.loads(out)
             except ValueError:
@@ -235,20 +94,12 @@ def iperf3(link: N.Link, timeout: float) -> tuple[float | None, str]:
                 break
         return None, f"iperf3 failed: {why}"
     finally:
-        kill_tree(server)
+        kill_tree(server.pid)
         server.wait()
-        LIVE.remove(server)
+        LIVE.discard(server.pid)
 
 
 # ---------------------------------------------------------------- the selftest
-
-@dataclass
-class Row:
-    kind: str
-    transport: str
-    ok: bool
-    cells: dict = field(default_factory=dict)
-    note: str = ""
 
 
 def kvbench_cmd(mpiexec: str, link: N.Link, args: list[str]) -> list[str]:
@@ -265,7 +116,7 @@ def measure(mpiexec: str, env: dict, link: N.Link, args: list[str], transport: s
     before = N.counters(link)
     cmd = kvbench_cmd(mpiexec, link, ["-t", transport, "-o", outdir, "--timeout", f"{timeout:g}", *args])
     t0 = time.monotonic()
-    rc, out = launch(cmd, timeout + 30, rank_env(env))
+    rc, out = launch(cmd, timeout + 30, rank_env(env), grace=GRACE_S)
     moved = N.counters(link) - before
     log(f"# {transport}: kvbench exit {rc} after {time.monotonic() - t0:.1f} s; a->b {moved.a_to_b / 1e6:.1f} MB "
         f"(b received {moved.b_rx / 1e6:.1f} MB), b->a {moved.b_to_a / 1e6:.2f} MB, tbf drops {moved.drops}")
@@ -356,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s in old:  # a second Ctrl-C must not skip the tear-down
             signal.signal(s, signal.SIG_IGN)
-        for p in list(LIVE):
-            kill_tree(p)
+        for pid in list(LIVE):
+            kill_tree(pid)
         N.teardown(link)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -436,32 +287,3 @@ def selftest(a, link: N.Link, outdir: str) -> int:
     ok = bool(rows) and all(r.ok for r in rows)
     log(f"# selftest: {'PASS' if ok else 'FAILED'}")
     return 0 if ok else 1
-
-
-BULK_COLS = [("xfers", "{:d}", 5), ("crossed(MB)", "{:.1f}", 11), ("wire/pay", "{:.3f}", 8), ("GB/s", "{:.4f}", 7),
-             ("Gbit/s", "{:.3f}", 7), ("/shaped", "{:.3f}", 7), ("/iperf3", "{:.3f}", 7), ("want", "{}", 18)]
-STREAM_COLS = [("xfers", "{:d}", 5), ("crossed(MB)", "{:.1f}", 11), ("L", "{:d}", 3), ("P(ms)", "{:.1f}", 8),
-               ("T(ms)", "{:.1f}", 8), ("exp p50(ms)", "{:.2f}", 11), ("model(ms)", "{:.2f}", 9),
-               ("diff(ms)", "{:+.2f}", 8), ("tol(ms)", "{:.2f}", 7)]
-
-
-def _cell(v, fmt: str, width: int) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return f"{'-':>{width}}"
-    return f"{fmt.format(v):>{width}}"
-
-
-def print_tables(rows: list[Row]) -> None:
-    for kind, cols, what in (("bulk", BULK_COLS, "bulk rate: GB/s = payload / p50 time; /shaped and /iperf3 in bits"),
-                             ("streaming", STREAM_COLS, "streaming: exposed = prefill end -> decode knows the last "
-                              "byte (median); model = max(0, T-P) + T/L, T = payload / this transport's bulk GB/s")):
-        mine = [r for r in rows if r.kind == kind]
-        if not mine:
-            continue
-        print(f"# {what}")
-        print(f"#{'row':>9} {'transport':>9} " + " ".join(f"{c:>{w}}" for c, _, w in cols) + "  verdict")
-        for r in mine:
-            print(f" {r.kind:>9} {r.transport:>9} " + " ".join(_cell(r.cells.get(c), f, w) for c, f, w in cols)
-                  + f"  {'PASS' if r.ok else 'FAIL'}")
-            for ln in r.note.splitlines():
-                print(f"#   {r.transport}: {ln}" if not ln.startswith("#") else ln)

@@ -138,6 +138,8 @@ class Transport:
     # its registrations (serve, post_when_ready) and prepared posts may be made before the iteration starts
     # (Iteration.run): False where registering starts a clock of its own (staged's stage times)
     ahead: ClassVar[bool] = True
+    # an RDMA registration of its pool pins the pool: memory_needs counts it locked where RDMA devices exist
+    pins_on_rdma: ClassVar[bool] = False
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -151,11 +153,20 @@ class Transport:
         """
         return None
 
+    def require(self, pool, kinds: tuple[str, ...] = ("host",)) -> None:
+        """An engine's first step in ``register``: Unavailable with ``probe``'s reason when it cannot run here,
+        TransportError for a pool of a memory kind it does not take."""
+        if reason := self.probe():
+            raise Unavailable(reason)
+        if pool.kind not in kinds:
+            raise TransportError(f"{self.name}: memory kind {pool.kind} not supported ({', '.join(kinds)} only)")
+
     @classmethod
     def memory_needs(cls, nbytes: int, options: dict) -> dict[str, int]:
         """Besides RAM, what a pool of ``nbytes`` takes on this rank: ``shm`` (bytes in /dev/shm),
-        ``locked`` (bytes pinned by registration).  The preflight refuses a run that would not fit."""
-        return {}
+        ``locked`` (bytes pinned by registration).  The preflight refuses a run that would not fit.
+        By default the whole pool is locked where ``pins_on_rdma`` and an RDMA device exists."""
+        return {"locked": nbytes} if cls.pins_on_rdma and rdma_present() else {}
 
     def alloc(self, nbytes: int) -> Buffer | None:
         """Optionally provide the pool's memory (None: the harness allocates)."""
@@ -317,6 +328,20 @@ def rdma_present() -> bool:
     import os
 
     return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
+
+
+def import_probe(module: str, missing: str, failed, errors: type[Exception] = Exception) -> str | None:
+    """``probe`` for an engine behind a Python binding: None when ``module`` imports, ``missing`` when it is not
+    installed, else ``failed(the error's first line)`` (a binding whose native libraries do not load)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError:
+        return missing
+    except errors as exc:
+        return failed((str(exc).splitlines() or [""])[0])
+    return None
 
 
 def check_descs(descs: np.ndarray, src_nbytes: int, dst_nbytes: int) -> None:

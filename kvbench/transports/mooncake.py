@@ -48,7 +48,7 @@ import numpy as np
 
 from kvbench.transports.sockets import accept_peers, dial, recv_exact
 
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, rdma_present
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, check_descs, import_probe, rdma_present
 
 _TAG = struct.Struct("<Q")
 _MASK = (1 << 64) - 1
@@ -71,16 +71,10 @@ class MooncakeTransport(Transport):
     def probe(cls) -> str | None:
         """Why Mooncake cannot run here, or None."""
         os.environ.setdefault("MC_LOG_LEVEL", "WARNING")  # its INFO log is a screen per engine
-        try:
-            import mooncake.engine  # noqa: F401
-        except ModuleNotFoundError:
-            return "install kvbench[mooncake] (mooncake-transfer-engine-non-cuda on hosts without CUDA)"
-        except ImportError as exc:
-            msg = str(exc).splitlines()[0]
-            if "libibverbs" in msg:
-                return f"{msg}; apt-get install libibverbs1"
-            return f"mooncake import failed: {msg}"
-        return None
+        return import_probe("mooncake.engine",
+                            "install kvbench[mooncake] (mooncake-transfer-engine-non-cuda on hosts without CUDA)",
+                            lambda msg: f"{msg}; apt-get install libibverbs1" if "libibverbs" in msg
+                            else f"mooncake import failed: {msg}", ImportError)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -102,13 +96,9 @@ class MooncakeTransport(Transport):
 
     def register(self, pool) -> bytes:
         """Start the engine (P2P handshake), register the pool once, return session id + base."""
-        reason = self.probe()
-        if reason:
-            raise Unavailable(reason)
+        self.require(pool)
         from mooncake.engine import TransferEngine
 
-        if pool.kind != "host":
-            raise TransportError(f"mooncake: memory kind {pool.kind} not supported here (host only)")
         opts = self.ctx.options
         want = str(opts.get("protocol") or ("rdma" if os.path.exists("/sys/class/infiniband") else "tcp"))
         if want not in ("tcp", "rdma"):

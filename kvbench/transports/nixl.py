@@ -25,7 +25,18 @@ from collections import Counter, OrderedDict, deque
 
 import numpy as np
 
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, rdma_present
+from .base import (
+    DST,
+    LEN,
+    SRC,
+    Caps,
+    Context,
+    Transport,
+    TransportError,
+    Unavailable,
+    check_descs,
+    import_probe,
+)
 
 _HDR = struct.Struct("<4sQQqB")  # magic, pool addr, pool bytes, device id, 1 = VRAM
 _MAGIC = b"KVBN"
@@ -48,22 +59,14 @@ class NixlTransport(Transport):
     batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host", "cuda"), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
-
-    @classmethod
-    def memory_needs(cls, nbytes, options):
-        return {"locked": nbytes} if rdma_present() else {}  # an RDMA registration pins the pool
+    pins_on_rdma = True
 
     @classmethod
     def probe(cls) -> str | None:
         """Why NIXL cannot run here, or None."""
-        try:
-            import nixl._api  # noqa: F401
-        except ModuleNotFoundError:
-            return ("install kvbench[nixl] (CPU-only host: pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1, "
-                    "as make install does)")
-        except Exception as exc:  # e.g. "detected CUDA 13 but nixl-cu13 is not installed"
-            return f"nixl import failed: {exc}".splitlines()[0]
-        return None
+        return import_probe("nixl._api", "install kvbench[nixl] (CPU-only host: pip install --no-deps nixl==1.5.1 "
+                            "nixl-cu12==1.5.1, as make install does)",
+                            lambda msg: f"nixl import failed: {msg}")  # e.g. "detected CUDA 13 but nixl-cu13 is not installed"
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

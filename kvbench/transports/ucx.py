@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, rdma_present
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, import_probe
 from .ucx_buffers import UcxBuffers, ep_info
 
 _MAGIC = 0x4B56424E55435831  # "KVBNUCX1"
@@ -63,21 +63,14 @@ class UcxTransport(UcxBuffers, Transport):
     batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False,
                 multi_node=True, notifies=True, network=True)
-
-    @classmethod
-    def memory_needs(cls, nbytes, options):
-        return {"locked": nbytes} if rdma_present() else {}  # an RDMA registration pins the pool
+    pins_on_rdma = True
 
     @classmethod
     def probe(cls) -> str | None:
         """Why ucxx cannot run here, or None (two-sided only: ucxx has no put/get; use nixl for that)."""
-        try:
-            import ucxx  # noqa: F401
-        except ModuleNotFoundError:
-            return "install kvbench[ucx]"
-        except Exception as exc:  # OSError "undefined symbol": MPI's UCX was loaded first (pitfall 7)
-            return f"ucxx import failed ({str(exc).splitlines()[0]}); import ucxx before mpi4py loads MPI"
-        return None
+        # an OSError "undefined symbol" on import: MPI's UCX was loaded first (docs/pitfalls.md#ucx-first)
+        return import_probe("ucxx", "install kvbench[ucx]",
+                            lambda msg: f"ucxx import failed ({msg}); import ucxx before mpi4py loads MPI")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -95,14 +88,10 @@ class UcxTransport(UcxBuffers, Transport):
 
     def register(self, pool) -> bytes:
         """Create the UCX context and worker; return this worker's address."""
-        reason = self.probe()
-        if reason:
-            raise Unavailable(reason)
+        self.require(pool)
         import ucxx._lib.libucxx as api
         from ucxx._lib.arr import Array
 
-        if pool.kind != "host":
-            raise TransportError(f"ucx: memory kind {pool.kind} not supported (host only)")
         self._api, self._Array, self._pool = api, Array, pool
         # ucxx sets UCX_MEMTYPE_CACHE, which UCX 1.21 no longer knows: one warning per rank otherwise
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from kvbench.memory import values
 from kvbench.report.codecs import break_even, predicted
+from kvbench.transports.loopback import LoopbackTransport
 
 SMALL = ["-m", "llama-3-8b", "--tokens", "32", "--dtype", "bf16", "-n", "2", "-w", "1", "--variants", "paged",
          "--rounds", "1", "-b", "16", "-e", "16"]
@@ -56,6 +58,29 @@ def test_codecs_refused_where_they_cannot_run(kvrun):
     skipped = df[df.status == "skipped"]
     assert set(zip(skipped.transport, skipped.op)) == {("loopback", "push"), ("loopback", "pull"), ("shm", "pull")}
     assert skipped.reason.str.contains("unavailable").all()
+
+
+class FramedLoopback(LoopbackTransport):
+    """A plugin that declares it carries codec frames (its Caps), as a site's transport would."""
+
+    name = "framed-loopback"
+    caps = replace(LoopbackTransport.caps, codec_frames="stream")
+
+
+def test_codec_carriers_are_the_transports_whose_caps_say_how(monkeypatch):
+    from kvbench import transports
+    from kvbench.codecs import path as CP
+
+    builtin = ["loopback", "shm", "tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake", "cuda_ipc", "verbs",
+               "staged"]
+    assert {n: CP.frames_of(n) for n in builtin if CP.frames_of(n)} == {"shm": "doorbell", "tcp": "stream"}
+    assert CP.why_not("tcp", "push") is None and CP.why_not("shm", "push") is None
+    assert "push" in CP.why_not("tcp", "pull")
+    for n in set(builtin) - {"shm", "tcp"}:
+        assert CP.why_not(n, "push").startswith("codecs run on shm, tcp (a frame's length is known only at the source")
+    monkeypatch.setitem(transports.REGISTRY, "framed-loopback", (f"{__name__}:FramedLoopback", ""))
+    assert CP.why_not("framed-loopback", "push") is None
+    assert CP.carriers()[-1] == "framed-loopback"
 
 
 def test_exp_split_on_e4m3_is_a_one_line_error(kvrun):

@@ -124,6 +124,28 @@ def test_exp_split_refuses_e4m3():
         codecs.get("exp-split").encode(np.zeros(16, np.uint8), "fp8-e4m3")
 
 
+def test_the_registry_is_the_one_list_and_its_frame_ids_are_the_wire_format():
+    """NAMES, the frame's codec ids and get/check all read the registry; the ids are what frames on the wire
+    carry, so they never change."""
+    from kvbench.codecs.registry import REGISTRY
+
+    assert codecs.NAMES == tuple(REGISTRY) == ("none", "exp-split", "cast-fp8-e4m3", "cast-fp8-e5m2", "zstd", "lz4")
+    assert F.CODEC_IDS == {"none": 0, "exp-split": 1, "cast-fp8-e4m3": 2, "cast-fp8-e5m2": 3, "zstd": 4, "lz4": 5}
+    assert F.DTYPE_IDS == {"fp32": 0, "fp16": 1, "bf16": 2, "fp8-e4m3": 3, "fp8-e5m2": 4, "nvfp4": 5}
+    for name in ("none", "exp-split", "cast-fp8-e4m3", "cast-fp8-e5m2"):
+        assert codecs.get(name).name == name
+    accepts = {n: [d for d in F.DTYPE_IDS if codecs.check(n, d) is None] for n in codecs.NAMES}
+    assert accepts == {"none": list(F.DTYPE_IDS), "exp-split": ["fp16", "bf16", "fp8-e5m2"],
+                       "cast-fp8-e4m3": ["fp16", "bf16"], "cast-fp8-e5m2": ["fp16", "bf16"],
+                       "zstd": list(F.DTYPE_IDS), "lz4": list(F.DTYPE_IDS)}
+    assert codecs.check("exp-split", "fp32") == "exp-split codes bf16, fp16 and fp8-e5m2 pools, not fp32"
+    assert codecs.check("cast-fp8-e5m2", "fp32") == "cast-fp8-e5m2 converts fp16 or bf16 pools, not fp32"
+    assert codecs.check("gzip", "bf16") == ("codec 'gzip' is not one of: none, exp-split, cast-fp8-e4m3, "
+                                            "cast-fp8-e5m2, zstd, lz4")
+    with pytest.raises(ValueError, match="not one of"):
+        codecs.get("gzip")
+
+
 def test_table_travels_and_a_mixup_is_an_error():
     rng = np.random.default_rng(4)
     x = _cast(rng.standard_normal(10_000).astype(np.float32), "bf16")

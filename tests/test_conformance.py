@@ -1,17 +1,41 @@
 """One suite every transport passes: real ranks, push and pull, every byte checked.
 
-A transport's own test file only supplies fixtures; this file is the contract.
-Unavailable transports skip with the reason `kvbench list` gives.
+A transport's own test file only supplies fixtures; this file is the contract, for every registered
+transport that can run it (a plugin from KVBENCH_TRANSPORTS included). Unavailable transports skip with
+the reason `kvbench list` gives.
 """
+import os
 import subprocess
 import sys
 
 import pytest
 
+from kvbench import transports
+from kvbench.transports.base import Unavailable
 from tests.conftest import ROOT
 
 TINY = ["-m", "llama-3-8b", "--tokens", "200", "-n", "3", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]
-NETWORK = ["shm", "tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake"]
+
+
+def between_ranks() -> list[str]:
+    """The registered transports this suite runs, in registry order: by their Caps, pools in host memory moved
+    between ranks (not within one process, as loopback does).  One whose module cannot be imported is kept:
+    its test skips with the reason."""
+    names = []
+    for name in transports.names():
+        try:
+            caps = transports.load(name).caps
+        except Unavailable:
+            names.append(name)
+            continue
+        if "host" in caps.memory and not caps.local_only:
+            names.append(name)
+    return names
+
+
+NETWORK = between_ranks()
+PLUGIN = {"KVBENCH_TRANSPORTS": "site-shm=plugin:SiteShm",
+          "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")])}
 
 
 def unavailable(name: str) -> str | None:
@@ -104,3 +128,20 @@ def test_mpi_native_and_mpi4py_calls_move_the_same_bytes(kvrun, opts, calls):
     ok = assert_clean(r, "mpi")
     assert set(ok.inflight) == {1, 2}
     assert {i["calls"] for i in r.meta()["transports"]["mpi"]} == {calls}
+
+
+def test_the_list_is_every_registered_transport_its_caps_allow(monkeypatch):
+    plugins = transports._extra(os.environ.get("KVBENCH_TRANSPORTS", ""))  # the ones this process was given
+    builtin = [n for n in between_ranks() if n not in plugins]
+    assert builtin == ["shm", "tcp", "mpi", "mpi-sendrecv", "nixl", "ucx", "mooncake", "verbs"]
+    monkeypatch.setitem(transports.REGISTRY, "site-shm", ("plugin:SiteShm", ""))
+    assert between_ranks()[-1] == "site-shm"
+
+
+def test_a_registered_plugin_is_tested_for_free():
+    """A transport registered through KVBENCH_TRANSPORTS (tests/plugin.py) is in this suite's list without a
+    line here, and passes the same contract as the built-in one it extends."""
+    node = "tests/test_conformance.py::test_two_ranks_push_pull_paged_and_coalesced[site-shm]"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node], cwd=ROOT,
+                       env=dict(os.environ, **PLUGIN), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

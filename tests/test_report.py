@@ -232,11 +232,48 @@ def test_registered_sections_join_every_report(monkeypatch, tmp_path):
     from kvbench.report import build as B
 
     path = synth(tmp_path / "a", "a")
-    monkeypatch.setattr(B, "EXTRA_SECTIONS", [lambda page, runs: page.add_section(
-        "Extra", f"{len(runs)} run(s), {len(runs[0].st)} cases")])
+    monkeypatch.setattr(B, "SECTIONS", list(B.SECTIONS))
+    B.register(lambda page, runs: page.add_section("Extra", f"{len(runs)} run(s), {len(runs[0].st)} cases"))
     page, _ = B.build([path])
     assert [s.title for s in page.sections] == ["Runs", "Bandwidth", "Exposed time", "Extra"]
     assert page.sections[-1].text == ["1 run(s), 2 cases"]
+    assert B.SECTIONS[-1] is B.skipped_section  # the reasons still close the page
+
+
+def synth_codecs(root) -> str:
+    """A result file with codec rows: none and exp-split (ratio 4/3) on one path, 2 ranks, 4 iterations."""
+    w = ResultWriter(str(root), "codecs", {"suite": {"name": "codecs"}, "hosts": ["h", "h"],
+                                           "system": {"hostname": "h", "cpus": 2}})
+    base = {c: None for c in ROW_COLUMNS} | {
+        "variant": "paged", "transport": "tcp", "op": "push", "memory": "host", "model": "m", "tokens": 64,
+        "prefix_hit": 0, "block_size": 16, "block_bytes": 4096, "layout": "layer-major", "allocation": "random",
+        "coalesce": "off", "dtype": "bf16", "scheme": "pairwise", "tp": 1, "pp": 1, "world_size": 2, "inflight": 1,
+        "handshake": "off", "workload": "none", "layers": 2, "pages": "4k", "pair": 0, "req": 0, "round": 0,
+        "payload_bytes": 1 << 20, "descriptors": 16, "status": "ok", "reason": "", "prefill_s": 0.0,
+        "handshake_s": 0.0, "queue_s": np.nan, "arrival_s": np.nan, "exposed_s": np.nan, "overlap": "serial",
+        "prefill_ms_set": "0"}
+    for case, codec, wire, t in ((1, "none", 1 << 20, 0.010), (2, "exp-split", 3 << 18, 0.008)):
+        coded = codec != "none"
+        w.add([base | {"case": case, "codec": codec, "wire_bytes": wire, "rank": rank, "role": role, "iter": it,
+                       "seconds": np.nan if it < 0 else t, "harness_seconds": 0.0, "nwrong": 0 if it < 0 else np.nan,
+                       "codec_encode_s": 0.002 if coded and rank == 0 else np.nan,
+                       "codec_decode_s": 0.002 if coded and rank == 1 else np.nan}
+               for it in range(-1, 4) for rank, role in ((0, "prefill"), (1, "decode"))])
+    w.finish(status="OK")
+    return w.path
+
+
+def test_the_codec_section_joins_the_page_only_when_a_run_has_codec_rows(tmp_path):
+    from kvbench.report import build as B
+
+    page, _ = B.build([synth(tmp_path / "a", "a")])
+    assert "Codecs" not in [s.title for s in page.sections]
+    page, _ = B.build([synth_codecs(tmp_path / "c")])
+    assert [s.title for s in page.sections] == ["Runs", "Bandwidth", "Codecs"]
+    rows = page.sections[-1].tables[0][1].set_index("codec")
+    assert list(rows.index) == ["exp-split", "none"] and set(rows["transport"]) == {"tcp"}
+    assert rows.loc["exp-split", "ratio"] == "1.333" and rows.loc["none", "ratio"] == "1.000"
+    assert rows.loc["exp-split", "eff GB/s"] == "0.1311" and rows.loc["exp-split", "measured"] == "win"
 
 
 # ----- the page in a browser ---------------------------------------------------------------------------------------

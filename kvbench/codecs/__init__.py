@@ -11,53 +11,37 @@ codecs give back every bit; the cast codecs are lossy and state their tolerance.
     zstd, lz4       general-purpose byte compressors (their packages): general.py
 
 Arrays may be numpy arrays or torch tensors (CPU here, CUDA where the device
-layer exists); the numpy implementation is the reference (arrays.py).
+layer exists); the numpy implementation is the reference (arrays.py).  The list of codecs, with their
+frame ids and the dtypes each accepts, is registry.py.
 """
 from __future__ import annotations
 
+import importlib
+
 from .base import Codec, Table
 from .frame import CodecError
+from .registry import NAMES, REGISTRY
 
-NAMES = ("none", "exp-split", "cast-fp8-e4m3", "cast-fp8-e5m2", "zstd", "lz4")
+
+def _unknown(name: str) -> str:
+    return f"codec '{name}' is not one of: {', '.join(NAMES)}"
 
 
 def get(name: str, table: Table | None = None) -> Codec:
     """A codec by name (exp-split takes the connection's calibrated table)."""
-    if name == "none":
-        from .general import NoneCodec
-
-        return NoneCodec()
-    if name == "exp-split":
-        from .exp_split import ExpSplit
-
-        return ExpSplit(table)
-    if name in ("cast-fp8-e4m3", "cast-fp8-e5m2"):
-        from .cast import CastFP8
-
-        return CastFP8(name.removeprefix("cast-"))
-    if name == "zstd":
-        from .general import Zstd
-
-        return Zstd()
-    if name == "lz4":
-        from .general import LZ4
-
-        return LZ4()
-    raise ValueError(f"codec '{name}' is not one of: {', '.join(NAMES)}")
+    if name not in REGISTRY:
+        raise ValueError(_unknown(name))
+    e = REGISTRY[name]
+    mod, _, cls = e.target.partition(":")
+    codec = getattr(importlib.import_module(mod), cls)
+    return codec(table) if e.table else codec(*e.args)
 
 
 def check(name: str, dtype: str) -> str | None:
     """Why ``name`` cannot carry a pool of ``dtype`` (None: it can)."""
-    if name not in NAMES:
-        return f"codec '{name}' is not one of: {', '.join(NAMES)}"
-    if name == "exp-split" and dtype == "fp8-e4m3":
-        return ("exp-split on fp8-e4m3: its 4 exponent bits already are 16 values, a 4-bit code saves nothing "
-                "(use none)")
-    if name == "exp-split" and dtype not in ("bf16", "fp16", "fp8-e5m2"):
-        return f"exp-split codes bf16, fp16 and fp8-e5m2 pools, not {dtype}"
-    if name.startswith("cast-") and dtype not in ("bf16", "fp16"):
-        return f"{name} converts fp16 or bf16 pools, not {dtype}"
-    return None
+    if name not in REGISTRY:
+        return _unknown(name)
+    return REGISTRY[name].check(name, dtype)
 
 
-__all__ = ["NAMES", "Codec", "CodecError", "Table", "check", "get"]
+__all__ = ["NAMES", "REGISTRY", "Codec", "CodecError", "Table", "check", "get"]

@@ -11,6 +11,8 @@ import struct
 
 import numpy as np
 
+from .registry import CODEC_IDS
+
 
 class CodecError(ValueError):
     """A frame that cannot be decoded (corrupt, or not what the destination expects): one line."""
@@ -20,7 +22,6 @@ HEADER = struct.Struct("<2sBBBBBBIQIII")
 HEADER_BYTES = HEADER.size  # 32
 MAGIC, VERSION = b"KF", 1
 RAW = 1
-CODEC_IDS = {"none": 0, "exp-split": 1, "cast-fp8-e4m3": 2, "cast-fp8-e5m2": 3, "zstd": 4, "lz4": 5}
 DTYPE_IDS = {"fp32": 0, "fp16": 1, "bf16": 2, "fp8-e4m3": 3, "fp8-e5m2": 4, "nvfp4": 5}
 
 

@@ -13,10 +13,10 @@ Staging sits after the pool's KV bytes in the same allocation (so the inner
 transport registered it with the pool): per layer and request a slot of the
 largest frame, and for one-sided transports a 16-byte doorbell per slot.
 
-Which transports carry codecs:
-  * tcp (two-sided, in-order stream): the 32-byte frame header, then its body, as two posts;
+Which transports carry codecs: those whose ``Caps.codec_frames`` says how (a plugin declares it too):
+  * "stream" (tcp: two-sided, in-order): the 32-byte frame header, then its body, as two posts;
     the destination reads the header to learn the body's length.
-  * shm (one-sided copies): the source copies the frame into the destination's slot, then the
+  * "doorbell" (shm: one-sided copies): the source copies the frame into the destination's slot, then the
     doorbell (tag, length); the destination's receiver polls the doorbell.
   * others are refused with a reason: mpi/mpi-sendrecv, nixl, ucx and mooncake would need the
     same two steps wired to their own completion (not done yet); loopback moves within one
@@ -32,23 +32,35 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvbench import _native, codecs
+from kvbench import _native, codecs, transports
 from kvbench.codecs import frame as F
 from kvbench.codecs.base import calibrate
 from kvbench.job import faults
 from kvbench.model.descriptors import DST, LEN, SRC
-from kvbench.transports.base import Transport, TransportError
+from kvbench.transports.base import Transport, TransportError, Unavailable
 
-SUPPORTED = {"tcp": "stream", "shm": "doorbell"}
 BODY = 1 << 40  # the tag bit that marks a frame's body post (tcp headers carry 64-bit tags)
 SLOT_ALIGN = 4096
 DOORBELL = 16
 
 
+def frames_of(transport: str) -> str:
+    """How codec frames cross the registered ``transport`` (its ``Caps.codec_frames``; "": they cannot)."""
+    try:
+        return transports.load(transport).caps.codec_frames
+    except (KeyError, Unavailable):
+        return ""
+
+
+def carriers() -> tuple[str, ...]:
+    """The registered transports that carry codec frames, in registry order."""
+    return tuple(n for n in transports.names() if frames_of(n))
+
+
 def why_not(transport: str, op: str) -> str | None:
     """Why ``transport`` cannot carry a codec for ``op`` (None: it can)."""
-    if transport not in SUPPORTED:
-        return (f"codecs run on {', '.join(SUPPORTED)} (a frame's length is known only at the source; "
+    if not frames_of(transport):
+        return (f"codecs run on {', '.join(carriers())} (a frame's length is known only at the source; "
                 f"{transport} has no two-step receive or doorbell wired yet)")
     if op != "push":
         return "codecs need push: the source encodes, and in a pull it is passive"
@@ -146,7 +158,7 @@ class Session:
 
     def __init__(self, inner: Transport, pool: np.ndarray, kv_bytes: int, pairs: list[tuple[int, int]], rank: int):
         self.inner, self.pool, self.kv_bytes, self.pairs, self.rank = inner, pool, kv_bytes, pairs, rank
-        self.mode = SUPPORTED[inner.name]
+        self.mode = inner.caps.codec_frames
         self.tables: dict[tuple[int, str], codecs.Table] = {}
         self.stats: dict[tuple[int, int], list[float]] = {}
         self.lock = threading.Lock()

@@ -6,7 +6,7 @@ from itertools import chain
 
 import pandas as pd
 
-from . import fitsection, plots
+from . import codecs, fitsection, plots
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
@@ -118,30 +118,27 @@ CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "exposed_p50": "ex
               "ceil_gbps": "ceil_gbps_1e9", "link_gbps": "link_gbps_1e9", "link": "link_source"}
 
 
-# more sections of the page: callables (page, runs) -> None, run in order after the built-in ones and before
-# Skipped (e.g. the link model: ``EXTRA_SECTIONS.append(linkmodel.add_section)``)
-EXTRA_SECTIONS: list = []
+def _rows(runs: list[Run]) -> pd.DataFrame:
+    return pd.concat([r.st for r in runs], ignore_index=True)
 
 
-EXTRA_SECTIONS.append(fitsection.add_section)  # the link model, when a run sweeps enough block sizes
+def _workload(runs: list[Run]) -> pd.DataFrame | None:
+    return pd.concat([r.wl for r in runs if len(r.wl)], ignore_index=True) if any(len(r.wl) for r in runs) else None
 
 
-def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page, list[Run]]:
-    """Read every file and lay out the page (callers may add sections before writing it)."""
-    runs = [load_run(p, override) for p in paths]
-    machines: dict[str, list[Run]] = {}
-    for r in runs:
-        machines.setdefault(machine_key(r.meta), []).append(r)
-    names = [" + ".join(dict.fromkeys(rs[0].meta.get("hosts") or ["?"])) for rs in machines.values()]
-    page = Page(f"kvbench report: {', '.join(names)} ({len(runs)} result file{'s' * (len(runs) != 1)})")
-    for i, rs in enumerate(machines.values()):
-        page.head.append((f"Machine {chr(65 + i)}: {names[i]}", machine_table(rs[0].meta, rs)))
+def _measured(runs: list[Run], kind: str) -> pd.DataFrame:
+    st = _rows(runs)
+    ok = st[st["status"] != "skipped"]
+    return ok[ok["kind"] == kind]
+
+
+def runs_section(page: Page, runs: list[Run]) -> None:
     page.add_section("Runs", "Each result file with what it holds. GB/s = 10^9 B/s throughout; MB = 10^6 B.",
                      tables=[("result files", runs_table(runs))])
-    st = pd.concat([r.st for r in runs], ignore_index=True)
-    wl = pd.concat([r.wl for r in runs if len(r.wl)], ignore_index=True) if any(len(r.wl) for r in runs) else None
-    ok = st[st["status"] != "skipped"]
-    bw, ex = ok[ok["kind"] == "bandwidth"], ok[ok["kind"] == "exposed"]
+
+
+def bandwidth_section(page: Page, runs: list[Run]) -> None:
+    bw = _measured(runs, "bandwidth")
     if len(bw):
         page.add_section("Bandwidth", [
             "One request at a time, nothing else on its clock: time = until the destination knows the last byte "
@@ -155,26 +152,64 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
             tables=[compact("bandwidth rows", bandwidth_table(bw))],
             figures=chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),
                           plots.latency_percentiles(bw)))
+
+
+def exposed_section(page: Page, runs: list[Run]) -> None:
+    ex = _measured(runs, "exposed")
     if len(ex):
         page.add_section("Exposed time", [
             "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
             "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
             "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s."],
             tables=[compact("exposed-time rows", exposed_table(ex))], figures=plots.exposed_vs_prompt(ex))
+
+
+def workload_section(page: Page, runs: list[Run]) -> None:
+    wl = _workload(runs)
     if wl is not None:
         page.add_section("Workload", [
             "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
             "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
             "arrival to KV landed. No GB/s here: these times include the queue."],
             tables=[compact("workload rows", workload_table(wl))], figures=plots.workload_tails(wl))
-    for extra in EXTRA_SECTIONS:
-        extra(page, runs)
+
+
+def skipped_section(page: Page, runs: list[Run]) -> None:
+    st = _rows(runs)
     skipped = st[st["status"] == "skipped"]
     if len(skipped):
         page.add_section("Skipped", "Cases that did not run here, with the reason (never a number).",
                          tables=[("skipped cases", skipped[["run", "transport", "op", "memory", "variant", "reason"]]
                                   .drop_duplicates(["run", "transport", "op", "reason"]))])
-    rows = st.rename(columns=CSV_RENAME)
+
+
+# The page's sections, in order: each a callable (page, runs) -> None that adds its section, or nothing when the
+# runs hold no rows of its kind.  ``register`` adds one before Skipped (the reasons close the page).
+SECTIONS: list = [runs_section, bandwidth_section, exposed_section, workload_section,
+                  fitsection.add_section,  # the link model, when a run sweeps enough block sizes
+                  codecs.add_section,  # codecs against none, when a run has codec rows
+                  skipped_section]
+
+
+def register(section) -> None:
+    """Add a section to every page built from now on, after the measured ones and before Skipped."""
+    SECTIONS.insert(SECTIONS.index(skipped_section), section)
+
+
+def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page, list[Run]]:
+    """Read every file and lay out the page (callers may add sections before writing it)."""
+    runs = [load_run(p, override) for p in paths]
+    machines: dict[str, list[Run]] = {}
+    for r in runs:
+        machines.setdefault(machine_key(r.meta), []).append(r)
+    names = [" + ".join(dict.fromkeys(rs[0].meta.get("hosts") or ["?"])) for rs in machines.values()]
+    page = Page(f"kvbench report: {', '.join(names)} ({len(runs)} result file{'s' * (len(runs) != 1)})")
+    for i, rs in enumerate(machines.values()):
+        page.head.append((f"Machine {chr(65 + i)}: {names[i]}", machine_table(rs[0].meta, rs)))
+    for section in SECTIONS:
+        section(page, runs)
+    rows = _rows(runs).rename(columns=CSV_RENAME)
+    wl = _workload(runs)
     if wl is not None:
         rows = rows.merge(wl.drop(columns=["transport", "op", "model", "tokens", "block_size", "overlap", "variant"]),
                           on=["run", "case"], how="left")

@@ -165,24 +165,56 @@ COLS = [("path", "{}", 12), ("codec", "{}", 13), ("payload(B)", "{:,.0f}", 12), 
         ("agree", "{}", 5), ("pipelined", "{}", 9), ("agree", "{}", 5), ("#wrong", "{}", 6)]
 
 
+def _cells(r, path_names: dict | None = None) -> list[str]:
+    """One codec row's values in COLS order, formatted ('-' where there is none)."""
+    vals2 = {"pipelined": r.get("pipelined", "-"), "agree2": r.get("pipe_agree", "-")}
+    vals = {"path": (path_names or {}).get(r.transport, r.transport), "codec": r.codec, "payload(B)": r.P,
+            "wire(B)": r.W, "ratio": r.ratio, "enc GB/s": r.enc, "dec GB/s": r.dec, "wire GB/s": r.wire,
+            "eff GB/s": r.eff, "±%": 100 * r.spread, "pred GB/s": r.get("pred"), "serial": r.get("pred_serial"),
+            "B* serial": r.get("be_serial"), "B* pipe": r.get("be_pipe"), "measured": r.get("measured", "-"),
+            "predicted": r.get("predicted", "-"), "agree": r.get("agree", "-"), "#wrong": r.nwrong}
+    cells = []
+    seen = set()
+    for h, fmt, _ in COLS:
+        v = vals2["agree2"] if (h == "agree" and h in seen) else vals2.get(h, vals.get(h))
+        seen.add(h)
+        cells.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v))
+    return cells
+
+
 def table(rows: pd.DataFrame, path_names: dict | None = None) -> list[str]:
     """The printed table: one line per path and codec (GB = 10^9 B)."""
     lines = ["#" + " ".join(f"{h:>{w}}" for h, _, w in COLS)]
     for _, r in rows.iterrows():
-        vals2 = {"pipelined": r.get("pipelined", "-"), "agree2": r.get("pipe_agree", "-")}
-        vals = {"path": (path_names or {}).get(r.transport, r.transport), "codec": r.codec, "payload(B)": r.P,
-                "wire(B)": r.W, "ratio": r.ratio, "enc GB/s": r.enc, "dec GB/s": r.dec, "wire GB/s": r.wire,
-                "eff GB/s": r.eff, "±%": 100 * r.spread, "pred GB/s": r.get("pred"), "serial": r.get("pred_serial"),
-                "B* serial": r.get("be_serial"), "B* pipe": r.get("be_pipe"), "measured": r.get("measured", "-"),
-                "predicted": r.get("predicted", "-"), "agree": r.get("agree", "-"), "#wrong": r.nwrong}
-        cells = []
-        seen = set()
-        for h, fmt, w in COLS:
-            v = vals2["agree2"] if (h == "agree" and h in seen) else vals2.get(h, vals.get(h))
-            seen.add(h)
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                cells.append(f"{'-':>{w}}")
-            else:
-                cells.append(f"{fmt.format(v):>{w}}")
-        lines.append(" " + " ".join(cells))
+        lines.append(" " + " ".join(f"{c:>{w}}" for c, (_, _, w) in zip(_cells(r, path_names), COLS)))
     return lines
+
+
+def add_section(page, runs) -> None:
+    """The report page's codec section (report/build.py): per run with codec rows, each codec against none on
+    the same path and case; nothing is added when no run has a measured codec other than none."""
+    shown = []
+    for run in runs:
+        df = run.df
+        if "codec" not in df or not ((df["codec"].fillna("none") != "none") & (df["status"] == "ok")).any():
+            continue
+        cores = int((run.meta.get("system") or {}).get("cpus") or 0) or (1 << 30)  # unknown: no core limit
+        rows = verdicts(codec_rows(df, cores))
+        if rows.empty:
+            continue
+        heads = ["transport" if h == "path" else h for h, _, _ in COLS]
+        heads[len(heads) - 1 - heads[::-1].index("agree")] = "pipelined agrees"
+        t = pd.DataFrame([_cells(r) for _, r in rows.iterrows()], columns=heads)
+        t.insert(0, "run", run.label)
+        shown.append(t)
+    if not shown:
+        return
+    page.add_section("Codecs", [
+        "Each codec against none on the same path and case, paged rows (docs/codecs.md). ratio = payload / wire "
+        "bytes; eff GB/s = payload / p50 time until the decoded bytes are in the destination pool; enc and dec GB/s "
+        "= payload / the source's encode or the destination's decode seconds (p50); ±% = interquartile range of the "
+        "per-round medians. pred = the pipelined model at the measured B (none's eff GB/s), with C = the machine's "
+        "CPUs and the host's copy rate taken as B (both ranks on one host), serial = the serial model; B* = the "
+        "link rates (GB/s) below which the codec beats none, serial and pipelined. measured, predicted and "
+        "pipelined: win, lose or tie against none (tie: within the two rows' spreads)."],
+        tables=[("codec rows", pd.concat(shown, ignore_index=True))])

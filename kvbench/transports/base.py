@@ -94,6 +94,7 @@ class Caps:
     network: bool = False  # a pair sharing a host is worth a warning
     signals_ready: bool = False  # pull: layer-ready signals on its own channel (see Layer-ready signals)
     stamps: bool = False  # a receive or progress thread of its own stamps the landing (the completion rule)
+    codec_frames: str = ""  # how codec frames cross it (codecs/path.py): "stream" or "doorbell"; "": they cannot
 
 
 @dataclass

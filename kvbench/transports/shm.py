@@ -43,7 +43,7 @@ def _unlink(path: str) -> None:
 
 class ShmTransport(Transport):
     name = "shm"
-    caps = Caps(memory=("host",), one_sided=True, notifies=False)
+    caps = Caps(memory=("host",), one_sided=True, notifies=False, codec_frames="doorbell")
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -53,8 +53,9 @@ def frames_of(transport: str) -> str:
 
 
 def carriers() -> tuple[str, ...]:
-    """The registered transports that carry codec frames, in registry order."""
-    return tuple(n for n in transports.names() if frames_of(n))
+    """The registered transports that carry codec frames: streams first, then doorbells (registry order within)."""
+    kinds = {n: frames_of(n) for n in transports.names()}
+    return tuple(sorted((n for n, k in kinds.items() if k), key=lambda n: kinds[n] != "stream"))
 
 
 def why_not(transport: str, op: str) -> str | None:

@@ -40,7 +40,7 @@ def test_fp8_tensor_scales_and_plain_formats_unchanged(capsys):
     shape = M.get_model("llama-3-8b")
     p = Format("fp8-e5m2", "tensor").parts(shape, 4096)
     assert p == {"values": 32 * 2 * 4096 * 1024, "block_scales": 0, "tensor_scales": 32 * 2 * 4}
-    for dt in M.DTYPES:  # today's dtypes: the same bytes as model.py's arithmetic
+    for dt in M.DTYPES:  # today's dtypes: the same bytes as model/shapes.py's arithmetic
         assert sum(Format(dt).parts(shape, 4096).values()) == M.request_bytes(shape, dt, 4096)
     # today's `size` output for a plain dtype: the lines it always printed
     out = size(capsys, "-m", "llama-3-8b", "--dtype", "fp16", "--tokens", "4096")

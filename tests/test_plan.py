@@ -108,7 +108,7 @@ def test_bad_input_is_one_line(args, msg):
     ("prompts", "tokens", 0), ("tp", "tp", 0), ("prefix_hit", "prefix_hit", -5),
 ])
 def test_plan_and_run_refuse_a_value_in_the_same_words(plan_field, axis, value):
-    """One validator (kvbench/inputs.py) for both: the words after the flag or field name are the same."""
+    """One validator (kvbench/model/inputs.py) for both: the words after the flag or field name are the same."""
     from kvbench.config import suite as S
 
     ok = dict(models=["llama-3-8b"], dtypes=["fp16"], prompts={"p50": 1024}, prompt_desc="", prefill_tflops=400,

@@ -1,4 +1,4 @@
-"""Real prefill (kvbench/prefill.py): the model's matmuls layer by layer where the pools live, replacing the clock."""
+"""Real prefill (kvbench/harness/prefill.py): the model's matmuls layer by layer where the pools live, replacing the clock."""
 import pytest
 
 from kvbench.model import shapes as M
@@ -49,7 +49,7 @@ def test_real_prefill_with_host_memory_is_refused(kvrun):
 def test_streaming_real_prefill_hides_the_transfer(kvrun):
     """Two real ranks, torch-cpu pools through staged over tcp: streaming's exposed time is below serial's,
     every byte lands right, and rows carry the prefill kind and its measured seconds.  The model is made by flags
-    on rank 0: the other ranks must know it too (runner.py registers it before validating)."""
+    on rank 0: the other ranks must know it too (cli/run.py registers it before validating)."""
     r = kvrun(["-t", "staged", "-O", "inner=tcp", "--op", "push,pull", "--memory", "torch-cpu", "--prefill", "real",
                "--overlap", "serial,streaming", *TINY, "--tokens", "4096",
                "--variants", "paged", "--rounds", "1", "-n", "5", "-w", "1"], timeout=240)

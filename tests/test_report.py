@@ -339,7 +339,7 @@ def kv(capsys):
 
 
 def synth(root, name, scale=1.0, n=20, seed=0, system=None, schema=None) -> str:
-    """A result set written by results.py's writer: one bandwidth case and one exposed case, 2 ranks, n iterations
+    """A result set written by results/store.py's writer: one bandwidth case and one exposed case, 2 ranks, n iterations
     of ~10 ms (2% noise) times ``scale``."""
     rng = np.random.default_rng(seed)
     meta = {"suite": {"name": name}, "hosts": ["h", "h"], "git_commit": name,

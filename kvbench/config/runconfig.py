@@ -43,7 +43,7 @@ class RunConfig(BaseModel):
     results: str
     name: str
     bind: Literal["none", "core"] = "none"
-    progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/progress.py)
+    progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/cli/progress.py)
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
     argv: list[str] = []

@@ -110,7 +110,7 @@ class Axes(BaseModel):
 
 
 class Workload(BaseModel):
-    """Many requests through the pairs with a bounded decode pool (back-pressure); see kvbench/load.py."""
+    """Many requests through the pairs with a bounded decode pool (back-pressure); see kvbench/harness/load.py."""
 
     model_config = STRICT
     requests: int = Field(default=100, ge=1)  # per prefill rank

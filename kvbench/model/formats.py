@@ -1,7 +1,7 @@
 """KV storage formats with their scale planes: the bytes of values, block scales and tensor scales.
 
 A plain dtype (fp32, fp16, bf16, fp8 without scales) is today's arithmetic
-(model.py).  A scaled format stores, as engines keep them, its scales in
+(model/shapes.py).  A scaled format stores, as engines keep them, its scales in
 regions of their own beside the values, so they add bytes *and* descriptors:
 
     format              values              block scales                 tensor scales

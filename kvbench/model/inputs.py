@@ -1,7 +1,7 @@
 """Value types that both the run's suite axes (suite.py) and `kvbench plan`'s inputs (report/plan.py) take.
 
 One place, so a model, block size, prompt length or dtype is refused in the same words by every command.
-Each is a pydantic type whose check raises ValueError with the line the user sees.  Only model.py is
+Each is a pydantic type whose check raises ValueError with the line the user sees.  Only model/shapes.py is
 imported: report/plan.py reads result files and must not pull in the harness or a transport.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workload generators and the pure helpers of kvbench/load.py (no MPI, no transport).
+"""Workload generators and the pure helpers of kvbench/harness/load.py (no MPI, no transport).
 
 Generators: when requests arrive and how long their prompts are (seeded).
 

@@ -18,7 +18,7 @@ The models (docs/codecs.md):
                stages share the host's C cores, and moving W bytes through the host costs two cores for
                W/H (H: the same transport's rate between two ranks of this host, where the copy is CPU
                work: its none row on a same-host path); B* solves P/B = t(B)
-The predicted effective GB/s is P / t at the measured B with the pipelined model (codecpath.py runs
+The predicted effective GB/s is P / t at the measured B with the pipelined model (codecs/path.py runs
 encode, wire and decode in threads of their own, layer by layer).  The prediction against none: "win"
 when even the serial model beats B, "lose" when even the pipelined one does not, "overlap" between the
 two (B between the two break-evens: how well the stages overlap on this machine decides); the
@@ -151,7 +151,7 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
         rows.loc[i, "measured"] = measured
         rows.loc[i, "predicted"] = pred
         rows.loc[i, "agree"] = "tie" in (measured, pred) or measured == pred or pred == "overlap"
-        # the pipelined model's own call (what codecpath.py aims at), and whether the measurement bore it out
+        # the pipelined model's own call (what codecs/path.py aims at), and whether the measurement bore it out
         pipe = "win" if r.pred > r.B * (1 + tol) else ("lose" if r.pred < r.B * (1 - tol) else "tie")
         rows.loc[i, "pipelined"] = pipe
         rows.loc[i, "pipe_agree"] = "tie" in (measured, pipe) or measured == pipe

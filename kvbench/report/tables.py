@@ -128,7 +128,7 @@ def format_line(r: dict, columns=None) -> str:
 
 BULK_KEYS = ["transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme",
              "world_size", "inflight"]
-BULK_KEYS += ["scales"]  # v3: each fp8 scale-plane format has its own references (kvbench/planes.py)
+BULK_KEYS += ["scales"]  # v3: each fp8 scale-plane format has its own references (kvbench/model/planes.py)
 
 
 def spread_pct(df: pd.DataFrame) -> pd.Series:

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-COLUMNS = ["post_s", "lib_s", "notify_s", "wake_s"]  # result rows, schema 3 (results.py)
+COLUMNS = ["post_s", "lib_s", "notify_s", "wake_s"]  # result rows, schema 3 (results/store.py)
 NAN = float("nan")
 
 

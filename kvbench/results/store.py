@@ -39,7 +39,7 @@ CASE_COLUMNS += ["cache"]  # v4: where a request's bytes were when its iteration
 ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
                               "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
                               "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
-# --- v3, codecs (kvbench/codecpath.py): per row and iteration, this rank's seconds encoding (source) or decoding
+# --- v3, codecs (kvbench/codecs/path.py): per row and iteration, this rank's seconds encoding (source) or decoding
 # and scattering (destination) the request's layers
 # codec_max_abs_err / codec_max_rel_err: on a lossy codec's check row, the largest errors (nwrong counts the
 # elements outside its stated tolerance, docs/codecs.md)

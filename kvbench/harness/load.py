@@ -42,6 +42,7 @@ from kvbench.harness.prefill import PrefillClock
 from kvbench.job import faults
 from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
 from kvbench.job.guard import GUARD
+from kvbench.memory.verify import layer_is_right
 from kvbench.model import shapes as M
 from kvbench.model import workload as W
 from kvbench.model.descriptors import DST, LEN, coalesce, request_descs
@@ -309,7 +310,7 @@ class LoadHarness(Harness):
         def verify(rid, r):  # one layer per step, between events
             last, r["nwrong"] = (r["ntok"] - (len(r["ids"]) - 1) * bs) * row, 0
             for i in range(L):  # the vectorized check reads 4-byte words; anything else takes the reference
-                if (last | lay.block_bytes) % 4 or not verify.layer_is_right(pool, lay, i, r["src_ids"], r["ids"], last, r["src"]):
+                if (last | lay.block_bytes) % 4 or not layer_is_right(pool, lay, i, r["src_ids"], r["ids"], last, r["src"]):
                     r["nwrong"] += memory.count_wrong(pool, r["descs"][i], r["src"], x["elem"])
                 yield
 

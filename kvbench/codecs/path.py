@@ -80,15 +80,15 @@ def codec_transport(h, case: dict, g: dict, s: dict):
     from kvbench.memory import values
 
     want = (h.opts.fill, case["dtype"])
-    if s.get("fill", ("pattern", None))[0] != want[0] or (want[0] != "pattern" and s.get("fill") != want):
+    if s.fill[0] != want[0] or (want[0] != "pattern" and s.fill != want):
         memory.use(values.make(*want))
-        for p in s["pools"]:
+        for p in s.pools:
             memory.fill(p.array, h.rank)
-        s["fill"] = want
-    if case.get("codec", "none") == "none" or "codec" not in s:
-        return s["t"]
-    s["codec"].exchange_tables(h.comm, case, s["pairs"])
-    return s["codec"].view(case, g["payload"] // g["shape"].layers, g["shape"].layers)
+        s.fill = want
+    if case.get("codec", "none") == "none" or s.codec is None:
+        return s.t
+    s.codec.exchange_tables(h.comm, case, s.pairs)
+    return s.codec.view(case, g["payload"] // g["shape"].layers, g["shape"].layers)
 
 
 def codec_refused(transport: str, case: dict) -> str | None:

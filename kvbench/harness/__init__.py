@@ -1,6 +1,7 @@
 """How a case is measured: pools, registration and connection (loop), the requests a case sends (requests),
 one timed iteration (schedule), the prefill it overlaps with (prefill), one clock per pair (clocks), the check
-pass after timing (checkpass), the result rows (rows), memory preflight (preflight) and workloads (load).
+pass after timing (checkpass), the result rows (rows), memory preflight (preflight), workloads (load) and the
+named state they share (state: Session, Measurement, Record).
 
 Public API: ``loop.Harness`` and ``loop.Options``; ``load.LoadHarness`` for workload cases.
 """

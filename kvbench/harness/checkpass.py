@@ -20,9 +20,9 @@ def one_clock(h, m: dict) -> dict[int, tuple]:
     """On a destination, per source: (barrier-exit skew per timed iteration, on the source's clock; the
     offset's error bound, half the best round trip; the offset).  Exposed times and the pair's time are
     corrected by the skew (clocks.py)."""
-    itr = m["itr"]
+    itr = m.itr
     offsets = clocks.sync(h.comm, itr.sources, itr.dests)
-    t0s = np.asarray(m.get("t0s", []), dtype=np.float64)
+    t0s = np.asarray(m.t0s, dtype=np.float64)
     reqs = [h.comm.isend_bytes(t0s.tobytes(), d, TAG_T0) for d in itr.dests]
     out = {h.rank: (np.zeros(len(t0s)), 0.0, 0.0)}  # source and destination in one process
     for src, (off, rtt) in offsets.items():
@@ -37,10 +37,10 @@ def check(h, m: dict, s: dict) -> list[int]:
     """One more transfer, built to catch lies (verify.py): the source's layers take a new epoch of the
     pattern when final, the destination's ranges hold the complement of what they must receive, and the
     destination copies them aside the moment it believes them complete; wrong elements per entry."""
-    case, entries, itr = m["case"], m["entries"], m["itr"]
-    epoch = 1 + (m["no"] * 40503) % 0xFFFF
-    src_pool, dst_pool = (device.buf(s["pools"][0]), device.buf(s["pools"][-1])) if s["pools"] else (None, None)
-    chk = device.checker(s["pools"][-1]) if s["pools"] else verify  # device pools: the same rules, on the device
+    case, entries, itr = m.case, m.entries, m.itr
+    epoch = 1 + (m.no * 40503) % 0xFFFF
+    src_pool, dst_pool = (device.buf(s.pools[0]), device.buf(s.pools[-1])) if s.pools else (None, None)
+    chk = device.checker(s.pools[-1]) if s.pools else verify  # device pools: the same rules, on the device
     mine = [e for e in entries if e.dst == h.rank]
     for e in mine:
         for d in e.layers:
@@ -65,19 +65,19 @@ def check(h, m: dict, s: dict) -> list[int]:
     if mine and h.opts.inject_corruption:
         copy = copies[id(mine[0])][0]
         copy[: h.opts.inject_corruption] ^= 0xFF
-    elem = m["g"].get("elem") or M.dtype_bytes(case["dtype"])  # scaled formats: bytes (values share them)
+    elem = m.g.get("elem") or M.dtype_bytes(case["dtype"])  # scaled formats: bytes (values share them)
     if case.get("codec", "").startswith("cast-"):  # lossy: elements outside the codec's stated tolerance
         from kvbench.codecs.path import lossy_check
 
-        m["errors"] = {id(e): lossy_check(copies[id(e)], e, epoch, case) for e in mine}
-        return [m["errors"][id(e)][0] if e.dst == h.rank else 0 for e in entries]
+        m.errors = {id(e): lossy_check(copies[id(e)], e, epoch, case) for e in mine}
+        return [m.errors[id(e)][0] if e.dst == h.rank else 0 for e in entries]
     return [chk.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == h.rank else 0 for e in entries]
 
 
 def landed_after_posted(h, m: dict, mine: list, landed: dict, bounds: dict) -> None:
     """A destination's completion stamp cannot precede the moment its source posted the request's last layer
     (a pull: made it final), on one clock: a transport whose stamp does is not reporting when bytes landed."""
-    itr = m["itr"]
+    itr = m.itr
     reqs = [h.comm.isend_bytes(pickle.dumps(bounds), d, TAG_FINAL) for d in itr.dests]
     for src in itr.sources:
         st = h.comm.probe(src, TAG_FINAL)
@@ -86,7 +86,7 @@ def landed_after_posted(h, m: dict, mine: list, landed: dict, bounds: dict) -> N
         bounds = {**pickle.loads(bytes(buf)), **bounds}
     h.comm.waitall(reqs)
     for e in mine:
-        _, err, off = m["clock"][e.src]
+        _, err, off = m.clock[e.src]
         early = bounds[(e.pair, e.req)] - (landed[id(e)] - off)
         if early > err + 1e-4:
             raise TransportError(

@@ -42,14 +42,14 @@ def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
 def plan(h, case: dict, g: dict, s: dict) -> list[Entry]:
     """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (harness ``h``:
     its rank, comm, seed and case number)."""
-    fmt = planes.fit(case["layout"], g, s["nbytes"]) if "fmt" in g else None
+    fmt = planes.fit(case["layout"], g, s.nbytes) if "fmt" in g else None
     lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
-                                        g["block_bytes"], s["nbytes"])
+                                        g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
     seed = h.opts.seed * 1_000_003 + h.case_no
     allocs: dict[str, BlockAllocator] = {}
     mine, slots = {}, {}
-    for i, (src, dst) in enumerate(s["pairs"]):
+    for i, (src, dst) in enumerate(s.pairs):
         for req in range(case["inflight"]):
             for side, r in (("src", src), ("dst", dst)):
                 if r != h.rank:
@@ -63,11 +63,11 @@ def plan(h, case: dict, g: dict, s: dict) -> list[Entry]:
                 mine[(i, req, side)] = ids
                 slots[(i, req, side)] = sum(1 for key in slots if key[2] == side)
     blocks, allslots = {}, {}
-    for part, sl in ([(mine, slots)] if s["local"] else h.comm.allgather((mine, slots))):
+    for part, sl in ([(mine, slots)] if s.local else h.comm.allgather((mine, slots))):
         blocks.update(part)
         allslots.update(sl)
     entries = []
-    for i, (src, dst) in enumerate(s["pairs"]):
+    for i, (src, dst) in enumerate(s.pairs):
         if h.rank not in (src, dst):
             continue
         for req in range(case["inflight"]):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from kvbench import memory, transports
-from kvbench.codecs.path import codec_refused, codec_staging, codec_transport
+from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
 from kvbench.harness import checkpass, preflight, requests
 from kvbench.harness.requests import case_geometry, pool_bytes
 from kvbench.harness.rows import Rows
@@ -274,7 +274,7 @@ class Harness(Rows):
 
     def plan(self, case: dict, g: dict, s: Session) -> list[Entry]:
         """Control plane (untimed): the case's entries (requests.py)."""
-        return requests.plan(self, case, g, s)
+        return requests.plan(self.comm, self.rank, self.opts.seed * 1_000_003 + self.case_no, case, g, s)
 
     def measure(self, case: dict, s: Session) -> None:
         m = self.prepare(case, s)
@@ -287,7 +287,8 @@ class Harness(Rows):
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
         entries = self.plan(case, g, s)
-        t = codec_transport(self, case, g, s)
+        s.fill = fill_pools(s.pools, self.rank, s.fill, (self.opts.fill, case["dtype"]))
+        t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
         return Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
                            cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local))
@@ -357,9 +358,9 @@ class Harness(Rows):
         nwrong = None
         self._watchdog(m.no, m.case)
         try:
-            m.clock = checkpass.one_clock(self, m)
+            m.clock = checkpass.one_clock(self.comm, self.rank, m)
             if self.opts.check:
-                nwrong = checkpass.check(self, m, s)
+                nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
         finally:
             GUARD.disarm()
         # rows follow `entries`; the iteration completed them in `itr.order`

@@ -133,6 +133,7 @@ def test_the_setting_is_the_last_thing_before_the_barrier_that_starts_an_iterati
     from types import SimpleNamespace
 
     from kvbench.harness.loop import Harness
+    from kvbench.harness.state import Measurement
 
     calls = []
 
@@ -145,10 +146,10 @@ def test_the_setting_is_the_last_thing_before_the_barrier_that_starts_an_iterati
 
     state = SimpleNamespace(apply=lambda: calls.append("cache"))
     h = SimpleNamespace(rank=3, comm=SimpleNamespace(barrier=lambda: calls.append("barrier")))
-    Harness._once(h, {"no": 1, "itr": Itr(), "cache": state}, it)
+    Harness._once(h, Measurement(1, {}, {}, [], Itr(), cache=state), it)
     assert calls == ["register and prepare", "cache", "barrier", "timed"]
     calls.clear()
-    Harness._once(h, {"no": 1, "itr": Itr(), "cache": None}, it)  # as-is
+    Harness._once(h, Measurement(1, {}, {}, [], Itr()), it)  # as-is
     assert calls == ["register and prepare", "barrier", "timed"]
 
 

@@ -189,3 +189,18 @@ def test_a_paged_row_above_the_ceiling_by_more_than_the_spread_is_flagged():
     assert round(st.loc[4, "spread_pct"]) == 57 and round(st.loc[4, "bulk_pct"]) == 143 and not st.loc[4, "noise"]
     one = pd.DataFrame([dict(r, round=0) for r in rows(5, "bulk", [1.0, 2.0] * 4)], columns=ROW_COLUMNS)
     assert pd.isna(summarize(one)["spread_pct"].iloc[0])  # one round: no spread measured, not a 0% one
+
+
+def test_the_harness_reads_its_options_from_the_run_config():
+    """Every flag the harness uses reaches its Options through RunConfig.options(), the one place they are read."""
+    from kvbench.cli.main import build_parser
+    from kvbench.config import runconfig
+
+    argv = ["-t", "tcp", "-n", "7", "-w", "2", "--rounds", "3", "--seed", "5", "--pool-factor", "3",
+            "--timeout", "90", "--setup-timeout", "30", "--pages", "thp", "--fill", "realistic", "--cache", "cold",
+            "--variants", "bulk,paged", "-O", "tcp.sockbuf=65536", "--inject-corruption", "4", "-c", "0"]
+    o = runconfig.build(build_parser().parse_args(["run", *argv]), argv, world=2).options()
+    assert (o.iters, o.warmup, o.rounds, o.seed, o.pool_factor, o.timeout, o.setup_timeout) == (7, 2, 3, 5, 3.0, 90.0, 30.0)
+    assert (o.pages, o.fill, o.cache, o.variants, o.check, o.inject_corruption) == (
+        "thp", "realistic", "cold", ("bulk", "paged"), False, 4)
+    assert o.transport_options == {"tcp": {"sockbuf": 65536}}

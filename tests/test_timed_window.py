@@ -131,6 +131,7 @@ def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_settin
     """A rank done first (a pull's source) waits for its peers before it records its times or sets its caches
     for the next iteration, so none of the harness's work runs beside a peer's timed transfer."""
     from kvbench.harness.loop import Harness, Options
+    from kvbench.harness.state import Measurement, Session
 
     log: list = []
 
@@ -160,7 +161,7 @@ def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_settin
     h = Harness(HarnessComm(0, log), Options(iters=2, warmup=1, cache="warm"))
     monkeypatch.setattr(h, "sample", lambda *a, **k: None)
     case = {"transport": "recorder", "op": "pull", "model": "m", "tokens": 1, "variant": "bulk"}
-    m = {"no": 1, "case": case, "itr": Itr(), "rec": [], "next": 0, "codec": None, "cache": Cache()}
-    h.iterate(m, {"t": object()}, warmup=1, iters=2)
+    m = Measurement(1, case, {}, [], Itr(), cache=Cache())
+    h.iterate(m, Session(object(), [], [], False, 0), warmup=1, iters=2)
     assert log == ["apply", "barrier", "transfer", "barrier", "bookkeeping"] * 3
-    assert len(m["rec"]) == 2 and m["cache_set"] == [True, True]
+    assert len(m.rec) == 2 and m.cache_set == [True, True]

@@ -10,7 +10,7 @@ from kvbench import __version__
 from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
-from kvbench.harness.loop import Harness, Options, UserError
+from kvbench.harness.loop import Harness, UserError
 from kvbench.job import cleanup, comm
 from kvbench.job import status as ST
 from kvbench.job.guard import GUARD, describe
@@ -108,11 +108,7 @@ def run(a, argv: list[str]) -> int:
     M.PRESETS.update({n: M.ModelShape(**f) for n, f in cfg_d["models"].items()})
     cfg = config.RunConfig.model_validate(cfg_d)
     suite, cases = cfg.suite, cfg.cases
-    opts = Options(iters=suite.iters, warmup=suite.warmup, rounds=suite.turns(), check=suite.check, seed=suite.seed,
-                   pool_factor=suite.pool_factor, timeout=suite.timeout, setup_timeout=suite.setup_timeout,
-                   pages=suite.pages, fill=suite.fill, cache=suite.cache,
-                   inject_corruption=cfg.inject_corruption, variants=tuple(suite.variants),
-                   transport_options=cfg.transport_options)
+    opts = cfg.options()
     with GUARD.deadline("start-up (run id, orphan sweep, memory preflight)", STARTUP_S):
         if suite.workload is not None:  # many requests, bounded decode pool, back-pressure
             from kvbench.harness.load import LoadHarness

@@ -86,22 +86,27 @@ def staging_bytes(cases: list[dict], geometry, pairs: int) -> int:
 
 
 # ----- the harness's door (harness.py calls these; kept here so that it stays small) -------------------------
-def codec_transport(h, case: dict, g: dict, s: dict):
-    """Untimed, per case (harness ``h``): the pools hold the case's contents (fill, per dtype); with a codec,
-    the transport the iteration posts to is the codec's view (its table exchanged once per connection)."""
+def fill_pools(pools: list, rank: int, held: tuple, want: tuple) -> tuple:
+    """Untimed, per case: the pools hold the case's contents, ``want`` = (fill, dtype); ``held`` is what they
+    hold now (a codec calibrates its table from them).  Returns what they hold afterwards."""
     from kvbench import memory
     from kvbench.memory import values
 
-    want = (h.opts.fill, case["dtype"])
-    if s.get("fill", ("pattern", None))[0] != want[0] or (want[0] != "pattern" and s.get("fill") != want):
+    if held[0] != want[0] or (want[0] != "pattern" and held != want):
         memory.use(values.make(*want))
-        for p in s["pools"]:
-            memory.fill(p.array, h.rank)
-        s["fill"] = want
-    if case.get("codec", "none") == "none" or "codec" not in s:
-        return s["t"]
-    s["codec"].exchange_tables(h.comm, case, s["pairs"])
-    return s["codec"].view(case, g["payload"] // g["shape"].layers, g["shape"].layers)
+        for p in pools:
+            memory.fill(p.array, rank)
+        return want
+    return held
+
+
+def codec_transport(comm, t: Transport, session: Session | None, case: dict, g: dict, pairs: list):
+    """Untimed, per case: the transport the iteration posts to; with a codec, the codec's view of ``t`` from the
+    transport's codec ``session`` (its table exchanged once per connection)."""
+    if case.get("codec", "none") == "none" or session is None:
+        return t
+    session.exchange_tables(comm, case, pairs)
+    return session.view(case, g["payload"] // g["shape"].layers, g["shape"].layers)
 
 
 def codec_refused(transport: str, case: dict) -> str | None:

@@ -51,6 +51,16 @@ class RunConfig(BaseModel):
     def shapes(self) -> dict[str, M.ModelShape]:
         return {n: M.ModelShape(**f) for n, f in self.models.items()}
 
+    def options(self):
+        """The harness's ``Options``, built in this one place from the suite and the run's flags."""
+        from kvbench.harness.loop import Options  # config sits above the harness: the options are its to read
+
+        s = self.suite
+        return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
+                       pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,
+                       fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption,
+                       variants=tuple(s.variants), transport_options=self.transport_options)
+
 
 def block_sweep(a) -> list[int] | None:
     """-b/-e/-f (nccl-tests style) -> block sizes in tokens, checked before the sweep is built."""

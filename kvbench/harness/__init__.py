@@ -1,7 +1,8 @@
 """How a case is measured: pools, registration and connection (loop), the requests a case sends (requests),
 one timed iteration (schedule), the prefill it overlaps with (prefill), one clock per pair (clocks), the check
-pass after timing (checkpass), the result rows (rows), memory preflight (preflight) and workloads (load; the
-decode rank's loop in load_decode, the case both loops read in loadcase).
+pass after timing (checkpass), the result rows (rows), memory preflight (preflight), workloads (load; the
+decode rank's loop in load_decode, the case both loops read in loadcase) and the named state they share (state:
+Session, Measurement, Record).
 
 Public API: ``loop.Harness`` and ``loop.Options``; ``load.LoadHarness`` for workload cases.
 """

@@ -43,6 +43,7 @@ from kvbench.harness.load_decode import decode_rank
 from kvbench.harness.loadcase import NAN, POLL_S, LoadCase
 from kvbench.harness.loop import Harness, UserError, case_geometry
 from kvbench.harness.prefill import PrefillClock
+from kvbench.harness.state import Session
 from kvbench.job import faults
 from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
 from kvbench.job.guard import GUARD
@@ -138,20 +139,20 @@ class LoadHarness(Harness):
         return -(-need // memory.PAGE) * memory.PAGE
 
     # ----- one case ------------------------------------------------------------------
-    def run_case(self, case: dict, s: dict) -> None:
+    def run_case(self, case: dict, s: Session) -> None:
         self.measure(dict(case, variant="paged"), s)  # no bulk ceiling: a workload is not a bandwidth sweep
 
-    def measure(self, case: dict, s: dict) -> None:
+    def measure(self, case: dict, s: Session) -> None:
         self.case_no += 1
         g = case_geometry(case)
         plans, cap = self.workload(case, g)
         sh = g["shape"]
         srcs, dests = self.routes()
-        x = LoadCase(case=case, g=g, t=s["t"], cap=cap, plans=plans, srcs=srcs, dests=dests,
-                     lay=Layout.fit(case["layout"], sh.layers, sh.regions, g["block_bytes"], s["nbytes"]),
-                     pool=s["pools"][0].array, elem=M.dtype_bytes(case["dtype"]), n=self.wl.requests,
+        x = LoadCase(case=case, g=g, t=s.t, cap=cap, plans=plans, srcs=srcs, dests=dests,
+                     lay=Layout.fit(case["layout"], sh.layers, sh.regions, g["block_bytes"], s.nbytes),
+                     pool=s.pools[0].array, elem=M.dtype_bytes(case["dtype"]), n=self.wl.requests,
                      bpt=M.bytes_per_token(sh, case["dtype"]), seed=self.opts.seed * 1_000_003 + self.case_no)
-        self._watchdog({"no": self.case_no, "case": case})
+        self._watchdog(self.case_no, case)
         rows, info = [], {}
         try:
             self.comm.barrier()

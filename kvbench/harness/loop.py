@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from kvbench import memory, transports
-from kvbench.codecs.path import codec_refused, codec_staging, codec_transport
+from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
 from kvbench.harness import checkpass, preflight, requests
 from kvbench.harness.requests import case_geometry, pool_bytes
 from kvbench.harness.rows import Rows
 from kvbench.harness.schedule import Iteration
+from kvbench.harness.state import Measurement, Record, Session
 from kvbench.job import faults
 from kvbench.job.guard import GUARD
 from kvbench.memory import cachestate, device
@@ -169,11 +170,11 @@ class Harness(Rows):
                 self.transport_info[name] = infos
             GUARD.disarm()
             self.sample(name, "ready")
-            session = {"t": t, "pools": pools, "pairs": my_pairs, "local": local, "bulk": set(), "nbytes": nbytes}
+            session = Session(t, pools, my_pairs, local, nbytes)
             if staging and active:
-                from kvbench.codecs.path import Session
+                from kvbench.codecs.path import Session as CodecSession
 
-                session["codec"] = Session(t, pools[0].array, nbytes, my_pairs, self.rank)
+                session.codec = CodecSession(t, pools[0].array, nbytes, my_pairs, self.rank)
             runnable = []
             for case in cases:
                 if case["op"] not in cls.caps.ops:
@@ -191,8 +192,8 @@ class Harness(Rows):
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
         finally:
-            if "session" in locals() and "codec" in session:
-                session["codec"].close()
+            if "session" in locals() and session.codec is not None:
+                session.codec.close()
             t.close()
             for p in pools:
                 p.release()
@@ -232,15 +233,15 @@ class Harness(Rows):
         return pool
 
     # ----- one case ----------------------------------------------------------------------
-    def variants(self, case: dict, s: dict) -> list[dict]:
+    def variants(self, case: dict, s: Session) -> list[dict]:
         """What a case measures: once per payload its references (bulk: one descriptor per layer; the
         ceiling: the same bytes in contiguous chunks of 64 KiB to 4 MiB; hot: one layer's buffer again and
         again), then the paged transfer."""
         out = []
         bulk_key = tuple(case.get(k) for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight",
                                                "scales"))
-        if bulk_key not in s["bulk"]:
-            s["bulk"].add(bulk_key)  # plain transfers: no clock, no handshake
+        if bulk_key not in s.bulk:
+            s.bulk.add(bulk_key)  # plain transfers: no clock, no handshake
             refs = ["bulk"] if "bulk" in self.opts.variants else []
             refs += list(CHUNKS) if "ceiling" in self.opts.variants else []
             refs += ["hot"] if "hot" in self.opts.variants else []
@@ -250,11 +251,11 @@ class Harness(Rows):
             out.append(dict(case, variant="paged"))
         return out
 
-    def run_case(self, case: dict, s: dict) -> None:
+    def run_case(self, case: dict, s: Session) -> None:
         for v in self.variants(case, s):
             self.measure(v, s)
 
-    def run_rounds(self, cases: list[dict], s: dict) -> None:
+    def run_rounds(self, cases: list[dict], s: Session) -> None:
         """Interleave: every measurement gets its share of iterations in turn, ``rounds`` times over.
 
         A slow phase of a noisy machine (another job, a frequency step) then
@@ -271,104 +272,104 @@ class Harness(Rows):
         for m in ms:
             self.finish(m, s)
 
-    def plan(self, case: dict, g: dict, s: dict) -> list[Entry]:
+    def plan(self, case: dict, g: dict, s: Session) -> list[Entry]:
         """Control plane (untimed): the case's entries (requests.py)."""
-        return requests.plan(self, case, g, s)
+        return requests.plan(self.comm, self.rank, self.opts.seed * 1_000_003 + self.case_no, case, g, s)
 
-    def measure(self, case: dict, s: dict) -> None:
+    def measure(self, case: dict, s: Session) -> None:
         m = self.prepare(case, s)
         self.iterate(m, s, self.opts.warmup, self.opts.iters)
         self.finish(m, s)
 
-    def prepare(self, case: dict, s: dict) -> dict:
+    def prepare(self, case: dict, s: Session) -> Measurement:
         """Number the case, plan its requests (untimed) and build its iteration."""
         self.case_no += 1
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
         entries = self.plan(case, g, s)
-        t = codec_transport(self, case, g, s)
-        itr = Iteration(t, self.comm, self.rank, entries, case, s["local"])
-        return {"no": self.case_no, "case": case, "g": g, "entries": entries, "itr": itr, "rec": [], "next": 0,
-                "codec": [] if t is not s["t"] else None,
-                "cache": cachestate.make(self.opts.cache, s["pools"], entries, self.rank, s["local"])}
+        s.fill = fill_pools(s.pools, self.rank, s.fill, (self.opts.fill, case["dtype"]))
+        t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
+        itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
+        return Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
+                           cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local))
 
-    def _once(self, m: dict, it: int):
-        if faults.armed("post", self.rank, m["no"]):  # inert unless KVBENCH_FAULT names this rank
+    def _once(self, m: Measurement, it: int):
+        if faults.armed("post", self.rank, m.no):  # inert unless KVBENCH_FAULT names this rank
             raise TransportError("injected fault (KVBENCH_FAULT)")
 
         def start():  # the iteration starts when the barrier ends (Iteration.run first does what may precede it)
-            if m["cache"] is not None:  # --cache warm/cold: the request's bytes where asked, last thing before it
-                m["cache"].apply()
+            if m.cache is not None:  # --cache warm/cold: the request's bytes where asked, last thing before it
+                m.cache.apply()
             self.comm.barrier()
             if it >= 0:  # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
-                faults.hit("stall-case", self.rank, m["no"])
+                faults.hit("stall-case", self.rank, m.no)
                 if it >= 1:  # the peer is in the middle of this case's transfers
-                    faults.hit("kill", self.rank, m["no"])
+                    faults.hit("kill", self.rank, m.no)
 
         # timed iterations and the check pass (it -1) alike: the same calls in the same order
-        return m["itr"].run((((m["no"] << 8) + it) & 0xFFFF) << 16, start)
+        return m.itr.run((((m.no << 8) + it) & 0xFFFF) << 16, start)
 
-    def _watchdog(self, m: dict) -> None:
-        GUARD.case = case_label(m["no"], m["case"])
-        GUARD.arm(f"case {m['no']} (--timeout)", self.opts.timeout)
+    def _watchdog(self, no: int, case: dict) -> None:
+        GUARD.case = case_label(no, case)
+        GUARD.arm(f"case {no} (--timeout)", self.opts.timeout)
 
-    def iterate(self, m: dict, s: dict, warmup: int, iters: int, rnd: int = 0) -> None:
+    def iterate(self, m: Measurement, s: Session, warmup: int, iters: int, rnd: int = 0) -> None:
         """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
-        itr = m["itr"]
-        self._watchdog(m)
+        itr = m.itr
+        self._watchdog(m.no, m.case)
         try:
             for k in range(warmup + iters):
-                cache0 = m["cache"].count if m["cache"] is not None else 0
-                done, inside, hs, offset = self._once(m, m["next"])  # from the end of a barrier
+                cache0 = m.cache.count if m.cache is not None else 0
+                done, inside, hs, offset = self._once(m, m.next)  # from the end of a barrier
                 t0 = itr.t0
                 total = time.perf_counter() - t0
                 # every rank done before any rank's bookkeeping (and --cache setting): a pull's source is done
                 # first, and its work would otherwise share the CPU caches with its peer's timed transfer
                 self.comm.barrier()
-                stages = s["t"].take_stages() if hasattr(s["t"], "take_stages") else None  # staged: per-stage seconds
-                m["next"] += 1  # tags stay distinct across rounds
-                stats = s["codec"].take_stats() if m["codec"] is not None else None
+                stages = s.t.take_stages() if hasattr(s.t, "take_stages") else None  # staged: per-stage seconds
+                m.next += 1  # tags stay distinct across rounds
+                stats = s.codec.take_stats() if m.codec is not None else None
                 ends, took = itr.prefill_ends(offset)  # per source: its prefill's end (real: measured there)
                 if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
                     exposed = [d - ends.get(e.src, itr.prefill_s) if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
-                    m.setdefault("took", []).append(took)
-                    m["rec"].append((done, total - inside, hs, exposed, rnd))
+                    m.took.append(took)
+                    m.rec.append(Record(done, total - inside, hs, exposed, rnd))
                     if stats is not None:
-                        m["codec"].append(stats)
-                    m.setdefault("cost", []).append(itr.cost)  # time outside the wire (costs.py)
-                    m.setdefault("t0s", []).append(t0)
-                    if m["cache"] is not None:  # did this iteration start with the bytes set (the rows' cache_bytes)
-                        m.setdefault("cache_set", []).append(m["cache"].count - cache0 == 1)
-                    m.setdefault("stages", []).append(stages)
-                if k + 1 == max(warmup, 1) and not m.get("warm"):  # once per case: its first iterations done
-                    m["warm"] = True
-                    self.sample(m["case"]["transport"], "warm", m["no"])
-                if k + 1 == warmup + iters // 2 and not m.get("mid"):  # half-way: the steady state's start
-                    m["mid"] = True
-                    self.sample(m["case"]["transport"], "mid", m["no"])
+                        m.codec.append(stats)
+                    m.cost.append(itr.cost)  # time outside the wire (costs.py)
+                    m.t0s.append(t0)
+                    if m.cache is not None:  # did this iteration start with the bytes set (the rows' cache_bytes)
+                        m.cache_set.append(m.cache.count - cache0 == 1)
+                    m.stages.append(stages)
+                if k + 1 == max(warmup, 1) and not m.warm:  # once per case: its first iterations done
+                    m.warm = True
+                    self.sample(m.case["transport"], "warm", m.no)
+                if k + 1 == warmup + iters // 2 and not m.mid:  # half-way: the steady state's start
+                    m.mid = True
+                    self.sample(m.case["transport"], "mid", m.no)
         finally:
             GUARD.disarm()
-        self.sample(m["case"]["transport"], "end", m["no"])
+        self.sample(m.case["transport"], "end", m.no)
 
-    def finish(self, m: dict, s: dict) -> None:
+    def finish(self, m: Measurement, s: Session) -> None:
         """Check every byte (if asked), then deliver the case's rows."""
-        case, entries, itr = m["case"], m["entries"], m["itr"]
+        case, entries, itr = m.case, m.entries, m.itr
         nwrong = None
-        self._watchdog(m)
+        self._watchdog(m.no, m.case)
         try:
-            m["clock"] = checkpass.one_clock(self, m)
+            m.clock = checkpass.one_clock(self.comm, self.rank, m)
             if self.opts.check:
-                nwrong = checkpass.check(self, m, s)
+                nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
         finally:
             GUARD.disarm()
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
-        rec = [([r[0][p] for p in pos], r[1], r[2], [r[3][p] for p in pos], r[4]) for r in m["rec"]]
-        self.emit(case, m["g"], entries, rec, nwrong, m["no"], m["clock"], [itr.rule.get(id(e), "") for e in entries],
-                  m["codec"], {entries.index(e): v for e in entries for k, v in m.get("errors", {}).items() if k == id(e)},
-                  stages=m.get("stages"), cost=costs.reorder(m.get("cost", []), pos), took=m.get("took"),
-                  cache=(m["cache"].per_entry, m.get("cache_set", [])) if m["cache"] is not None else None)
+        rec = [r._replace(done=[r.done[p] for p in pos], exposed=[r.exposed[p] for p in pos]) for r in m.rec]
+        self.emit(case, m.g, entries, rec, nwrong, m.no, m.clock, [itr.rule.get(id(e), "") for e in entries],
+                  m.codec, {entries.index(e): v for e in entries for k, v in m.errors.items() if k == id(e)},
+                  stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
+                  cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None)
 
 
 def device_reason(cls, case: dict) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench import memory
+from kvbench.harness.state import Session
 from kvbench.model import planes
 from kvbench.model import shapes as M
 from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
@@ -39,20 +40,19 @@ def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
     return -(-int(need * factor) // memory.PAGE) * memory.PAGE
 
 
-def plan(h, case: dict, g: dict, s: dict) -> list[Entry]:
-    """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (harness ``h``:
-    its rank, comm, seed and case number)."""
-    fmt = planes.fit(case["layout"], g, s["nbytes"]) if "fmt" in g else None
+def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[Entry]:
+    """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (``seed``: the
+    case's own, from the run's seed and the case number)."""
+    fmt = planes.fit(case["layout"], g, s.nbytes) if "fmt" in g else None
     lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
-                                        g["block_bytes"], s["nbytes"])
+                                        g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
-    seed = h.opts.seed * 1_000_003 + h.case_no
     allocs: dict[str, BlockAllocator] = {}
     mine, slots = {}, {}
-    for i, (src, dst) in enumerate(s["pairs"]):
+    for i, (src, dst) in enumerate(s.pairs):
         for req in range(case["inflight"]):
             for side, r in (("src", src), ("dst", dst)):
-                if r != h.rank:
+                if r != rank:
                     continue
                 if side not in allocs:
                     allocs[side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
@@ -63,12 +63,12 @@ def plan(h, case: dict, g: dict, s: dict) -> list[Entry]:
                 mine[(i, req, side)] = ids
                 slots[(i, req, side)] = sum(1 for key in slots if key[2] == side)
     blocks, allslots = {}, {}
-    for part, sl in ([(mine, slots)] if s["local"] else h.comm.allgather((mine, slots))):
+    for part, sl in ([(mine, slots)] if s.local else comm.allgather((mine, slots))):
         blocks.update(part)
         allslots.update(sl)
     entries = []
-    for i, (src, dst) in enumerate(s["pairs"]):
-        if h.rank not in (src, dst):
+    for i, (src, dst) in enumerate(s.pairs):
+        if rank not in (src, dst):
             continue
         for req in range(case["inflight"]):
             layers = []

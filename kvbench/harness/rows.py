@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kvbench.codecs.path import codec_columns, lossy_columns
 from kvbench.harness.requests import case_geometry
+from kvbench.harness.state import Record
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.schemes import control_bytes
 from kvbench.results import costs
@@ -36,7 +37,7 @@ class Rows:
             "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
         }
 
-    def emit(self, case, g, entries, rec, nwrong, no: int, clock: dict, rules: list[str], codec=None,
+    def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
              errors=None, stages=None, cost=None, took=None, cache=None) -> None:
         rows = []
         nan = float("nan")
@@ -49,12 +50,12 @@ class Rows:
                         queue_s=nan, arrival_s=nan, completion=rules[k])
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
-            for it, (done, over, hs, exposed, rnd) in enumerate(rec):
+            for it, r in enumerate(rec):
                 skew = float(skews[it]) if skews is not None else 0.0
                 rows.append(dict(base, **stage_columns(stages[it] if stages else None),
-                                 iter=it, round=rnd, seconds=done[k] + skew, harness_seconds=over, nwrong=None,
-                                 handshake_s=hs if e.src == self.rank else nan,
-                                 exposed_s=nan if exposed[k] is None else exposed[k] + skew,
+                                 iter=it, round=r.round, seconds=r.done[k] + skew, harness_seconds=r.harness_s,
+                                 nwrong=None, handshake_s=r.handshake_s if e.src == self.rank else nan,
+                                 exposed_s=nan if r.exposed[k] is None else r.exposed[k] + skew,
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
                                  **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
                                  **real_prefill_s(took, it, e.src),

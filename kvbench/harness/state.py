@@ -1,0 +1,60 @@
+"""The harness's named state: a transport's ``Session``, a case's ``Measurement`` and the ``Record`` of one timed
+iteration, in place of dicts that grow keys across files and positional tuples.
+
+Plain data: the loop (loop.py) fills them, its helpers (requests, checkpass, rows) read what they need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kvbench.model.layout import Pool
+from kvbench.model.schemes import Entry
+
+
+@dataclass
+class Session:
+    """One transport's connection on this rank, shared by all its cases."""
+
+    t: Any  # the connected transport
+    pools: list[Pool]  # this rank's pools: one, or a source and a destination pool for a local-only transport
+    pairs: list[tuple[int, int]]  # the (source, destination) pairs this transport serves
+    local: bool  # source and destination in one process
+    nbytes: int  # KV bytes of each pool (codec staging comes after them)
+    bulk: set = field(default_factory=set)  # the payloads whose references (bulk, ceiling, hot) are measured
+    codec: Any = None  # the codec machinery (codecs/path.py Session) when a case carries a codec
+    fill: tuple = ("pattern", None)  # what the pools hold now: (fill, dtype)
+
+
+class Record(NamedTuple):
+    """One timed iteration on this rank: per entry when its part was done and its exposed time."""
+
+    done: list  # per entry: seconds from the iteration's start to its completion
+    harness_s: float  # the iteration's time outside the transfers (the rows' harness_seconds)
+    handshake_s: float
+    exposed: list  # per entry: seconds after its source's prefill ended (None where this rank is no destination)
+    round: int  # the turn it was measured in (rounds > 1)
+
+
+@dataclass
+class Measurement:
+    """One case on this rank: its plan and iteration, then what each timed iteration recorded."""
+
+    no: int  # the case's number in the run
+    case: dict
+    g: dict  # the case's geometry (requests.case_geometry)
+    entries: list[Entry]
+    itr: Any  # its schedule.Iteration
+    cache: Any = None  # the --cache setter (memory/cachestate.py), None for as-is
+    codec: list | None = None  # per timed iteration the codec's stats; None without a codec
+    next: int = 0  # the next iteration's number (tags stay distinct across rounds)
+    rec: list[Record] = field(default_factory=list)
+    took: list = field(default_factory=list)  # per timed iteration: a real prefill's measured seconds per source
+    cost: list = field(default_factory=list)  # per timed iteration: time outside the wire (results/costs.py)
+    t0s: list[float] = field(default_factory=list)  # per timed iteration: this rank's barrier exit
+    cache_set: list[bool] = field(default_factory=list)  # per timed iteration: did it start with the bytes set
+    stages: list = field(default_factory=list)  # per timed iteration: a staged transport's per-stage seconds
+    warm: bool = False  # its first iterations are done (resources sampled)
+    mid: bool = False  # half-way (resources sampled)
+    clock: dict = field(default_factory=dict)  # per source: skews, error bound, offset (checkpass.one_clock)
+    errors: dict = field(default_factory=dict)  # a lossy codec's check: id(entry) -> (wrong, max abs, max rel)

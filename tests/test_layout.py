@@ -30,6 +30,19 @@ def test_the_checks_can_fail():
         "kvbench/model/shapes.py:2: model imports kvbench.cli.main (cli is not below model)"]
 
 
+def test_function_level_imports_only_for_what_loads_an_optional_library():
+    """An import inside a function is for a module that loads an optional or slow package (torch, pandas, an
+    engine, MPI), or a probe inside a try; every other kvbench import stands at the top of its module."""
+    assert L.needless_lazy(L.modules()) == []
+
+
+def test_a_needless_function_level_import_is_found():
+    mods = L.modules()
+    mods["kvbench.model.shapes"].imports.append(("kvbench.model.yamlfile", 99, False))
+    assert L.needless_lazy(mods) == ["kvbench/model/shapes.py:99: kvbench.model.yamlfile imported inside a "
+                                     "function, though it loads nothing optional"]
+
+
 def test_only_the_package_doors_and_c_sources_at_the_top():
     top = {n for n in os.listdir(os.path.join(ROOT, "kvbench")) if not n.startswith((".", "__pycache__"))}
     loose = {n for n in top if n.endswith(".py") and n not in ("__init__.py", "__main__.py")}

@@ -35,6 +35,11 @@ WINGS: list[tuple[str, ...]] = [
 ]
 LEVEL = {w: i for i, line in enumerate(WINGS) for w in line}
 C_EXTENSIONS = ("_native", "_codec", "_mpicalls")
+# third-party packages every kvbench process may import at once (a base dependency that loads quickly); any
+# other (torch, pandas, matplotlib, mpi4py, pydantic, an engine...) is optional or slow, and a kvbench module
+# that imports one at its top is the one kind another module may import inside a function
+LIGHT = {"numpy", "yaml", "psutil", "__future__"}
+LAZY_C = {"kvbench._mpicalls"}  # links the MPI library mpi4py loads: imported after MPI, inside a function
 
 
 @dataclass
@@ -44,6 +49,8 @@ class Module:
     doc: str
     lines: int
     imports: list[tuple[str, int, bool]] = field(default_factory=list)  # (target module, line, at top level)
+    heavy: set[str] = field(default_factory=set)  # optional or slow third-party packages imported at top level
+    probes: set[int] = field(default_factory=set)  # lines of imports inside a try: whether they work is the point
 
     @property
     def wing(self) -> str:
@@ -75,6 +82,15 @@ def modules() -> dict[str, Module]:
         m = Module(name, path, doc, len(src.splitlines()))
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         top = {id(n) for n in tree.body}
+        for t in ast.walk(tree):
+            if isinstance(t, ast.Try):
+                m.probes.update(n.lineno for b in t.body for n in ast.walk(b) if isinstance(n, (ast.Import, ast.ImportFrom)))
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+                for top_name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]):
+                    root = top_name.split(".")[0]
+                    if root not in LIGHT and root not in sys.stdlib_module_names and root != "kvbench":
+                        m.heavy.add(root)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -107,6 +123,37 @@ def upward(mods: dict[str, Module]) -> list[str]:
             if a != b and LEVEL[b] >= LEVEL[a]:
                 bad.append(f"{m.path.relative_to(ROOT)}:{line}: {m.wing} imports {t} ({b} is not below {a})")
     return bad
+
+
+def closure_heavy(mods: dict[str, Module]) -> dict[str, set[str]]:
+    """Per module: the optional or slow packages that importing it loads, through its top-level imports."""
+    memo: dict[str, set[str]] = {}
+
+    def walk(n: str, seen: set[str]) -> set[str]:
+        if n in memo:
+            return memo[n]
+        if n in LAZY_C:
+            return {"mpi4py"}
+        m = mods.get(n)
+        if m is None or n in seen:
+            return set()
+        seen.add(n)
+        out = set(m.heavy)
+        for t, _, top in m.imports:
+            if top:
+                out |= walk(t, seen)
+        memo[n] = out
+        return out
+
+    return {n: walk(n, set()) for n in mods}
+
+
+def needless_lazy(mods: dict[str, Module]) -> list[str]:
+    """Function-level kvbench imports of modules that load nothing optional or slow: they belong at the top."""
+    heavy = closure_heavy(mods)
+    return [f"{m.path.relative_to(ROOT)}:{line}: {t} imported inside a function, though it loads nothing optional"
+            for m in mods.values() for t, line, top in m.imports
+            if not top and line not in m.probes and not heavy.get(t) and t not in LAZY_C]
 
 
 def cycles(mods: dict[str, Module]) -> list[list[str]]:
@@ -200,7 +247,7 @@ def _c_doc(path: Path) -> str:
 def main(argv: list[str]) -> int:
     mods = modules()
     if "--check" in argv:
-        problems = upward(mods) + [" <-> ".join(c) for c in cycles(mods)]
+        problems = upward(mods) + [" <-> ".join(c) for c in cycles(mods)] + needless_lazy(mods)
         if DOC.read_text() != render(mods):
             problems.append("docs/layout.md is stale: run python tools/layout.py")
         for p in problems:

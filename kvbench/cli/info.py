@@ -10,6 +10,7 @@ from kvbench.config import suite as S
 from kvbench.config.runconfig import custom_model
 from kvbench.job import comm
 from kvbench.model import shapes as M
+from kvbench.results import machine as hwfacts
 
 
 def _first(v, default):
@@ -89,7 +90,6 @@ def cmd_list(a) -> int:
 
 
 def cmd_env(a) -> int:
-    from kvbench.results import machine as hwfacts
     from kvbench.results.store import library_versions, system_description
 
     sysd = system_description()

@@ -16,6 +16,7 @@ from kvbench.memory.cachestate import HELP as CACHE_HELP
 from kvbench.memory.cachestate import MODES
 from kvbench.model import shapes as M
 from kvbench.model.schemes import SCHEME_HELP
+from kvbench.selftest import main as selftest_main
 from kvbench.transports import options as O
 
 EPILOG_RUN = """\
@@ -167,8 +168,6 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["selftest"]:  # its own parser (kvbench/selftest/run.py): every option passes through
-        from kvbench.selftest import main as selftest_main
-
         return selftest_main(argv[1:])
     parser = build_parser()
     try:

@@ -6,7 +6,7 @@ import sys
 import time
 from collections import Counter
 
-from kvbench import __version__
+from kvbench import __version__, transports
 from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
@@ -14,14 +14,13 @@ from kvbench.harness.loop import Harness, UserError
 from kvbench.job import cleanup, comm
 from kvbench.job import status as ST
 from kvbench.job.guard import GUARD, describe
+from kvbench.memory.cachestate import SAYS
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
 
 
 def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
     """Network transports whose pairs share a host measure loopback, not the wire: say so."""
-    from kvbench import transports
-
     shared = [(s, d) for s, d in pairs if hosts[s] == hosts[d]]
     out = []
     for name in dict.fromkeys(c["transport"] for c in cases):
@@ -199,8 +198,6 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
         writer, done = ResultWriter(cfg.results, cfg.name, meta), []
     print(f"# run id: {h.run_id}   results: {writer.path}")
     if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
-        from kvbench.memory.cachestate import SAYS
-
         print(f"# cache {cfg.suite.cache}: {SAYS[cfg.suite.cache]}")
     overlap = uses_overlap(cases)
     columns = columns_for(cases, overlap)

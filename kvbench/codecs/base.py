@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.codecs.arrays import is_torch
+
 from .arrays import as_bytes, write_back
 from .frame import HEADER_BYTES
 
@@ -100,6 +102,4 @@ class Codec:
 
 
 def _needs_copy(x) -> bool:
-    from .arrays import is_torch
-
     return is_torch(x) and x.device.type != "cpu"

@@ -32,11 +32,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvbench import _native, codecs, transports
+from kvbench import _native, codecs, memory, transports
 from kvbench.codecs import frame as F
 from kvbench.codecs.base import calibrate
+from kvbench.codecs.cast import POOL, _np_dtype, outside
 from kvbench.job import faults
+from kvbench.job.comm import TAG_CODEC_TABLE
+from kvbench.memory import values, verify
 from kvbench.model.descriptors import DST, LEN, SRC
+from kvbench.model.schemes import control_bytes
 from kvbench.transports.base import Transport, TransportError, Unavailable
 
 BODY = 1 << 40  # the tag bit that marks a frame's body post (tcp headers carry 64-bit tags)
@@ -89,9 +93,6 @@ def staging_bytes(cases: list[dict], geometry, pairs: int) -> int:
 def fill_pools(pools: list, rank: int, held: tuple, want: tuple) -> tuple:
     """Untimed, per case: the pools hold the case's contents, ``want`` = (fill, dtype); ``held`` is what they
     hold now (a codec calibrates its table from them).  Returns what they hold afterwards."""
-    from kvbench import memory
-    from kvbench.memory import values
-
     if held[0] != want[0] or (want[0] != "pattern" and held != want):
         memory.use(values.make(*want))
         for p in pools:
@@ -118,8 +119,6 @@ def codec_refused(transport: str, case: dict) -> str | None:
 
 def codec_staging(transport: str, cases: list[dict], pairs, geometry) -> int:
     """Bytes of staging after each pool's KV bytes for the transport's codec cases (0: none)."""
-    from kvbench import memory
-
     runnable = [c for c in cases if c.get("codec", "none") != "none" and not codec_refused(transport, c)]
     if not runnable:
         return 0
@@ -140,7 +139,6 @@ def codec_columns(codec, it: int, e, case: dict) -> dict:
     enc, dec, wire = codec[it].get((e.pair, e.req), (0.0, 0.0, 0.0))
     out = {"codec_encode_s": enc, "codec_decode_s": dec}
     if wire:
-        from kvbench.model.schemes import control_bytes
 
         out["wire_bytes"] = int(wire) + control_bytes(e, case["handshake"])
     return out
@@ -184,8 +182,6 @@ class Session:
     # ----- tables: calibrated once per model and dtype on the source, sent once per connection ----------
     def exchange_tables(self, comm, case: dict, pairs_here: list[tuple[int, int]]) -> None:
         """Untimed: each source calibrates its table from its pool, each destination receives it."""
-        from kvbench.job.comm import TAG_CODEC_TABLE
-
         dtype = case["dtype"]
         if case["codec"] != "exp-split":
             return
@@ -373,9 +369,6 @@ class CodecView(Transport):
 def lossy_check(snap: tuple, e, epoch: int, case: dict) -> tuple[int, float, float]:
     """A lossy codec's check of one request: (elements outside its tolerance, max abs error, max rel error),
     layer by layer (its block scales are per layer), against what the source held."""
-    from kvbench.codecs.cast import POOL, _np_dtype, outside
-    from kvbench.memory import verify
-
     copy, where = snap
     t = _np_dtype(POOL[case["dtype"]][0])
     fmt = case["codec"].removeprefix("cast-")

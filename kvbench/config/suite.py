@@ -15,10 +15,13 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvbench import transports
+from kvbench.codecs import NAMES
+from kvbench.codecs import check as codec_check
+from kvbench.memory.values import check_fill
 from kvbench.model import shapes as M
 from kvbench.model.inputs import BlockSize, DType, ModelName, Positive, PrefixHit, Tokens, unique
 from kvbench.model.layout import LAYOUTS, parse_alloc
-from kvbench.model.workload import ARRIVAL_HELP, parse_arrival
+from kvbench.model.workload import ARRIVAL_HELP, parse_arrival, parse_prompt
 from kvbench.model.yamlfile import read
 
 SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "suites")
@@ -57,8 +60,6 @@ def _scales(x: str) -> None:
 
 
 def _codec(c: str) -> None:
-    from kvbench.codecs import NAMES
-
     if c not in NAMES:
         raise ValueError(f"'{c}' is not one of: {', '.join(NAMES)}")
 
@@ -122,8 +123,6 @@ class Workload(BaseModel):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v):
-        from kvbench.model.workload import parse_prompt
-
         parse_prompt(v)
         return v
 
@@ -161,8 +160,6 @@ class Suite(BaseModel):
     @field_validator("fill")
     @classmethod
     def _fill(cls, v):
-        from kvbench.memory.values import check_fill
-
         return check_fill(v)
 
     @model_validator(mode="after")
@@ -275,7 +272,6 @@ def expand(suite: Suite) -> list[dict]:
             raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
                              f"axes.arrival ({ARRIVAL_HELP})")
         case["workload"] = case["arrival"]
-        from kvbench.codecs import check as codec_check
         from kvbench.model.formats import Format
 
         try:

@@ -15,6 +15,9 @@ import json
 import os
 import sys
 
+from kvbench.gpucheck import checks
+from kvbench.memory import device
+
 
 class Row(dict):
     """One line of the table: check, what, GB/s (or nan), status (ok / FAIL / skipped), note."""
@@ -57,14 +60,10 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     a = parse(argv)
-    from ..memory import device
-
     why = device.probe("cuda")
     if why:
         print(f"gpu-check: no GPU here: {why}", file=sys.stderr)
         return 2
-    from . import checks
-
     rows = checks.run_all(a)
     text = table(rows)
     from kvbench.results.store import machine_name, system_description

@@ -9,6 +9,7 @@ import pickle
 
 import numpy as np
 
+from kvbench.codecs.path import lossy_check
 from kvbench.harness import clocks
 from kvbench.harness.state import Measurement
 from kvbench.job.comm import TAG_FINAL, TAG_T0
@@ -72,8 +73,6 @@ def check(comm, rank: int, m: Measurement, pools: list[Pool], run_once, inject_c
         copy[:inject_corruption] ^= 0xFF
     elem = m.g.get("elem") or M.dtype_bytes(case["dtype"])  # scaled formats: bytes (values share them)
     if case.get("codec", "").startswith("cast-"):  # lossy: elements outside the codec's stated tolerance
-        from kvbench.codecs.path import lossy_check
-
         m.errors = {id(e): lossy_check(copies[id(e)], e, epoch, case) for e in mine}
         return [m.errors[id(e)][0] if e.dst == rank else 0 for e in entries]
     return [chk.count_wrong(*copies[id(e)], e.src, elem, epoch) if e.dst == rank else 0 for e in entries]

@@ -26,7 +26,7 @@ from kvbench.harness.schedule import Iteration
 from kvbench.harness.state import Measurement, Record, Session
 from kvbench.job import faults
 from kvbench.job.guard import GUARD
-from kvbench.memory import cachestate, device
+from kvbench.memory import cachestate, copy, device
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.layout import Pool
 from kvbench.model.schemes import Entry, SchemeError, make_pairs, max_entries_per_rank
@@ -379,8 +379,6 @@ def device_reason(cls, case: dict) -> str | None:
         if cls.name == "staged" and kind == "host":
             return "staged: --memory host has nothing to stage (use torch-cpu, pinned or cuda)"
         return f"{cls.name} moves {', '.join(cls.caps.memory)} memory, not {kind}"
-    from kvbench.memory import copy
-
     return device.probe(kind) or copy.probe(case.get("copy", "batch"), "cuda" if kind == "cuda" else "cpu")
 
 

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from kvbench.memory.device import local_device
 from kvbench.model import shapes as M
 
 KINDS = ("clock", "real")
@@ -203,7 +204,6 @@ class RealPrefill:
 def device_for(memory: str) -> str:
     """Where a real prefill computes for pools of ``memory``: the rank's GPU, or the CPU for torch-cpu."""
     if memory in ("cuda", "pinned"):
-        from kvbench.memory.device import local_device
 
         return f"cuda:{local_device()}"
     return "cpu"

@@ -25,7 +25,7 @@ import traceback
 from contextlib import contextmanager
 
 from kvbench.job import status as ST
-from kvbench.job.comm import TAG_ACK, TAG_FAIL
+from kvbench.job.comm import TAG_ACK, TAG_FAIL, _mpi
 
 SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 ACK_WAIT_S = 3.0  # how long a rank waits for rank 0 to take over its failure before it prints it itself
@@ -165,8 +165,6 @@ class Guard:
 
     def _tell_rank0(self, status: str, line: str) -> bool:
         """Hand the failure to rank 0 (the sidecar's writer); True once it acknowledged."""
-        from kvbench.job.comm import _mpi
-
         MPI = _mpi()
         try:
             msg = json.dumps({"status": status, "line": line}).encode()
@@ -182,8 +180,6 @@ class Guard:
         return False
 
     def _listen(self) -> None:
-        from kvbench.job.comm import _mpi
-
         MPI = _mpi()
         buf = bytearray(1 << 16)
         req = self.comm.world.Irecv([buf, MPI.BYTE], source=MPI.ANY_SOURCE, tag=TAG_FAIL)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvbench import _native
 from kvbench.model.descriptors import DST, SRC
 
 MODES = ("as-is", "warm", "cold")
@@ -31,8 +32,6 @@ class CacheState:
     ``per_entry``: their bytes per request (the rows' ``cache_bytes``); ``count``: how often they were set."""
 
     def __init__(self, mode: str, ranges: list[tuple[np.ndarray, np.ndarray, int]], per_entry: list[int]):
-        from kvbench import _native
-
         self.mode, self.ranges, self.per_entry, self.count = mode, ranges, per_entry, 0
         self.fn = _native.touch if mode == "warm" else _native.evict
 

@@ -27,6 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from kvbench import _native
+
 ENGINES = ("memcpy", "kernel", "batch")
 _KERNEL = r"""
 extern "C" __global__ void kv_copy(unsigned char *dst, const unsigned char *src, const long long *d, int n) {
@@ -160,8 +162,6 @@ def _stream(stream) -> int:
 
 
 def _memcpy_cuda(dst, src, descs, stream) -> None:
-    from kvbench import _native
-
     lib = _libcuda()
     fn = ctypes.cast(lib.cuMemcpyAsync, ctypes.c_void_p).value
     rc, row = _native.call_copies(fn, _ptr(dst), _ptr(src), descs, _stream(stream))
@@ -219,7 +219,6 @@ def copy(engine: str, dst, src, descs: np.ndarray, stream=None) -> None:
     elif engine == "kernel":
         index_copy(dst, src, descs)
     else:
-        from kvbench import _native
 
         _native.copy_batch(_host_view(dst), _host_view(src), descs)
 

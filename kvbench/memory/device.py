@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvbench.memory import verify
 from kvbench.model.layout import Pool
 
 from . import host
@@ -245,8 +246,6 @@ def checker(pool):
     for host bytes (torch-cpu and pinned pools are host memory: numpy checks them faster than torch's
     byte indexing on a CPU; tests/test_device.py holds the two to the same bytes)."""
     import sys
-
-    from kvbench.memory import verify
 
     return sys.modules[__name__] if on_device(pool) else verify
 

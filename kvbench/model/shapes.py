@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbench.model.yamlfile import read
+
 DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8-e4m3": 1, "fp8-e5m2": 1}
 ATTENTION = ("mha", "gqa", "mqa", "mla")
 
@@ -121,8 +123,6 @@ class ModelFile(BaseModel):
 
 def load_model_yaml(path: str) -> ModelShape:
     """Read a model from YAML with the fields of ModelShape (layers required); one-line errors naming the field."""
-    from kvbench.model.yamlfile import read
-
     try:
         data = read(path)
     except ValueError as exc:

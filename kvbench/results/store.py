@@ -19,6 +19,8 @@ import sys
 import numpy as np
 import pandas as pd
 
+from kvbench.results import machine as hwfacts
+
 SCHEMA_VERSION = 4  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is")
@@ -256,8 +258,6 @@ def system_description() -> dict:
     info["nic_speed_mbps"] = {n: nic_speed_mbps(n) for n in info["nics"]}  # the line rate %line divides by
     info["rdma_rates"] = rdma_rates()
     info["gpus"] = gpu_names()
-    from kvbench.results import machine as hwfacts
-
     info["gpu_rdma"] = hwfacts.facts()  # GPUs, RDMA ports, GPUDirect, memlock, topology
     info["argv0"] = os.path.basename(sys.argv[0])
     return info

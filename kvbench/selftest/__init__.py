@@ -5,8 +5,8 @@ launches kvbench across it, judges the rows and prints the table.
 """
 from __future__ import annotations
 
+from kvbench.selftest.run import main as run_main
+
 
 def main(argv: list[str] | None = None) -> int:
-    from .run import main as run_main
-
     return run_main(argv)

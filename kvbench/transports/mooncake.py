@@ -46,7 +46,12 @@ from collections import Counter
 
 import numpy as np
 
-from kvbench.transports.sockets import accept_peers, dial, recv_exact
+from kvbench.transports.sockets import (
+    accept_peers,
+    dial,
+    recv_exact,
+    select_addr,  # NCCL-style -O addr= / ifname= / KVBENCH_SOCKET_IFNAME, as tcp
+)
 
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, check_descs, import_probe, rdma_present
 
@@ -109,10 +114,6 @@ class MooncakeTransport(Transport):
         # a request posts all layers before waiting, so raise the caps as serving deployments do.
         for var in ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER"):
             os.environ.setdefault(var, "65535")
-        from kvbench.transports.sockets import (
-            select_addr,  # NCCL-style -O addr= / ifname= / KVBENCH_SOCKET_IFNAME, as tcp
-        )
-
         host = str(opts.get("host") or select_addr(self.ctx.hostname, opts)[0])
         device = str(opts.get("device", ""))
         saved = os.environ.get("MC_FORCE_TCP")

@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from kvbench.transports.mpi_sendrecv import MpiSendRecvTransport
+
 from .. import memory
 from .base import DST, LEN, OPS, SRC, Buffer, Caps, TransportError, check_descs
 from .mpi_common import MpiBase, fail, mpi
@@ -61,7 +63,6 @@ class MpiTransport(MpiBase):
     def __new__(cls, ctx):
         # -O mode=sendrecv on transport "mpi" selects the two-sided class (also "mpi-sendrecv")
         if cls is MpiTransport and ctx.options.get("mode", "rma") == "sendrecv":
-            from .mpi_sendrecv import MpiSendRecvTransport
 
             return MpiSendRecvTransport(ctx)  # not an MpiTransport: built (and initialised) here
         return super().__new__(cls)

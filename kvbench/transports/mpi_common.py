@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvbench.job import comm
+
 from .base import LEN, Transport, TransportError, check_descs
 
 _CACHE_MAX = 4096  # datatype sets kept; a case needs layers x peers of them
@@ -147,7 +149,6 @@ class MpiBase(Transport):
 
     def _setup(self):
         if self._comm is None:
-            from kvbench.job import comm  # the harness's door to MPI
 
             self._comm = comm.transport_comm()
             self._tag_mod = int(self._comm.Get_attr(mpi().TAG_UB)) + 1

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from kvbench.memory import copy as C
+from kvbench.transports import load
 
 from ..memory import device
 from .base import Caps, Context, Transport, TransportError, Unavailable, check_descs
@@ -45,8 +46,6 @@ class StagedTransport(Transport):
         self.chunk = int(o.get("chunk_kib", 1024)) << 10
         self.slots = int(o.get("slots", 2)) if self.pipeline else 1
         self.engine = ctx.copy
-        from . import load
-
         try:
             cls = load(self.inner_name)
         except Unavailable as exc:

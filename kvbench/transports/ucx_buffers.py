@@ -9,6 +9,9 @@ import time
 
 import numpy as np
 
+from kvbench._native import copy_batch
+from kvbench.memory import alloc_host
+
 from .base import DST, LEN, SRC, check_descs
 
 
@@ -52,7 +55,6 @@ class UcxBuffers:
             buf = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))  # best fit
             self._free_bytes -= buf.nbytes
         else:
-            from ..memory import alloc_host
 
             if self._free_bytes + self._in_use + nbytes > self._cap:
                 self._free.clear()  # drop idle buffers of the wrong size before growing
@@ -112,7 +114,6 @@ class UcxBuffers:
     def _pack_now(self, stage, rows) -> None:
         """The pack a two-sided path must do (data movement, as the library's call: costs.py)."""
         if rows is not None:
-            from .._native import copy_batch
 
             a = time.perf_counter()
             copy_batch(stage, self._pool.array, rows)
@@ -124,8 +125,6 @@ class UcxBuffers:
             check_descs(descs, 1 << 62, self._pool.nbytes)
             d, n = int(descs[0, DST]), int(descs[0, LEN])
             return self._pool.array[d : d + n], None, lambda h: None
-        from .._native import copy_batch
-
         rows, total = self._rows(descs, DST)
         stage = self._staging(total, may_wait=False)  # receives in flight: not capped (_staging)
         return stage[:total], stage, lambda h: copy_batch(self._pool.array, stage, rows)

@@ -77,10 +77,10 @@ def test_codec_carriers_are_the_transports_whose_caps_say_how(monkeypatch):
     assert CP.why_not("tcp", "push") is None and CP.why_not("shm", "push") is None
     assert "push" in CP.why_not("tcp", "pull")
     for n in set(builtin) - {"shm", "tcp"}:
-        assert CP.why_not(n, "push").startswith("codecs run on shm, tcp (a frame's length is known only at the source")
+        assert CP.why_not(n, "push").startswith("codecs run on tcp, shm (a frame's length is known only at the source")
     monkeypatch.setitem(transports.REGISTRY, "framed-loopback", (f"{__name__}:FramedLoopback", ""))
     assert CP.why_not("framed-loopback", "push") is None
-    assert CP.carriers()[-1] == "framed-loopback"
+    assert CP.carriers() == ("tcp", "framed-loopback", "shm")  # streams first, then doorbells
 
 
 def test_exp_split_on_e4m3_is_a_one_line_error(kvrun):

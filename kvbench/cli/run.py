@@ -58,7 +58,7 @@ def cpu_lines(mode: str, hosts: list[str], cpus: list[list[int]]) -> list[str]:
     if shared:
         a, b = shared[0]
         out.append(f"# NOTE: ranks {a} and {b} on {hosts[a]} may run on the same CPUs: after an idle wait the "
-                   "scheduler can wake a receiver onto its sender's CPU and slow an isolated layer (README: CPU binding); "
+                   "scheduler can wake a receiver onto its sender's CPU and slow an isolated layer (docs/usage.md, CPU binding); "
                    "bind them with --bind core, mpirun -bind-to core or srun --cpu-bind=cores")
     return out
 

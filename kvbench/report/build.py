@@ -154,24 +154,28 @@ def bandwidth_section(page: Page, runs: list[Run]) -> None:
                           plots.latency_percentiles(bw)))
 
 
+def _timed_section(page: Page, title: str, text: str, label: str, df, table, figures) -> None:
+    """A section of timed requests (no GB/s): its text, its rows and its plots, when the runs hold any."""
+    if df is not None and len(df):
+        page.add_section(title, [text], tables=[compact(label, table(df))], figures=figures(df))
+
+
 def exposed_section(page: Page, runs: list[Run]) -> None:
-    ex = _measured(runs, "exposed")
-    if len(ex):
-        page.add_section("Exposed time", [
-            "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
-            "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
-            "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s."],
-            tables=[compact("exposed-time rows", exposed_table(ex))], figures=plots.exposed_vs_prompt(ex))
+    _timed_section(
+        page, "Exposed time",
+        "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
+        "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
+        "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s.",
+        "exposed-time rows", _measured(runs, "exposed"), exposed_table, plots.exposed_vs_prompt)
 
 
 def workload_section(page: Page, runs: list[Run]) -> None:
-    wl = _workload(runs)
-    if wl is not None:
-        page.add_section("Workload", [
-            "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
-            "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
-            "arrival to KV landed. No GB/s here: these times include the queue."],
-            tables=[compact("workload rows", workload_table(wl))], figures=plots.workload_tails(wl))
+    _timed_section(
+        page, "Workload",
+        "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
+        "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
+        "arrival to KV landed. No GB/s here: these times include the queue.",
+        "workload rows", _workload(runs), workload_table, plots.workload_tails)
 
 
 def skipped_section(page: Page, runs: list[Run]) -> None:

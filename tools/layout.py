@@ -39,7 +39,9 @@ C_EXTENSIONS = ("_native", "_codec", "_mpicalls")
 # other (torch, pandas, matplotlib, mpi4py, pydantic, an engine...) is optional or slow, and a kvbench module
 # that imports one at its top is the one kind another module may import inside a function
 LIGHT = {"numpy", "yaml", "psutil", "__future__"}
-LAZY_C = {"kvbench._mpicalls"}  # links the MPI library mpi4py loads: imported after MPI, inside a function
+# the C extensions: _mpicalls links the MPI library mpi4py loads (imported after MPI); _native and _codec are
+# built by the install, and a command that needs no batched copy (list, size, help) must start without them
+LAZY_C = {"kvbench._mpicalls", "kvbench._native", "kvbench._codec"}
 
 
 @dataclass
@@ -133,7 +135,7 @@ def closure_heavy(mods: dict[str, Module]) -> dict[str, set[str]]:
         if n in memo:
             return memo[n]
         if n in LAZY_C:
-            return {"mpi4py"}
+            return {n}
         m = mods.get(n)
         if m is None or n in seen:
             return set()

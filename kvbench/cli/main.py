@@ -144,7 +144,7 @@ def build_parser() -> Parser:
                    "between two network namespaces; options: kvbench selftest --help")
     rep = sub.add_parser("report", help="print the table of result files, or (-o DIR) write a report: Markdown, "
                          "one self-contained HTML page with plots, and CSV")
-    rep.add_argument("files", nargs="+", help="results/<machine>/<stamp>_<suite>.parquet (any mix of bandwidth, "
+    rep.add_argument("files", nargs="+", help="results/runs/<machine>/<stamp>_<suite>.parquet (any mix of bandwidth, "
                      "exposed-time and workload results)")
     rep.add_argument("-o", "--out", metavar="DIR", help="write DIR/report.md (+ DIR/plots/), DIR/report.html and "
                      "DIR/report.csv instead of printing the table (docs/report.md)")

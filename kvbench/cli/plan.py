@@ -18,7 +18,7 @@ fabrics: a named line rate (nominal: what the link is rated, not what it achieve
 examples:
   kvbench plan -m llama-2-70b --tokens 4096 --fabric 100GbE
   kvbench plan -m llama-3-70b,llama-3-8b --percentiles 50:1024,95:6000,99:12000 --dtype fp16,fp8-e4m3 \\
-      --fabric 100GbE --fabric "400G IB NDR" --fabric results/<machine>/<stamp>_procurement.parquet
+      --fabric 100GbE --fabric "400G IB NDR" --fabric results/runs/<machine>/<stamp>_procurement.parquet
   kvbench plan -m deepseek-v3 --histogram prompts.csv --rate 20 --ttft-ms 500
 """
 
@@ -27,7 +27,7 @@ def add_parsers(sub) -> None:
     """`kvbench fit` (the link model of a sweep) and `kvbench plan` (does disaggregation pay)."""
 
     f = sub.add_parser("fit", help="fit t = L·γ + n·α + bytes/β per path to a sweep; predicted vs measured")
-    f.add_argument("files", nargs="+", help="results/<machine>/<stamp>_<suite>.parquet (a block-size sweep)")
+    f.add_argument("files", nargs="+", help="results/runs/<machine>/<stamp>_<suite>.parquet (a block-size sweep)")
     f.add_argument("--leave-out", type=csv(int), default=[], metavar="B,B",
                    help="block sizes (tokens) whose paged cases are not fitted but predicted: the model's test")
     f.add_argument("--predict", type=csv(int), default=[], metavar="B,B",

@@ -157,3 +157,45 @@ def test_shm_alloc_turns_a_failed_reservation_into_an_error(shm, monkeypatch):
     with pytest.raises(TransportError, match="shm-size"):
         t.alloc(mmap.PAGESIZE)
     assert os.listdir(shm) == []
+
+
+def fake_segment(run_id: str, rank: int, pid: int, mib: int = 0) -> str:
+    """A pool segment named as the shm transport names it (cleanup.segment_path), owned by ``pid``."""
+    path = cleanup.segment_path(run_id, rank).replace(f"_p{os.getpid()}", f"_p{pid}")
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(mib << 20))  # written, so that its blocks are held like a filled pool's
+    return path
+
+
+def test_survey_tells_leftovers_of_dead_owners_from_files_in_use(shm, dead_pid, mapped):
+    segs = [fake_segment("dead1", rank, dead_pid, 2) for rank in (0, 1)]
+    free = touch(shm / "mpich_shm_dead_0")  # listed by the dead rank, nobody maps it: the sweep takes it
+    busy = mapped("mpich_shm_busy_0")  # listed, but a live process maps it: in use, not a leftover
+    reg = touch(shm / f"kvbench_dead1_mpich_r0_p{dead_pid}", f"{free}\n{busy}\n")
+    stray = touch(shm / "mpich_shm_stray_0")  # no registry lists it, nobody maps it
+    live = fake_segment("live1", 0, os.getpid(), 1)
+    s = cleanup.survey()
+    assert sorted(s.orphans) == sorted([*segs, reg, free]) and s.orphan_runs == ["dead1"]
+    assert s.stray_mpich == [stray]
+    assert s.in_use == [live] and s.live_runs == ["live1"]
+    assert cleanup.held_bytes(segs) >= 4 << 20
+    assert all(os.path.exists(p) for p in [*segs, free, busy, reg, stray, live])  # a survey removes nothing
+    assert sorted(cleanup.sweep_orphans()) == sorted(s.orphans)  # it names what the sweep then removes
+    assert cleanup.survey() == cleanup.Survey(stray_mpich=[stray], in_use=[live], live_runs=["live1"])
+
+
+def test_list_says_how_much_the_leftovers_hold_and_what_removes_them(shm, dead_pid):
+    from kvbench.cli.info import shm_lines
+
+    assert shm_lines(cleanup.survey())[1:] == ["  no leftovers of kvbench or MPICH"]
+    fake_segment("live1", 0, os.getpid(), 1)
+    lines = shm_lines(cleanup.survey())
+    assert not any("leftovers" in ln for ln in lines)  # a live run's segment is in use, not left over
+    assert any(ln.startswith("  in use     1 kvbench file(s)") and "run live1" in ln and "1.0 MiB" in ln for ln in lines)
+    for rank in (0, 1):
+        fake_segment("dead1", rank, dead_pid, 2)
+    touch(shm / "mpich_shm_stray_0")
+    text = "\n".join(shm_lines(cleanup.survey()))
+    assert "leftovers  2 file(s) of ended kvbench runs (run dead1), 4.0 MiB" in text
+    assert "kvbench list --sweep" in text and "next `kvbench run`" in text
+    assert "leftovers  1 MPICH segment(s) no live process maps" in text and f"rm {shm}/mpich_shm_*" in text

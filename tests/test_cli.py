@@ -11,6 +11,13 @@ def test_list_shows_every_transport_with_a_status():
         assert "available" in line
     assert "unavailable: " in r.stdout  # cuda_ipc, verbs, staged at least
     assert "deepseek-v3" in r.stdout and "quick" in r.stdout
+    assert "# /dev/shm (shared memory" in r.stdout  # and what of kvbench's and MPICH's is there (test_cleanup.py)
+
+
+def test_list_sweep_removes_what_ended_runs_left():
+    r = kvbench_cli("list", "--sweep")
+    assert r.returncode == 0, r.stderr
+    assert "# swept " in r.stdout and "file(s) of ended runs from /dev/shm" in r.stdout
 
 
 def test_env_describes_the_machine():

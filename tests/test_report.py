@@ -338,9 +338,10 @@ def kv(capsys):
     return call
 
 
-def synth(root, name, scale=1.0, n=20, seed=0, system=None, schema=None) -> str:
+def synth(root, name, scale=1.0, n=20, seed=0, system=None, schema=None, status="OK") -> str:
     """A result set written by results/store.py's writer: one bandwidth case and one exposed case, 2 ranks, n iterations
-    of ~10 ms (2% noise) times ``scale``."""
+    of ~10 ms (2% noise) times ``scale``; its sidecar ends with ``status`` (INCOMPLETE: it never ends, as a killed
+    run's does not)."""
     rng = np.random.default_rng(seed)
     meta = {"suite": {"name": name}, "hosts": ["h", "h"], "git_commit": name,
             "system": system or {"hostname": "h", "cpu_model": "X", "cpus": 2, "mem_total_bytes": 2**34}}
@@ -363,7 +364,8 @@ def synth(root, name, scale=1.0, n=20, seed=0, system=None, schema=None) -> str:
                                     "exposed_s": t if rank else np.nan, "nwrong": 0 if it == -1 else np.nan,
                                     "prefill_s": float(pms) / 1e3})
         w.add(rows)
-    w.finish(status="OK")
+    if status != "INCOMPLETE":
+        w.finish(status=status, reason="" if status == "OK" else f"kvbench: {status.lower()}: rank 1: synthesized")
     if schema is not None:
         meta = json.load(open(w.meta_path))
         json.dump(dict(meta, schema_version=schema), open(w.meta_path, "w"))
@@ -447,3 +449,49 @@ def test_the_live_table_adds_a_column_only_for_an_axis_a_case_leaves_at_its_defa
     assert any(ln.startswith("# scales = fp8 scale planes; codec = the wire encoding; prefill = clock")
                for ln in T.header_lines(cols))
     assert not any("codec =" in ln for ln in T.header_lines())
+
+
+# ----- the run's status on every table -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("status", ["INCOMPLETE", "TIMEOUT", "ERROR", "FAILED", "INTERRUPTED"])
+def test_report_marks_a_run_that_did_not_end_cleanly_on_every_table_and_the_page(tmp_path, kv, status):
+    from kvbench.report import build as B
+
+    ok, bad = synth(tmp_path / "a", "fine"), synth(tmp_path / "b", "broken", status=status)
+    name_ok, name_bad = (os.path.basename(p).removesuffix(".parquet") for p in (ok, bad))
+    mark = f"{name_bad} [{status}]"
+    page, runs = B.build([ok, bad])
+    cells = [cap + "\n" + t.to_csv(index=False) for cap, t in page.head]
+    cells += [cap + "\n" + t.to_csv(index=False) for s in page.sections for cap, t in s.tables]
+    named = [c for c in cells if name_bad in c]
+    assert len(named) >= 4  # the machine, the runs, bandwidth and exposed-time tables at least
+    assert all(c.count(name_bad) == c.count(mark) for c in named)  # never named without its status
+    assert all(name_ok in c and f"{name_ok} [" not in c for c in named)  # the OK run looks as it did
+    runs_text = " ".join(page.sections[0].text)
+    assert "1 of 2 did not" in runs_text
+    if status != "INCOMPLETE":
+        assert "synthesized" in runs_text  # the sidecar's reason, from the one exit path's line
+    out = tmp_path / "page"
+    assert kv("report", "-o", out, ok, bad).returncode == 0
+    for f in ("report.md", "report.html"):
+        assert mark in (out / f).read_text() or mark.replace("[", "\\[") in (out / f).read_text()
+    csv = pd.read_csv(out / "report.csv")
+    assert set(csv["run"]) == {name_ok, name_bad}  # the CSV keeps the name as the key, the status beside it
+    assert dict(zip(csv["run"], csv["run_status"])) == {name_ok: "OK", name_bad: status}
+    # the terminal table: its header says the status, and why
+    r = kv("report", bad)
+    head = r.stdout.splitlines()
+    assert r.returncode == 0 and head[0].endswith(f"status={status}") and head[1].startswith(f"# status {status}: ")
+    assert "status" not in kv("report", ok).stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("status", ["OK", "UNCHECKED"])
+def test_a_run_that_ended_cleanly_looks_as_before(tmp_path, kv, status):
+    from kvbench.report import build as B
+
+    path = synth(tmp_path, "fine", status=status)
+    page, (run,) = B.build([path])
+    assert run.label == run.name and run.status is None and len(page.sections[0].text) == 1
+    assert page.head[0][1].set_index("machine").loc["runs", "value"] == run.name
+    r = kv("report", path)
+    assert "status" not in r.stdout.splitlines()[0] and "# status" not in r.stdout

@@ -8,7 +8,7 @@ import sys
 from kvbench import __version__, transports
 from kvbench.config import suite as S
 from kvbench.config.runconfig import custom_model
-from kvbench.job import comm
+from kvbench.job import cleanup, comm
 from kvbench.model import shapes as M
 from kvbench.results import machine as hwfacts
 
@@ -86,7 +86,40 @@ def cmd_list(a) -> int:
         except S.SuiteError as exc:
             desc = f"invalid: {exc}"
         print(f"  {name:<16} {desc}")
+    if getattr(a, "sweep", False):
+        removed = cleanup.sweep_orphans()
+        print(f"# swept {len(removed)} file(s) of ended runs from {cleanup.SHM_DIR}")
+    for line in shm_lines(cleanup.survey()):
+        print(line)
     return 0
+
+
+def _mib(paths) -> str:
+    return f"{cleanup.held_bytes(paths) / 2**20:.1f} MiB"
+
+
+def _runs(ids: list[str]) -> str:
+    return f"run{'s' * (len(ids) != 1)} {', '.join(ids)}" if ids else "MPICH segments only"
+
+
+def shm_lines(s: cleanup.Survey) -> list[str]:
+    """`kvbench list`'s word on SHM_DIR: the leftovers of ended runs, with what removes them, and what is in use."""
+    where = cleanup.SHM_DIR
+    lines = [f"# {where} (shared memory: pool segments, MPICH segments)"]
+    if s.orphans:
+        lines.append(f"  leftovers  {len(s.orphans)} file(s) of ended kvbench runs ({_runs(s.orphan_runs)}), "
+                     f"{_mib(s.orphans)}: their processes are gone; the next `kvbench run` on this host removes "
+                     f"them at its start, or now: kvbench list --sweep")
+    if s.stray_mpich:
+        lines.append(f"  leftovers  {len(s.stray_mpich)} MPICH segment(s) no live process maps, "
+                     f"{_mib(s.stray_mpich)}: a job ended without MPI_Finalize; no kvbench sweep takes a segment "
+                     f"no rank registered: when no MPI job runs here, rm {where}/mpich_shm_*")
+    if s.in_use:
+        lines.append(f"  in use     {len(s.in_use)} kvbench file(s) of live processes ({_runs(s.live_runs)}), "
+                     f"{_mib(s.in_use)}")
+    if len(lines) == 1:
+        lines.append("  no leftovers of kvbench or MPICH")
+    return lines
 
 
 def cmd_env(a) -> int:

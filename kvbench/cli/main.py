@@ -138,7 +138,10 @@ def build_parser() -> Parser:
                    "dtype nvfp4 has its own (docs/codecs.md)")
     add_model_flags(s)
 
-    sub.add_parser("list", help="transports (with availability), models, suites")
+    lst = sub.add_parser("list", help="transports (with availability), models, suites, and the leftovers of ended "
+                         "runs in /dev/shm")
+    lst.add_argument("--sweep", action="store_true", help="first remove the /dev/shm files of kvbench runs whose "
+                     "processes are gone, as every `kvbench run` does at its start")
     sub.add_parser("env", help="what this machine is: CPU, memory, MPI, GPUs, NICs, library versions")
     sub.add_parser("selftest", help="(root) kvbench's tcp/mpi rates and exposed time against a tc-shaped veth "
                    "between two network namespaces; options: kvbench selftest --help")

@@ -18,7 +18,8 @@ can be found again once the rank is dead.
 
 The failing rank of a job calls ``unlink_mpich(mapped_mpich())`` and
 ``unlink_run(run_id)`` before it ends the job; ``kvbench run`` calls
-``sweep_orphans()`` at its start on every host for whatever a killed job left.
+``sweep_orphans()`` at its start on every host for whatever a killed job left; ``kvbench list``
+tells what is there (``survey``), so that a user who does not run again learns of it too.
 
 Pids are only meaningful in this host's (and this pid namespace's) process
 table: containers that share one /dev/shm but not their pid namespace would
@@ -30,6 +31,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from dataclasses import dataclass, field
 
 SHM_DIR = "/dev/shm"  # read at call time, so tests can monkeypatch it
 
@@ -139,6 +141,24 @@ def _mapped_anywhere() -> set[str]:
     return used
 
 
+def _owned():
+    """(path, name match, owner alive) for each file in SHM_DIR named like kvbench's, in name order."""
+    for path in sorted(glob.glob(os.path.join(glob.escape(SHM_DIR), "kvbench_*"))):
+        m = _OWNED.fullmatch(os.path.basename(path))
+        if m is not None:
+            yield path, m, _alive(int(m["pid"]))
+
+
+def _listed(registry: str) -> list[str] | None:
+    """The MPICH segments a registry names that still exist in SHM_DIR; None when it cannot be read."""
+    try:
+        with open(registry) as fh:
+            listed = [line.strip() for line in fh if line.strip()]
+    except OSError:  # a concurrent sweep took it, or another user's
+        return None
+    return [seg for seg in listed if _is_mpich(seg) and os.path.exists(seg)]
+
+
 def sweep_orphans() -> list[str]:
     """Remove the kvbench files in SHM_DIR whose owning process is gone; returns what was removed.
 
@@ -148,19 +168,14 @@ def sweep_orphans() -> list[str]:
     """
     removed: list[str] = []
     used = None
-    for path in sorted(glob.glob(os.path.join(glob.escape(SHM_DIR), "kvbench_*"))):
-        m = _OWNED.fullmatch(os.path.basename(path))
-        if m is None or _alive(int(m["pid"])):
+    for path, m, alive in _owned():
+        if alive:
             continue
         if m["registry"]:
-            try:
-                with open(path) as fh:
-                    listed = [line.strip() for line in fh if line.strip()]
-            except OSError:  # a concurrent sweep took it, or another user's
+            listed = _listed(path)
+            if listed is None:
                 continue
             for seg in listed:
-                if not _is_mpich(seg) or not os.path.exists(seg):
-                    continue
                 if used is None:
                     used = _mapped_anywhere()
                 if os.path.realpath(seg) not in used and _unlink(seg):
@@ -168,6 +183,65 @@ def sweep_orphans() -> list[str]:
         if _unlink(path):
             removed.append(path)
     return removed
+
+
+def held_bytes(paths) -> int:
+    """The space the files ``paths`` hold in SHM_DIR (allocated blocks: a sparse file holds what it wrote)."""
+    total = 0
+    for p in paths:
+        try:
+            total += os.stat(p).st_blocks * 512
+        except OSError:  # removed meanwhile
+            continue
+    return total
+
+
+@dataclass
+class Survey:
+    """What SHM_DIR holds of kvbench's and MPICH's, by whether its owner still runs (``survey``)."""
+
+    orphans: list[str] = field(default_factory=list)  # what ``sweep_orphans`` would remove now
+    stray_mpich: list[str] = field(default_factory=list)  # this user's MPICH segments no live process maps, in no registry
+    in_use: list[str] = field(default_factory=list)  # kvbench files of live processes
+    orphan_runs: list[str] = field(default_factory=list)  # run ids of the orphans, in name order
+    live_runs: list[str] = field(default_factory=list)
+
+
+def survey() -> Survey:
+    """Look at SHM_DIR without touching it: leftovers of runs whose processes are gone, and files in use.
+
+    An MPICH segment counts as a leftover only when no live process maps it: those a dead rank's registry
+    lists go with the next sweep; this user's others (a job that registered none) no sweep removes.
+    """
+    s = Survey()
+    listed: set[str] = set()
+    for path, m, alive in _owned():
+        runs = s.live_runs if alive else s.orphan_runs
+        if m["run"] not in runs:
+            runs.append(m["run"])
+        if alive:
+            s.in_use.append(path)
+            continue
+        s.orphans.append(path)
+        if m["registry"]:
+            listed.update(os.path.realpath(seg) for seg in _listed(path) or ())
+    mpich = sorted(glob.glob(os.path.join(glob.escape(SHM_DIR), "mpich_shm_*")))
+    if not mpich:
+        return s
+    used = _mapped_anywhere()
+    for seg in mpich:
+        if os.path.realpath(seg) in used:
+            continue
+        if os.path.realpath(seg) in listed:
+            s.orphans.append(seg)
+            continue
+        try:
+            mine = os.stat(seg).st_uid == os.getuid()  # another user's processes' maps are not ours to read
+        except OSError:
+            continue
+        if mine:
+            s.stray_mpich.append(seg)
+    return s
 
 
 def leftovers(run_id: str, names=()) -> list[str]:

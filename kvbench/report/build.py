@@ -133,8 +133,14 @@ def _measured(runs: list[Run], kind: str) -> pd.DataFrame:
 
 
 def runs_section(page: Page, runs: list[Run]) -> None:
-    page.add_section("Runs", "Each result file with what it holds. GB/s = 10^9 B/s throughout; MB = 10^6 B.",
-                     tables=[("result files", runs_table(runs))])
+    text = ["Each result file with what it holds. GB/s = 10^9 B/s throughout; MB = 10^6 B."]
+    ended = [r for r in runs if r.status is not None]
+    if ended:
+        text.append(f"Not every run ended cleanly: {len(ended)} of {len(runs)} did not, and each is marked with its "
+                    "status after its name in every table and figure (FAILED: the check found wrong elements; any "
+                    "other: the rows are the cases the run stored before it ended). " + " ".join(f"{r.label}: {r.meta.get('reason') or 'no reason recorded'}."
+                                              for r in ended))
+    page.add_section("Runs", text, tables=[("result files", runs_table(runs))])
 
 
 def bandwidth_section(page: Page, runs: list[Run]) -> None:
@@ -217,6 +223,9 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
     if wl is not None:
         rows = rows.merge(wl.drop(columns=["transport", "op", "model", "tokens", "block_size", "overlap", "variant"]),
                           on=["run", "case"], how="left")
+    # the CSV keeps the file's name as the run's key and says its status in a column of its own
+    rows["run"] = rows["run"].map({r.label: r.name for r in runs})
+    rows.insert(1, "run_status", rows["run"].map({r.name: r.meta.get("status", "") for r in runs}))
     page.add_data("", rows)
     return page, runs
 
@@ -239,7 +248,11 @@ def main(files: list[str], out_dir: str | None, link_gbps: str | None = None, sa
         cases = meta.get("cases") or st.rename(columns={"prefill_ms_set": "prefill_ms"}).to_dict("records")
         exposed = tables.uses_overlap(cases)
         columns = tables.columns_for(cases, exposed)
-        say(f"# {path}  suite={meta.get('suite', {}).get('name', '?')}  commit={meta.get('git_commit', '?')}")
+        status = tables.run_status(meta)
+        say(f"# {path}  suite={meta.get('suite', {}).get('name', '?')}  commit={meta.get('git_commit', '?')}"
+            + (f"  status={status}" if status else ""))
+        for line in tables.status_lines(meta):
+            say(line)
         for line in tables.overlap_header_lines(columns) if exposed else tables.header_lines(columns):
             say(line)
         for _, r in st.iterrows():

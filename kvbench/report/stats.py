@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .link import LinkOverride, add_line_rate
-from .tables import read, summarize
+from .tables import read, run_status, summarize
 
 KINDS = ("bandwidth", "exposed", "workload")
 
@@ -76,8 +76,19 @@ class Run:
     wl: pd.DataFrame = field(default_factory=pd.DataFrame)  # workload_stats(), joined to st's case keys
 
     @property
-    def label(self) -> str:
+    def name(self) -> str:
+        """The result file's name without its suffix."""
         return os.path.basename(self.path).removesuffix(".parquet")
+
+    @property
+    def status(self) -> str | None:
+        """The sidecar's status of a run that did not end cleanly (INCOMPLETE, TIMEOUT, ERROR...); None otherwise."""
+        return run_status(self.meta)
+
+    @property
+    def label(self) -> str:
+        """The run as every table and figure names it: its name, and its status when it did not end cleanly."""
+        return self.name if self.status is None else f"{self.name} [{self.status}]"
 
     def of(self, kind: str) -> pd.DataFrame:
         return self.st[self.st["kind"] == kind]
@@ -91,9 +102,10 @@ def load_run(path: str, override: LinkOverride | None = None) -> Run:
     st = summarize(df)
     st["kind"] = kind_of(st)
     st = add_line_rate(st, df, meta, override, bandwidth=st["kind"] == "bandwidth")
-    st.insert(0, "run", os.path.basename(path).removesuffix(".parquet"))
+    run = Run(path, df, meta, st)
+    st.insert(0, "run", run.label)
     wl = workload_stats(df, meta)
     if len(wl):
-        wl = st[["run", "case", "transport", "op", "model", "tokens", "block_size", "overlap", "variant"]].merge(
+        run.wl = st[["run", "case", "transport", "op", "model", "tokens", "block_size", "overlap", "variant"]].merge(
             wl, on="case")
-    return Run(path, df, meta, st, wl)
+    return run

@@ -256,6 +256,29 @@ class LivePrinter:
         return summarize(pd.concat(self.frames, ignore_index=True))
 
 
+# The sidecar's statuses of a run that ended cleanly (kvbench/job/status.py): any other one, INCOMPLETE, TIMEOUT,
+# ERROR, FAILED, INTERRUPTED or a status this version does not know, is said on every table the run's rows are in,
+# since its rows are what it stored before it ended, or failed the check
+ENDED_CLEANLY = ("OK", "UNCHECKED", "NOTHING MEASURED")
+
+
+def run_status(meta: dict) -> str | None:
+    """The status of a run that did not end cleanly, from its sidecar; None for a clean one or an unknown one
+    (no sidecar, or one older than the status field)."""
+    status = meta.get("status")
+    return None if status is None or status in ENDED_CLEANLY else str(status)
+
+
+def status_lines(meta: dict) -> list[str]:
+    """The terminal table's word on a run that did not end cleanly (none for a clean one)."""
+    status = run_status(meta)
+    if status is None:
+        return []
+    why = ("the check found wrong elements (#wrong)" if status == "FAILED"
+           else "the rows below are the cases it stored before it ended")
+    return [f"# status {status}: {meta.get('reason') or 'no reason recorded'}", f"# {why}"]
+
+
 def read(path: str) -> tuple[pd.DataFrame, dict]:
     """Load a result table and its sidecar; refuse a schema this version does not know."""
     meta_path = path[: -len(".parquet")] + ".meta.json" if path.endswith(".parquet") else path + ".meta.json"

@@ -1,6 +1,7 @@
 """Bad input: one clear line on rank 0, exit code 1, no traceback, no hang, and nothing written."""
 import glob
 import os
+import socket
 
 import pytest
 
@@ -126,4 +127,33 @@ def test_odd_number_of_ranks_pairwise(kvrun):
 def test_a_step_factor_without_a_sweep_is_still_checked(kvrun, tmp_path):
     """Found by the fuzzer: -f -1 alone was ignored (no -b/-e to step), a silent substitution."""
     assert_one_line(kvrun(["-t", "shm", *SMALL, "-f", "-1"]), "-f -1", "2 or more")
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("args,needles", [
+    # issue 32: values that passed validation and then hung (nan never compares) or failed on the ranks
+    (["--arrival", "poisson:nan", "--requests", "3"], ["arrival 'poisson:nan'"]),
+    (["--seed", "-1"], ["seed", "greater than or equal to 0"]),
+    (["--timeout", "1e308"], ["timeout", "less than or equal to"]),
+    (["-t", "tcp", "-O", "sockbuf=99999999999999999999"], ["tcp option sockbuf=", "less than or equal to"]),
+    # an empty value is refused, never read as the default (nor -o '' as the working directory)
+    (["-t", ""], ["-t/--transport", "empty"]),
+    (["--tokens", ""], ["--tokens", "empty"]),
+    (["-o", ""], ["-o/--results", "empty"]),
+    (["--variants", "bulk,bulk"], ["variants", "'bulk' is listed twice"]),
+    (["-e", "0"], ["-e 0", "not a positive power of two"]),  # named as typed, not as -b
+])
+def test_value_refused_at_the_door(kvrun, tmp_path, args, needles):
+    r = kvrun(["-t", "shm", *SMALL, *args], timeout=60)
+    line = assert_one_line(r, *needles)
+    assert line.startswith("kvbench: error: ")
+    assert_nothing_written(tmp_path)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the runs' working directory
+    assert not os.path.exists(os.path.join(root, socket.gethostname()))  # -o '' once wrote ./<host>/ there
+
+
+def test_garbage_suite_file_is_named(kvrun, tmp_path):
+    p = tmp_path / "garbage.yaml"
+    p.write_bytes(bytes(range(128, 256)) * 4)  # not text at all
+    assert_one_line(kvrun([str(p)], timeout=60), str(p), "not a UTF-8 text file")
     assert_nothing_written(tmp_path)

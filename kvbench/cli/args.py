@@ -26,14 +26,25 @@ def say_error(msg: str) -> int:
 
 
 def csv(kind):
-    """argparse type: comma-separated list of ``kind``."""
+    """argparse type: comma-separated list of ``kind``; an empty item is refused, never read as the default."""
     def parse(text: str):
+        items = text.split(",")
+        if "" in (x.strip() for x in items):
+            raise argparse.ArgumentTypeError(f"'{text}' has an empty item: give a comma-separated list of "
+                                             f"{kind.__name__}")
         try:
-            return [kind(x) for x in text.split(",") if x != ""]
+            return [kind(x) for x in items]
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of {kind.__name__}") from None
     parse.__name__ = f"list of {kind.__name__}"
     return parse
+
+
+def text(value: str) -> str:
+    """argparse type: a string that is not empty (an empty value would silently mean the default)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty value: give one, or leave the flag out for its default")
+    return value
 
 
 def ms(text: str):

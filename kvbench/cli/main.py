@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from kvbench import __version__, transports
-from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error
+from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error, text
 from kvbench.cli.info import cmd_env, cmd_list, cmd_size
 from kvbench.config import suite as S
 from kvbench.memory.cachestate import HELP as CACHE_HELP
@@ -48,7 +48,7 @@ def build_parser() -> Parser:
 
     r = sub.add_parser("run", help="measure transfers (launch with mpirun -np 2 or more)", epilog=EPILOG_RUN,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("suite", nargs="?", help="suite YAML or a name from suites/ (flags below override its axes)")
+    r.add_argument("suite", nargs="?", type=text, help="suite YAML or a name from suites/ (flags below override its axes)")
     r.add_argument("-t", "--transport", type=csv(str), help=f"transports: {', '.join(transports.names())}")
     r.add_argument("-b", "--minblock", type=int, help="smallest block size in tokens (power of two)")
     r.add_argument("-e", "--maxblock", type=int, help="largest block size in tokens")
@@ -77,12 +77,12 @@ def build_parser() -> Parser:
                    "docs/gpu.md")
     r.add_argument("--copy", type=csv(str), help="copy engine for device bytes: memcpy (one cuMemcpyAsync per "
                    "descriptor), kernel (one gather/scatter launch), batch (cuMemcpyBatchAsync; default)")
-    r.add_argument("--scheme", help="pairing of ranks: " + SCHEME_HELP)
+    r.add_argument("--scheme", type=text, help="pairing of ranks: " + SCHEME_HELP)
     r.add_argument("--inflight", type=csv(int), help="requests of each pair in flight at once (default 1)")
-    r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible)")
+    r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible; 0 to 2^32-1)")
     r.add_argument("--pool-factor", type=float, help="pool size as a multiple of the largest request (default 2)")
     r.add_argument("--timeout", type=float, help="seconds one case (warm-up, iterations, check) may take before the "
-                   "job ends with status TIMEOUT (default 600; a positive finite number)")
+                   "job ends with status TIMEOUT (default 600; positive, at most a week: 604800)")
     r.add_argument("--setup-timeout", type=float, help="seconds one transport's setup (allocate and fill the pool, "
                    "register, connect) may take (default: 120 + pool bytes / 100 MB/s)")
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
@@ -94,7 +94,7 @@ def build_parser() -> Parser:
                    "zstd, lz4; on tcp and shm, push")
     r.add_argument("--scales", type=csv(str), help="fp8 scale planes beside the values: none (default), tensor, "
                    "block:<n>; --dtype nvfp4 has its own (fp8 per 16 values, fp32 per tensor; docs/codecs.md)")
-    r.add_argument("--fill", help="pool contents: pattern (default: the check pattern), realistic (KV values with a "
+    r.add_argument("--fill", type=text, help="pool contents: pattern (default: the check pattern), realistic (KV values with a "
                    "modelled exponent distribution, docs/codecs.md), file:<dump.npy|.safetensors> (your KV dump)")
     r.add_argument("--resume", metavar="RESULTS.parquet", help="continue an interrupted run in the same result set: "
                    "the transports it finished are kept, the rest run now (same suite, schema and machine, or a "
@@ -113,19 +113,19 @@ def build_parser() -> Parser:
     wl = r.add_argument_group("workload (many requests, bounded decode pool, back-pressure)")
     wl.add_argument("--arrival", type=csv(str), help="none, poisson:<req/s per prefill rank>, interval:<ms>")
     wl.add_argument("--requests", type=int, help="requests per prefill rank (default 100)")
-    wl.add_argument("--prompt", help="prompt lengths: N, a,b,c (cycled), uniform:lo:hi, lognormal:median:sigma")
+    wl.add_argument("--prompt", type=text, help="prompt lengths: N, a,b,c (cycled), uniform:lo:hi, lognormal:median:sigma")
     wl.add_argument("--decode-ms", type=float, help="how long a request holds its decode blocks after landing")
     wl.add_argument("--alloc-timeout", type=float, help="ms a request may wait for decode blocks before it is dropped")
     wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded)")
     r.add_argument("--variants", type=csv(str), help="what each payload is measured as: bulk (one descriptor per "
                    "layer), ceiling (contiguous 64K-4M chunks), hot (one layer's buffer re-sent), paged (the block "
                    "table); default bulk,ceiling,paged")
-    r.add_argument("-O", "--option", action="append", metavar="[TRANSPORT.]KEY=VALUE",
+    r.add_argument("-O", "--option", action="append", type=text, metavar="[TRANSPORT.]KEY=VALUE",
                    help="transport option, repeatable; KEY=VALUE applies to every transport of the run that has it, "
                    "tcp.KEY=VALUE to tcp alone; unknown keys and bad values are refused. " + O.help_text())
-    r.add_argument("-o", "--results", default="results/runs", help="results directory (default: results/runs/, which git "
+    r.add_argument("-o", "--results", type=text, default="results/runs", help="results directory (default: results/runs/, which git "
                    "ignores; the committed reference runs are in results/reference/)")
-    r.add_argument("--name", help="name used in the result file (default: the suite's name)")
+    r.add_argument("--name", type=text, help="name used in the result file (default: the suite's name)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",
                    help="fault injection: flip N destination bytes before the check (proves the check works)")
     add_model_flags(r)

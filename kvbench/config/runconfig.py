@@ -70,9 +70,10 @@ def block_sweep(a) -> list[int] | None:
         return None
     lo = a.minblock if a.minblock is not None else a.maxblock
     hi = a.maxblock if a.maxblock is not None else lo
-    for flag, b in (("-b", lo), ("-e", hi)):
+    for flag, b in (("-b", a.minblock), ("-e", a.maxblock)):  # named as typed: -e alone is not reported as -b
         try:
-            M.check_block_size(b)
+            if b is not None:
+                M.check_block_size(b)
         except ValueError as exc:
             raise ConfigError(f"{flag} {b}: {exc}") from None
     if lo > hi:

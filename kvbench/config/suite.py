@@ -19,7 +19,18 @@ from kvbench.codecs import NAMES
 from kvbench.codecs import check as codec_check
 from kvbench.memory.values import check_fill
 from kvbench.model import shapes as M
-from kvbench.model.inputs import BlockSize, DType, ModelName, Positive, PrefixHit, Tokens, unique
+from kvbench.model.inputs import (
+    MAX_MS,
+    MAX_SECONDS,
+    MAX_SEED,
+    BlockSize,
+    DType,
+    ModelName,
+    Positive,
+    PrefixHit,
+    Tokens,
+    unique,
+)
 from kvbench.model.layout import LAYOUTS, parse_alloc
 from kvbench.model.workload import ARRIVAL_HELP, parse_arrival, parse_prompt
 from kvbench.model.yamlfile import read
@@ -51,6 +62,8 @@ def _transport(t: str) -> None:
 def _prefill_ms(p) -> None:
     if p != "auto" and p < 0:
         raise ValueError(f"{p} is negative (give ms >= 0, or 'auto' to derive it from the model)")
+    if p != "auto" and p > MAX_MS:
+        raise ValueError(f"{p} ms is longer than the longest wait a run takes ({MAX_MS:.0f} ms)")
 
 
 def _scales(x: str) -> None:
@@ -114,10 +127,11 @@ class Workload(BaseModel):
     """Many requests through the pairs with a bounded decode pool (back-pressure); see kvbench/harness/load.py."""
 
     model_config = STRICT
-    requests: int = Field(default=100, ge=1)  # per prefill rank
+    # per prefill rank; each request's arrays and row are held until the case ends, so a huge count fails mid-run
+    requests: int = Field(default=100, ge=1, le=10**7)
     prompt: str = "1024"  # "N", "a,b,c" (cycled), "uniform:lo:hi", "lognormal:median:sigma"
-    decode_ms: float = Field(default=20.0, ge=0)  # a request holds its decode blocks this long after landing
-    alloc_timeout_ms: float = Field(default=1000.0, ge=0)  # back-pressure wait before a request is dropped
+    decode_ms: float = Field(default=20.0, ge=0, le=MAX_MS)  # a request holds its decode blocks this long after landing
+    alloc_timeout_ms: float = Field(default=1000.0, ge=0, le=MAX_MS)  # back-pressure wait before a request is dropped
     decode_pool_tokens: int = Field(default=0, ge=0)  # decode pool capacity in tokens (0: room for every request)
 
     @field_validator("prompt")
@@ -131,7 +145,7 @@ class Suite(BaseModel):
     """A whole sweep: axes plus how to run each case."""
 
     model_config = STRICT
-    name: str = "cli"
+    name: str = Field(default="cli", min_length=1)  # it names the result file
     description: str = ""
     iters: int = Field(default=20, ge=1)
     warmup: int = Field(default=3, ge=0)
@@ -140,10 +154,11 @@ class Suite(BaseModel):
     rounds: int = Field(default=0, ge=0)
     check: bool = True
     scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
-    seed: int = 0
-    pool_factor: float = Field(default=2.0, ge=1.0)
-    timeout: float = Field(default=600.0, gt=0)  # seconds one case may take (warm-up, iterations, check)
-    setup_timeout: float | None = Field(default=None, gt=0)  # a transport's setup; None: derived from its pool bytes
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    # a pool a million requests deep is already beyond any machine's memory; far larger overflows the byte count
+    pool_factor: float = Field(default=2.0, ge=1.0, le=1e6)
+    timeout: float = Field(default=600.0, gt=0, le=MAX_SECONDS)  # seconds one case may take (warm-up, iterations, check)
+    setup_timeout: float | None = Field(default=None, gt=0, le=MAX_SECONDS)  # a transport's setup; None: derived from its pool bytes
     pages: Literal["4k", "thp", "huge"] = "4k"
     # pool contents: pattern (the check pattern), realistic (modelled KV values), file:<dump.npy|.safetensors>
     fill: str = "pattern"  # host pools kvbench allocates (docs/pages.md says why 4k)
@@ -161,6 +176,11 @@ class Suite(BaseModel):
     @classmethod
     def _fill(cls, v):
         return check_fill(v)
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, v):
+        return unique(v)
 
     @model_validator(mode="after")
     def _rounds(self):
@@ -268,6 +288,10 @@ def expand(suite: Suite) -> list[dict]:
             ntok = case["tokens"] - case["prefix_hit"]
             # TP and PP split the FLOPs: each rank computes 1/(tp x pp) of them at prefill_tflops
             case["prefill_ms"] = M.prefill_ms(shape, ntok, suite.prefill_tflops * case["tp"] * case["pp"])
+            if not case["prefill_ms"] <= MAX_MS:  # a tiny prefill_tflops: a prefill no case could wait out
+                raise SuiteError(f"prefill_ms auto: {case['prefill_ms']:.3g} ms for {ntok} tokens of "
+                                 f"{case['model']} at prefill_tflops {suite.prefill_tflops:g} is longer than the "
+                                 f"longest wait a run takes ({MAX_MS:.0f} ms)")
         if (case["arrival"] == "none") != (suite.workload is None):
             raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
                              f"axes.arrival ({ARRIVAL_HELP})")

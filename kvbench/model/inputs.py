@@ -12,6 +12,13 @@ from pydantic import AfterValidator
 
 from kvbench.model import shapes as M
 
+# the longest wait a run takes (a timeout, a hold, a gap between requests): a week.  Longer is a typo, and
+# seconds near float's range overflow the clocks and waits the harness hands them to, failing mid-run
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_MS = MAX_SECONDS * 1e3
+# a seed is a 32-bit unsigned integer, as the generators' streams are mixed from it (workload.rng_for)
+MAX_SEED = 2**32 - 1
+
 
 def unique(v: list) -> list:
     """A list in which no value is given twice (a sweep or a plan would repeat its rows)."""

@@ -42,6 +42,8 @@ class ModelShape:
         if self.attention == "mla":
             if self.kv_lora_rank <= 0:
                 raise ValueError("an MLA model needs kv_lora_rank > 0 (and usually rope_dim)")
+            if self.rope_dim < 0:  # it adds to the latent's width: a negative one shrinks every token's bytes
+                raise ValueError(f"rope_dim {self.rope_dim} is negative")
         elif self.kv_heads <= 0 or self.head_dim <= 0:
             raise ValueError("kv_heads and head_dim must be positive integers")
 

@@ -12,9 +12,15 @@ numbers: differences between cases come from the load, not from the dice).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from kvbench.model.inputs import MAX_MS, MAX_SECONDS
+
 PROMPT_HELP = "N, a,b,c (cycled), uniform:lo:hi or lognormal:median:sigma (token counts)"
+# prompt lengths are drawn into int64 arrays: a longer one would overflow there, mid-run
+MAX_PROMPT = 2**31 - 1
 
 
 ARRIVAL_HELP = "none, poisson:<requests per second> or interval:<ms between requests>"
@@ -29,8 +35,11 @@ def parse_arrival(spec: str) -> tuple[str, float]:
         x = float(val)
     except ValueError:
         x = -1.0
-    if kind not in ("poisson", "interval") or x <= 0:
+    if kind not in ("poisson", "interval") or not x > 0 or not math.isfinite(x):  # nan compares false: refused
         raise ValueError(f"arrival '{spec}' is not one of: {ARRIVAL_HELP}")
+    # mean gap 1/x s (poisson) or x ms (interval): beyond the longest wait a run takes is a typo, not a workload
+    if (kind == "poisson" and x * MAX_SECONDS < 1) or (kind == "interval" and x > MAX_MS):
+        raise ValueError(f"arrival '{spec}': requests farther apart than {MAX_SECONDS / 86400:.0f} days")
     return kind, x
 
 
@@ -41,15 +50,15 @@ def parse_prompt(spec: str) -> tuple[str, tuple]:
     try:
         if kind == "uniform":
             lo, hi = (int(x) for x in rest.split(":"))
-            if 1 <= lo <= hi:
+            if 1 <= lo <= hi <= MAX_PROMPT:
                 return "uniform", (lo, hi)
         elif kind == "lognormal":
             med, sigma = (float(x) for x in rest.split(":"))
-            if med > 0 and sigma >= 0:
+            if 0 < med <= MAX_PROMPT and 0 <= sigma <= 10:  # nan fails both; a wider sigma draws lengths past int64
                 return "lognormal", (med, sigma)
         elif not rest:
             vals = tuple(int(x) for x in kind.split(","))
-            if vals and min(vals) >= 1:
+            if vals and min(vals) >= 1 and max(vals) <= MAX_PROMPT:
                 return "list", vals
     except ValueError:
         pass

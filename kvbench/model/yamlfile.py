@@ -29,6 +29,8 @@ def read(path: str):
             return yaml.load(fh, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # a binary file: its decoder's message names no file
+        raise ValueError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         mark = getattr(exc, "problem_mark", None)

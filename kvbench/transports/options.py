@@ -12,6 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvbench.model.inputs import MAX_SECONDS
+
+# setsockopt takes a C int; a larger socket buffer fails at setup rather than here
+MAX_SOCKBUF = 2**31 - 1
+
 OnOff = Literal["on", "off"]
 _BOOL = {"on": "on", "off": "off", "true": "on", "false": "off", "1": "on", "0": "off", "yes": "on", "no": "off"}
 
@@ -36,11 +41,11 @@ class _Net(_Opts):
 
 
 class TcpOptions(_Net):
-    sockbuf: int = Field(0, ge=0, description="socket buffer bytes (0: kernel autotuning)")
-    connect_timeout: float = Field(60.0, gt=0, description="seconds to wait for peers at setup")
+    sockbuf: int = Field(0, ge=0, le=MAX_SOCKBUF, description="socket buffer bytes (0: kernel autotuning)")
+    connect_timeout: float = Field(60.0, gt=0, le=MAX_SECONDS, description="seconds to wait for peers at setup")
     poll: Literal["block", "control", "spin"] = Field("block", description="how receive threads wait")
     ready: Literal["socket", "mpi"] = Field("socket", description="how a pull's layer-ready signal travels")
-    switch_interval_us: float = Field(50.0, gt=0, description="Python thread switch interval while tcp runs")
+    switch_interval_us: float = Field(50.0, gt=0, le=1e6, description="Python thread switch interval while tcp runs")
 
 
 class MpiOptions(_Opts):
@@ -70,7 +75,7 @@ class NixlOptions(_Opts):
 class UcxOptions(_Opts):
     tls: str | None = Field(None, description="UCX_TLS for kvbench's context, e.g. sm or tcp")
     err_handling: OnOff = Field("off", description="peer error handling (excludes shared memory)")
-    staging_mib: float = Field(1024.0, gt=0, description="cap on packed pushes' staging in use, MiB (receives stage what is in flight)")
+    staging_mib: float = Field(1024.0, gt=0, le=2**20, description="cap on packed pushes' staging in use, MiB (receives stage what is in flight)")
 
 
 class MooncakeOptions(_Net):
@@ -123,6 +128,8 @@ def parse(items: list[str], selected: list[str]) -> dict[str, dict]:
         key, sep, val = item.partition("=")
         if not sep or not key or key.endswith("."):
             raise OptionError(f"-O {item}: expected key=value or transport.key=value")
+        if not val.strip():  # an empty value would reach the transport as '' (an address, a device name)
+            raise OptionError(f"-O {item}: an empty value: give one, or leave the option out for its default")
         scope, dot, k = key.rpartition(".")
         if dot:
             if scope not in raw:

@@ -11,7 +11,7 @@ from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
 from kvbench.harness.loop import Harness, UserError
-from kvbench.job import cleanup, comm
+from kvbench.job import cleanup, comm, faults
 from kvbench.job import status as ST
 from kvbench.job.guard import GUARD, describe
 from kvbench.memory.cachestate import SAYS
@@ -77,6 +77,7 @@ def preamble(c, suite, argv, hosts) -> list[str]:
 
 STARTUP_S = 120.0  # MPI start, validation on rank 0, the broadcast: no run needs longer before its setup
 FINISH_S = 60.0  # the last barrier and MPI's finalisation
+FINISH_MIN_S = 10.0  # ... or --timeout when shorter, but never less than this
 
 
 def run(a, argv: list[str]) -> int:
@@ -133,6 +134,8 @@ def run(a, argv: list[str]) -> int:
         err = c.bcast(err)
     if err:
         return finish(c, ST.INPUT_ERROR, err)
+    # from here on no step waits without a deadline: the gaps between armed steps get --timeout as well
+    GUARD.between("the steps between cases (--timeout)", opts.timeout)
     writer = printer = bar = None
     done: list[str] = []
     if c.rank == 0:
@@ -154,7 +157,11 @@ def run(a, argv: list[str]) -> int:
 
         h.set_sink(sink)
         h.on_group_done = group_done
-    done, h.case_no = c.bcast((done, h.case_no))  # a resumed run numbers its cases after the stored ones
+    done, h.case_no, meta_path = c.bcast((done, h.case_no, writer.meta_path if writer else None))
+    if c.rank:  # rank 0 stopped or hung: the rank that times out records it in the sidecar in its place
+        from kvbench.results.store import record_for_rank0
+
+        GUARD.stand_in = lambda status, line: record_for_rank0(meta_path, status, line)
     try:
         h.run([k for k in cases if k["transport"] not in done], suite.scheme)
     except Exception as exc:  # a failed rank ends the job, with its error printed once
@@ -163,10 +170,11 @@ def run(a, argv: list[str]) -> int:
     if c.rank == 0:
         if bar:
             bar.close()
-        code = footer(cfg, writer, printer, h)
+        with GUARD.deadline("the footer and the sidecar's end", FINISH_S):
+            code = footer(cfg, writer, printer, h)
     with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
         code = c.bcast(code)
-    return finish(c, code)
+    return finish(c, code, seconds=max(FINISH_MIN_S, min(FINISH_S, opts.timeout)))
 
 
 def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
@@ -282,12 +290,14 @@ def overhead_us(printer) -> dict:
     return out
 
 
-def finish(c, code: int, err: str | None = None) -> int:
+def finish(c, code: int, err: str | None = None, seconds: float = FINISH_S) -> int:
     """The way out of a run that ended by itself (or refused its input on every rank alike)."""
     if err and c.rank == 0:
         print(f"kvbench: error: {err}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
+    GUARD.between(None)
+    with GUARD.deadline("the end of the run (last barrier, MPI's finalisation)", seconds):
+        faults.hit("stall-finalize", c.rank)
         c.barrier()
         if GUARD.run_id:
             cleanup.unlink_run(GUARD.run_id)

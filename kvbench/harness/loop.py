@@ -94,12 +94,15 @@ class Harness(Rows):
             pairs = make_pairs(scheme, self.comm.size)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
-        for name, group in groupby(cases, key=lambda c: c["transport"]):
+        for i, (name, group) in enumerate(groupby(cases, key=lambda c: c["transport"])):
+            if i:
+                faults.hit("stall-between-transports", self.rank)
             # one pool and one transport per (memory kind, copy engine): the pool's kind is fixed at allocation
             for _, sub in groupby(group, key=lambda c: (c.get("memory", "host"), c.get("copy", "batch"))):
                 self.run_transport(name, list(sub), pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
+        faults.hit("stall-after-last", self.rank)
         self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
 
     def sample(self, group: str, phase: str, case: int = 0) -> None:
@@ -169,6 +172,7 @@ class Harness(Rows):
             if self.rank == 0:
                 self.transport_info[name] = infos
             GUARD.disarm()
+            GUARD.retake()  # a transport's library may have taken a signal (UCX: SIGHUP)
             self.sample(name, "ready")
             session = Session(t, pools, my_pairs, local, nbytes)
             if staging and active:
@@ -363,6 +367,7 @@ class Harness(Rows):
                 nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
         finally:
             GUARD.disarm()
+        faults.hit("stall-between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [r._replace(done=[r.done[p] for p in pos], exposed=[r.exposed[p] for p in pos]) for r in m.rec]

@@ -8,6 +8,10 @@ the fault fires at the first chance.  Kinds:
   kill         SIGKILL this rank in the middle of a transfer (a node dying)
   stall-setup  SIGSTOP this rank while it fills its pool (a hung node during setup)
   stall-case   SIGSTOP this rank at the start of a case's first iteration
+  stall-between-cases      SIGSTOP this rank after a case's check, before its rows go to rank 0
+  stall-between-transports SIGSTOP this rank once a transport is closed, before the next one's setup
+  stall-after-last         SIGSTOP this rank after the last transport's cases, before the footer
+  stall-finalize           SIGSTOP this rank at the run's last barrier, before MPI's finalisation
   token        present a wrong token to the peers' listeners
   tcp-close    tcp: close the data connection half-way through a layer
   codec-wire   codecs: flip one bit in the middle of every frame this rank receives, before decoding
@@ -17,7 +21,8 @@ from __future__ import annotations
 import os
 import signal
 
-KINDS = ("post", "kill", "stall-setup", "stall-case", "token", "tcp-close", "codec-wire")
+KINDS = ("post", "kill", "stall-setup", "stall-case", "stall-between-cases", "stall-between-transports",
+         "stall-after-last", "stall-finalize", "token", "tcp-close", "codec-wire")
 
 
 def _parse(spec: str) -> list[tuple[str, int, int | None]]:

@@ -58,6 +58,8 @@ class Guard:
         self._cond = threading.Condition()
         self._deadline: float | None = None
         self._what, self._limit = "", 0.0
+        self._gap: tuple[str, float] | None = None  # the deadline between two armed steps (``between``)
+        self.stand_in = None  # ranks but 0: (status, line) -> None, records a failure rank 0 did not take over
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._installed = False
@@ -83,14 +85,20 @@ class Guard:
         if self.rank == 0 and self.size > 1:
             self._listener = threading.Thread(target=self._listen, name="kvbench-failures", daemon=True)
             self._listener.start()
+        self.retake()
+
+    def retake(self) -> None:
+        """Take the signals back from libraries that set their own handlers (UCX takes SIGHUP for its debug
+        dump when MPI starts, and the hang-up would then be ignored)."""
+        for sig in SIGNALS:
+            signal.signal(sig, lambda *_: None)
 
     def detach(self) -> None:
-        """Before MPI_Finalize: stop listening (the run ended by itself)."""
+        """Before MPI_Finalize: stop listening (the run ended by itself); the caller's deadline still runs."""
         self._stop.set()
         if self._listener is not None:
             self._listener.join(timeout=5)
             self._listener = None
-        self.disarm()
 
     # ----- deadlines -----------------------------------------------------------------------
     def arm(self, what: str, seconds: float) -> None:
@@ -102,9 +110,19 @@ class Guard:
             self._cond.notify()
 
     def disarm(self) -> None:
+        """The armed step ended: the deadline between steps (``between``) runs from now, if one is set."""
         with self._cond:
             self._deadline = None
+            if self._gap is not None:
+                self._what, self._limit = self._gap
+                self._deadline = time.monotonic() + self._limit + (GRACE_S if self.rank else 0.0)
             self._cond.notify()
+
+    def between(self, what: str | None, seconds: float = 0.0) -> None:
+        """Every gap between two armed steps must end within ``seconds`` too (a rank stopped between cases
+        would otherwise hang the job); ``None`` ends that, and disarms."""
+        self._gap = (what, seconds) if what else None
+        self.disarm()
 
     @contextmanager
     def deadline(self, what: str, seconds: float):
@@ -147,7 +165,12 @@ class Guard:
             self._record(status, line)
             _say(line)
         elif not self._tell_rank0(status, line) and status != "INTERRUPTED":
-            _say(line)  # rank 0 did not take it over (stopped, hung): say it here
+            _say(line)  # rank 0 did not take it over (stopped, hung): say it here, and in the sidecar
+            if self.stand_in is not None:
+                try:
+                    self.stand_in(status, line)
+                except Exception:  # the line is out; the exit must not wait on a file
+                    pass
         self._end(code)
 
     def _claim(self) -> bool:

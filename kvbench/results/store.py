@@ -172,6 +172,25 @@ class ResultWriter:
         os.replace(tmp, self.meta_path)
 
 
+def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
+    """Another rank records a failure in the sidecar when rank 0, its writer, is stopped or hung: only while
+    the sidecar still says INCOMPLETE (rank 0's own word wins), and only where the file is (a shared file
+    system or rank 0's host).  True when written."""
+    try:
+        with open(meta_path) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    if meta.get("status") != "INCOMPLETE":
+        return False
+    meta.update(status=status, reason=reason, finished=dt.datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"))
+    tmp = f"{meta_path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(meta, fh, indent=2, default=str)
+    os.replace(tmp, meta_path)
+    return True
+
+
 def git_commit() -> str:
     """The commit of the kvbench checkout, with -dirty if it has local changes."""
     here = os.path.dirname(os.path.abspath(__file__))

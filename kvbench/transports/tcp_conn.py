@@ -263,16 +263,19 @@ class Conn:
                 at = self.send(hdr, descs, col)
                 self.lib_s += time.perf_counter() - a  # the caller's writev: the wire, not kvbench (costs.py)
                 return at
+        if self.fault_close and len(descs) and descs[:, LEN].sum() > 1:
+            self._close_mid_layer(hdr, descs, col, sending=False)
         if isinstance(got := self.recv(hdr, descs, col), bytes):
             raise TransportError(f"tcp: stream from rank {self.peer} out of step: expected {_describe(HDR.unpack(hdr))}, "
                                  f"got {_describe(HDR.unpack(got))}")
         return got
 
-    def _close_mid_layer(self, hdr: bytes, descs: np.ndarray, col: int) -> None:
-        """Fault injection (KVBENCH_FAULT=tcp-close:<rank>): the header and half of the layer, then hang up."""
+    def _close_mid_layer(self, hdr: bytes, descs: np.ndarray, col: int, sending: bool = True) -> None:
+        """Fault injection (KVBENCH_FAULT=tcp-close:<rank>): the header and half of the layer, sent or
+        received (a push's receiver never sends a layer), then hang up."""
         half = descs[:1].copy()
         half[0, LEN] = max(1, int(half[0, LEN]) // 2)
-        self.send(hdr, half, col)
+        self.send(hdr, half, col) if sending else self.recv(hdr, half, col)
         self.sock.shutdown(socket.SHUT_RDWR)
         raise TransportError(f"tcp: injected fault: closed the connection to rank {self.peer} half-way through a layer")
 

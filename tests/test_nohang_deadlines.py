@@ -1,0 +1,123 @@
+"""Deadlines between every two steps, the sidecar when rank 0 is the stuck rank, SIGHUP, and tcp-close on a
+push's receiver (issue 32, problems 2, 5, 8 and 9): each ends the job in seconds with one line, the same
+status in the exit code and the sidecar, the finished cases kept and none of the run's /dev/shm files left."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, leftovers_of, mpiexec
+from test_faults import SHM, assert_failed, cases_kept
+
+MARGIN_S = 20  # start-up, the exit path and a loaded machine, beyond the deadline itself
+
+
+def timed(kvrun, args, fault, limit_s):
+    t0 = time.monotonic()
+    r = kvrun(args, env={"KVBENCH_FAULT": fault}, timeout=limit_s + MARGIN_S + 30)
+    assert time.monotonic() - t0 < limit_s + MARGIN_S, r.err
+    return r
+
+
+@pytest.mark.timeout(90)
+def test_rank_stopped_before_its_rows_reach_rank_0_ends_at_the_gap_deadline(kvrun):
+    r = timed(kvrun, [*SHM, "--timeout", "3"], "stall-between-cases:1:2", 3)
+    assert_failed(r, "TIMEOUT", 5, "rank 0 on ", "case 2 (shm push", "the steps between cases",
+                  "did not end within 3 s")
+    assert cases_kept(r) == [1]
+
+
+@pytest.mark.timeout(90)
+def test_rank_stopped_between_transports_ends_at_the_gap_deadline(kvrun):
+    args = ["-t", "shm,tcp", *SHM[2:], "--timeout", "3"]
+    r = timed(kvrun, args, "stall-between-transports:1", 3)
+    assert_failed(r, "TIMEOUT", 5, "rank 0 on ", "the steps between cases", "did not end within 3 s")
+    assert r.meta()["groups_done"] == ["shm"] and set(r.table().transport) == {"shm"}  # tcp's never started
+
+
+@pytest.mark.timeout(90)
+def test_rank_stopped_after_the_last_case_ends_at_the_gap_deadline(kvrun):
+    r = timed(kvrun, [*SHM, "--timeout", "3"], "stall-after-last:1", 3)
+    assert_failed(r, "TIMEOUT", 5, "rank 0 on ", "the steps between cases", "did not end within 3 s")
+    assert r.meta()["groups_done"] == ["shm"] and cases_kept(r) == [1, 2, 3]
+
+
+@pytest.mark.timeout(90)
+def test_rank_stopped_at_the_last_barrier_ends_at_the_finish_deadline(kvrun):
+    """The footer is out (every case ran) but the job did not end: the line and the sidecar say TIMEOUT."""
+    r = timed(kvrun, [*SHM, "--timeout", "3"], "stall-finalize:1", 10)
+    lines = [ln for ln in r.err.splitlines() if ln.startswith("kvbench: ")]
+    assert r.code == 5 and len(lines) == 1, (r.code, r.err)
+    assert lines[0].startswith("kvbench: timeout: rank 0 on ") and "the end of the run (last barrier" in lines[0]
+    assert "did not end within 10 s" in lines[0]
+    assert r.meta()["status"] == "TIMEOUT" and r.meta()["reason"] == lines[0]
+    assert r.meta()["groups_done"] == ["shm"] and cases_kept(r) == [1, 2, 3]
+
+
+@pytest.mark.timeout(90)
+def test_rank_0_stuck_the_sidecar_says_timeout_like_the_exit_code(kvrun):
+    """Rank 0 writes the sidecar; stopped, it cannot: the rank that timed out records it in its place."""
+    r = timed(kvrun, [*SHM, "--timeout", "3"], "stall-case:0:2", 3 + 2 + 3)  # + rank 1's grace + its wait for an ack
+    assert_failed(r, "TIMEOUT", 5, "rank 1 on ", "case 2 (shm push", "did not end within 3 s")
+    assert cases_kept(r) == [1]
+
+
+@pytest.mark.timeout(60)
+def test_tcp_close_acts_on_a_push_receiver(kvrun):
+    r = kvrun(["-t", "tcp", *SHM[2:]], env={"KVBENCH_FAULT": "tcp-close:1"}, timeout=40)
+    line = assert_failed(r, "ERROR", 4, "case 1 (tcp push")
+    assert "connection" in line, line
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.split("/")[2]))
+    return sorted(out)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sighup_to_a_rank_is_interrupted(tmp_path, rank):
+    """UCX takes SIGHUP for its debug dump when MPI starts; the guard takes it back."""
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    out = tmp_path / "results"
+    args = [*SHM[:-4], "-n", "400", "-w", "1", "--rounds", "1"]
+    proc = subprocess.Popen([exe, "-n", "2", sys.executable, "-m", "kvbench", "run", "-o", str(out), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the first case is printed: MPI and UCX are up on every rank
+            line = proc.stdout.readline()
+            if line and not line.startswith("#"):
+                break
+        ranks = [r for p in _children(proc.pid) for r in _children(p)]
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[rank], signal.SIGHUP)  # the proxy starts rank 0 first
+        _, err = proc.communicate(timeout=40)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    lines = [ln for ln in err.splitlines() if ln.startswith("kvbench: ")]
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert len(lines) == 1 and lines[0].startswith("kvbench: interrupted: rank ") and "SIGHUP" in lines[0], err
+    meta_path = glob.glob(str(out / "*" / "*.meta.json"))[0]
+    with open(meta_path) as fh:
+        meta = json.load(fh)
+    assert meta["status"] == "INTERRUPTED" and meta["reason"] == lines[0]
+    assert leftovers_of(meta_path.replace(".meta.json", ".parquet")) == []

@@ -75,7 +75,8 @@ def leftovers_of(results: str | None) -> list[str]:
 
 @pytest.fixture
 def kvrun(tmp_path):
-    """kvrun(args, n=2, timeout=120, env=None, leftovers_ok=False) -> Run; asserts the run left nothing behind."""
+    """kvrun(args, n=2, timeout=120, env=None, leftovers_ok=False) -> Run; asserts the run left nothing behind.
+    With ``--resume FILE`` in args no -o is added, and the Run's results are FILE."""
     exe = mpiexec()
     if exe is None:
         pytest.skip("no mpiexec: run `make install` (installs the mpich wheel)")
@@ -83,11 +84,13 @@ def kvrun(tmp_path):
     def run(args, n=2, timeout=120, env=None, leftovers_ok=False, out_dir=None):
         e = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         res = str(out_dir or tmp_path / "results")
-        cmd = [exe, "-n", str(n), sys.executable, "-m", "kvbench", "run", "-o", res, *args]
+        resume = args[args.index("--resume") + 1] if "--resume" in args else None
+        # a resume continues its own file, where it is (-o with --resume is refused)
+        cmd = [exe, "-n", str(n), sys.executable, "-m", "kvbench", "run", *([] if resume else ["-o", res]), *args]
         code, out, err = _launch(cmd, timeout, e)
         found = sorted(glob.glob(os.path.join(res, "*", "*.parquet")) + glob.glob(os.path.join(res, "*", "*.meta.json")))
         newest = max(found, key=os.path.getmtime) if found else None
-        path = newest.replace(".meta.json", ".parquet") if newest else None
+        path = resume or (newest.replace(".meta.json", ".parquet") if newest else None)
         if not leftovers_ok:
             left = leftovers_of(path)
             assert not left, f"/dev/shm files of this run left behind: {left}"

@@ -123,8 +123,9 @@ def build_parser() -> Parser:
     r.add_argument("-O", "--option", action="append", type=text, metavar="[TRANSPORT.]KEY=VALUE",
                    help="transport option, repeatable; KEY=VALUE applies to every transport of the run that has it, "
                    "tcp.KEY=VALUE to tcp alone; unknown keys and bad values are refused. " + O.help_text())
-    r.add_argument("-o", "--results", type=text, default="results/runs", help="results directory (default: results/runs/, which git "
-                   "ignores; the committed reference runs are in results/reference/)")
+    r.add_argument("-o", "--results", type=text, help="results directory (default: results/runs/, which git "
+                   "ignores; the committed reference runs are in results/reference/; a --resume continues where "
+                   "its file is)")
     r.add_argument("--name", type=text, help="name used in the result file (default: the suite's name)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",
                    help="fault injection: flip N destination bytes before the check (proves the check works)")

@@ -17,6 +17,7 @@ from kvbench.job.guard import GUARD, describe
 from kvbench.memory.cachestate import SAYS
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
+from kvbench.results.lock import LockHeld, ResultLock
 
 
 def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
@@ -129,8 +130,11 @@ def run(a, argv: list[str]) -> int:
             err = None
         except UserError as exc:
             err = str(exc)
+        lock = None
         if err is None and c.rank == 0 and cfg.resume:
             err = same_machine(cfg.resume, hosts)
+            if err is None:
+                lock, err = lock_resumed(cfg.resume)
         err = c.bcast(err)
     if err:
         return finish(c, ST.INPUT_ERROR, err)
@@ -139,8 +143,12 @@ def run(a, argv: list[str]) -> int:
     writer = printer = bar = None
     done: list[str] = []
     if c.rank == 0:
-        writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h)
-        GUARD.writer = writer
+        GUARD.case = "opening the result files"
+        try:
+            writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock)
+        except Exception as exc:  # rank 0's own file error ends the job like any rank's failure
+            GUARD.fail("ERROR", describe(exc), exc)
+        GUARD.writer, GUARD.case = writer, ""
         bar = progress.start(cfg.progress, [k for k in cases if k["transport"] not in done], suite.variants)
         if bar:  # table lines go above the bar
             printer.out = bar.write
@@ -170,14 +178,40 @@ def run(a, argv: list[str]) -> int:
     if c.rank == 0:
         if bar:
             bar.close()
-        with GUARD.deadline("the footer and the sidecar's end", FINISH_S):
-            code = footer(cfg, writer, printer, h)
+        GUARD.case = "the footer and the sidecar's last write"
+        try:
+            with GUARD.deadline("the footer and the sidecar's end", FINISH_S):
+                code = footer(cfg, writer, printer, h)
+        except Exception as exc:
+            GUARD.fail("ERROR", describe(exc), exc)
+        GUARD.case = ""
     with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
         code = c.bcast(code)
     return finish(c, code, seconds=max(FINISH_MIN_S, min(FINISH_S, opts.timeout)))
 
 
-def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
+def lock_resumed(path: str):
+    """Rank 0: (the lock of the result set ``--resume`` continues, None) or (None, why not): a set that a live
+    run writes (its own first run, or another resume) is refused."""
+    try:
+        lock = ResultLock(path)
+    except LockHeld as exc:
+        return None, f"--resume {path}: {exc}: wait for it to end, or end it"
+    except OSError as exc:
+        return None, f"--resume {path}: cannot lock it: {exc}"
+    try:
+        status = config.read_sidecar(path).get("status")  # again, under the lock: it may have ended meanwhile
+    except config.ConfigError as exc:
+        lock.release()
+        return None, str(exc)
+    if status not in config.RESUMABLE:
+        lock.release()
+        return None, f"--resume {path}: the run ended by itself ({status}): nothing to resume"
+    GUARD.cleanups.append(lock.release)
+    return lock, None
+
+
+def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     """Rank 0, after validation and preflight: the preamble, the result files, the live table."""
     from kvbench.report import LivePrinter, columns_for, header_lines, overlap_header_lines, uses_overlap
     from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
@@ -198,12 +232,13 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h):
                              "mpich": sorted({p for part in mpich for p in part})},
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if cfg.resume:
-        writer = ResultWriter.reopen(cfg.resume, meta)
+        writer = ResultWriter.reopen(cfg.resume, meta, lock)
         done = list(writer.meta.get("groups_done", []))
         h.case_no = writer.last_case()
         print(f"# resuming {cfg.resume}: transports done {', '.join(done) or 'none'}; the rest run now")
     else:
         writer, done = ResultWriter(cfg.results, cfg.name, meta), []
+        GUARD.cleanups.append(writer.close)
     print(f"# run id: {h.run_id}   results: {writer.path}")
     if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
         print(f"# cache {cfg.suite.cache}: {SAYS[cfg.suite.cache]}")
@@ -299,6 +334,8 @@ def finish(c, code: int, err: str | None = None, seconds: float = FINISH_S) -> i
     with GUARD.deadline("the end of the run (last barrier, MPI's finalisation)", seconds):
         faults.hit("stall-finalize", c.rank)
         c.barrier()
+        if GUARD.writer is not None:
+            GUARD.writer.close()
         if GUARD.run_id:
             cleanup.unlink_run(GUARD.run_id)
         GUARD.detach()

@@ -25,6 +25,7 @@ WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "deco
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
                "prefill_tflops", "pages", "fill", "cache")
+DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
 
 
@@ -181,7 +182,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     real_prefill(suite)
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts,
-                     results=results_dir(a.results), name=a.name or suite.name, bind=a.bind,
+                     results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), name=a.name or suite.name, bind=a.bind,
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
 
@@ -225,9 +226,13 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
         raise ConfigError(f"--resume {path}: the run ended by itself ({status}): nothing to resume")
     if meta.get("world_size") != world:
         raise ConfigError(f"--resume {path}: it ran on {meta.get('world_size')} ranks, this launch has {world}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if a.results is not None and os.path.realpath(a.results) != os.path.realpath(root):
+        raise ConfigError(f"--resume {path}: -o {a.results}: a resumed run continues its own result set, in "
+                          f"{root}: leave -o out")
     stored = RunConfig(suite=S.Suite.model_validate(meta["suite"]), cases=meta["cases"], models=meta["models"],
                        transport_options=meta.get("transport_options", {}),
-                       results=os.path.dirname(os.path.dirname(os.path.abspath(path))),
+                       results=root,
                        name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
                        resume=path, argv=meta.get("argv", []))
     if gave_sweep(a) or a.option:
@@ -237,4 +242,19 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
                 raise ConfigError(f"--resume {path}: the {field.replace('_', ' ')} differ from the interrupted run's; "
                                   "resume with no suite or flags (the stored ones are used) or start a new run")
     results_dir(os.path.dirname(os.path.abspath(path)))
+    readable_table(path)
     return stored
+
+
+def readable_table(path: str) -> None:
+    """A truncated or corrupt table is refused here, before any rank allocates (no table at all is fine: the run
+    was killed before its first case was stored)."""
+    if not os.path.exists(path):
+        return
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_table(path)
+    except Exception as exc:  # pyarrow says ArrowInvalid, OSError or worse for a damaged file
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"--resume {path}: the table cannot be read (truncated or corrupt): {why}") from None

@@ -162,8 +162,7 @@ class Guard:
             traceback.print_exception(exc)
         line = f"kvbench: {status.lower()}: {self.where()}: {cause}"
         if self.rank == 0 or self.comm is None or self.size == 1:
-            self._record(status, line)
-            _say(line)
+            _say(line + self._record(status, line))
         elif not self._tell_rank0(status, line) and status != "INTERRUPTED":
             _say(line)  # rank 0 did not take it over (stopped, hung): say it here, and in the sidecar
             if self.stand_in is not None:
@@ -179,12 +178,14 @@ class Guard:
             self._failing = True
             return first
 
-    def _record(self, status: str, line: str) -> None:
+    def _record(self, status: str, line: str) -> str:
+        """Write the failure into the sidecar; what to add to the line when that failed (one line still)."""
         if self.writer is not None:
             try:
                 self.writer.finish(status=status, reason=line, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            except Exception as exc:  # the line still goes out
-                _say(f"kvbench: could not record the failure in {self.writer.meta_path}: {exc}")
+            except Exception as exc:  # the line still goes out, saying the sidecar does not hold it
+                return f" (not recorded in {self.writer.meta_path}: {exc})"
+        return ""
 
     def _tell_rank0(self, status: str, line: str) -> bool:
         """Hand the failure to rank 0 (the sidecar's writer); True once it acknowledged."""
@@ -213,8 +214,8 @@ class Guard:
                 if self._claim():
                     _backstop(ST.exit_code(msg["status"]))
                     self.disarm()
-                    self._record(msg["status"], msg["line"])
-                    _say(msg["line"])
+                    _say(msg["line"] + self._record(msg["status"], msg["line"]))
+                    self._cleanup()  # before the ack: the failing rank's abort may kill this process at once
                     self.comm.world.Isend([b"\x01", MPI.BYTE], dest=st.Get_source(), tag=TAG_ACK)
                     self._end(ST.exit_code(msg["status"]))
                 _park()
@@ -222,12 +223,16 @@ class Guard:
         req.Cancel()
         req.Wait()
 
-    def _end(self, code: int) -> None:
-        for fn in self.cleanups:
+    def _cleanup(self) -> None:
+        fns, self.cleanups = self.cleanups, []  # once, whoever calls first
+        for fn in fns:
             try:
                 fn()
             except Exception:  # cleanup must not stop the exit
                 pass
+
+    def _end(self, code: int) -> None:
+        self._cleanup()
         sys.stdout.flush()
         sys.stderr.flush()
         if self.comm is not None and self.size > 1:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.results import machine as hwfacts
+from kvbench.results.lock import ResultLock, sweep_stale
 
 SCHEMA_VERSION = 4  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
@@ -96,6 +97,7 @@ class ResultWriter:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         folder = os.path.join(root, machine_name())
         os.makedirs(folder, exist_ok=True)
+        sweep_stale(folder)  # a killed run's .tmp and .lock files
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", suite_name)
         base = os.path.join(folder, f"{stamp}_{safe}")
         n = 0
@@ -109,17 +111,28 @@ class ResultWriter:
         os.close(fd)
         self.path = cand + ".parquet"
         self.meta_path = cand + ".meta.json"
+        self.lock = ResultLock(self.path)  # held until the run ends: a resume of a live run is refused
         # until the run ends by itself or through the exit path, the sidecar says it has not
         self.meta = dict(meta, schema_version=SCHEMA_VERSION, results=os.path.basename(self.path),
                          status="INCOMPLETE", reason=INCOMPLETE_REASON, groups_done=[])
         self.frames: list[pd.DataFrame] = []
-        self._write_meta()
+        try:
+            self._write_meta()
+        except BaseException:  # (a full disk) the claimed name and its lock go: nothing of this run stays
+            os.unlink(self.meta_path)
+            self.lock.release()
+            raise
 
     @classmethod
-    def reopen(cls, path: str, meta: dict) -> ResultWriter:
-        """Continue an interrupted result set: keep the transports it finished, drop a half-done one's rows."""
+    def reopen(cls, path: str, meta: dict, lock: ResultLock) -> ResultWriter:
+        """Continue an interrupted result set (``lock``: its lock, taken by the caller): keep the transports it
+        finished, drop a half-done one's rows."""
         self = cls.__new__(cls)
-        self.path, self.meta_path = path, path[: -len(".parquet")] + ".meta.json"
+        self.path, self.meta_path, self.lock = path, path[: -len(".parquet")] + ".meta.json", lock
+        for tmp in (self.path + ".tmp", self.meta_path + ".tmp"):  # a write the kill interrupted
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        sweep_stale(os.path.dirname(os.path.abspath(path)))
         with open(self.meta_path) as fh:
             old = json.load(fh)
         done = list(old.get("groups_done", []))
@@ -127,14 +140,17 @@ class ResultWriter:
         version = old.get("schema_version", SCHEMA_VERSION)
         df = upgrade(df, version)[ROW_COLUMNS]  # an older schema's rows as this one's: one schema per file
         kept = df[df["transport"].isin(done)]
-        self.frames = [kept]  # (empty: the older table is replaced now, not when the first new case lands)
+        # a run killed before any case finished has no table: an empty frame (untyped columns) would make
+        # every column of the continued table untyped, so it starts with none
+        self.frames = [kept] if len(kept) else []
+        if os.path.exists(path):  # the half-done transport's rows go now, not when the first new case lands
+            self._write_frame(kept)
         resumes = [*old.get("resumed", []), {"started": meta["started"], "argv": meta["argv"],
                                              "dropped_rows": int(len(df) - len(kept))}]
         if version != SCHEMA_VERSION:
             resumes[-1]["upgraded_from_schema"] = version
         self.meta = dict(old, status="INCOMPLETE", reason=INCOMPLETE_REASON, resumed=resumes, schema_version=SCHEMA_VERSION,
                          git_commit=meta["git_commit"], run_id=meta["run_id"], shm_segments=meta["shm_segments"])
-        self._write_table()
         self._write_meta()
         return self
 
@@ -153,23 +169,42 @@ class ResultWriter:
         self._write_table()
 
     def _write_table(self) -> None:
-        if not self.frames:
-            return
-        df = pd.concat(self.frames, ignore_index=True)
-        tmp = self.path + ".tmp"
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, self.path)
+        if self.frames:
+            self._write_frame(pd.concat(self.frames, ignore_index=True))
+
+    def _write_frame(self, df: pd.DataFrame) -> None:
+        _replace(self.path, lambda tmp: df.to_parquet(tmp, index=False))
 
     def finish(self, **extra) -> None:
         """Record end-of-run facts (status, totals) in the sidecar."""
         self.meta.update(extra)
         self._write_meta()
 
+    def close(self) -> None:
+        """The run is over: let another run (a resume) have the result set."""
+        self.lock.release()
+
     def _write_meta(self) -> None:
-        tmp = self.meta_path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(self.meta, fh, indent=2, default=str)
-        os.replace(tmp, self.meta_path)
+        def write(tmp):
+            with open(tmp, "w") as fh:
+                json.dump(self.meta, fh, indent=2, default=str)
+
+        _replace(self.meta_path, write)
+
+
+def _replace(path: str, write) -> None:
+    """Write ``path`` whole or not at all: into ``path.tmp``, then renamed over it; a failed write (a full
+    disk) leaves no .tmp behind."""
+    tmp = path + ".tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:

@@ -88,7 +88,19 @@ def test_killed_rank_ends_the_job_keeps_cases_and_the_next_run_cleans_up(kvrun, 
     assert leftovers_of(r.results) == []
 
 
-def _launch_and_interrupt(args, tmp_path, sig):
+def read_until_first_row(proc, seconds: float = 60) -> str:
+    """What a launched run printed up to its first table row (MPI and the transports are up on every rank)."""
+    seen, deadline = "", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if line and not line.startswith("#"):
+            break
+    return seen
+
+
+def launch_then(args, tmp_path, act, timeout: float = 30):
+    """Launch a 2-rank run, wait for its first row, ``act(proc)`` on it; (exit code, stdout, stderr, results)."""
     exe = mpiexec()
     if exe is None:
         pytest.skip("no mpiexec")
@@ -97,21 +109,19 @@ def _launch_and_interrupt(args, tmp_path, sig):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             start_new_session=True)
     try:
-        seen = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until the first case is printed
-            line = proc.stdout.readline()
-            seen += line
-            if line and not line.startswith("#"):
-                break
-        os.killpg(proc.pid, sig)
-        rest, err = proc.communicate(timeout=30)
+        seen = read_until_first_row(proc)
+        act(proc)
+        rest, err = proc.communicate(timeout=timeout)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     return proc.returncode, seen + rest, err, out
+
+
+def _launch_and_interrupt(args, tmp_path, sig):
+    return launch_then(args, tmp_path, lambda proc: os.killpg(proc.pid, sig))
 
 
 def test_ctrl_c_is_one_line_and_keeps_finished_cases(tmp_path):

@@ -5,13 +5,11 @@ import glob
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import ROOT, leftovers_of, mpiexec
-from test_faults import SHM, assert_failed, cases_kept
+from conftest import leftovers_of
+from test_faults import SHM, assert_failed, cases_kept, launch_then
 
 MARGIN_S = 20  # start-up, the exit path and a loaded machine, beyond the deadline itself
 
@@ -90,31 +88,16 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sighup_to_a_rank_is_interrupted(tmp_path, rank):
     """UCX takes SIGHUP for its debug dump when MPI starts; the guard takes it back."""
-    exe = mpiexec()
-    if exe is None:
-        pytest.skip("no mpiexec")
-    out = tmp_path / "results"
     args = [*SHM[:-4], "-n", "400", "-w", "1", "--rounds", "1"]
-    proc = subprocess.Popen([exe, "-n", "2", sys.executable, "-m", "kvbench", "run", "-o", str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the first case is printed: MPI and UCX are up on every rank
-            line = proc.stdout.readline()
-            if line and not line.startswith("#"):
-                break
+
+    def hup(proc):  # the first row is printed: MPI and UCX are up on every rank
         ranks = [r for p in _children(proc.pid) for r in _children(p)]
         assert len(ranks) == 2, ranks
         os.kill(ranks[rank], signal.SIGHUP)  # the proxy starts rank 0 first
-        _, err = proc.communicate(timeout=40)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+
+    code, _, err, out = launch_then(args, tmp_path, hup, timeout=40)
     lines = [ln for ln in err.splitlines() if ln.startswith("kvbench: ")]
-    assert proc.returncode == 130, (proc.returncode, err)
+    assert code == 130, (code, err)
     assert len(lines) == 1 and lines[0].startswith("kvbench: interrupted: rank ") and "SIGHUP" in lines[0], err
     meta_path = glob.glob(str(out / "*" / "*.meta.json"))[0]
     with open(meta_path) as fh:

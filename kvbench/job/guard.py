@@ -73,8 +73,7 @@ class Guard:
         rfd, wfd = os.pipe()
         os.set_blocking(wfd, False)
         signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-        for sig in SIGNALS:
-            signal.signal(sig, lambda *_: None)
+        self.retake()
         threading.Thread(target=self._signals, args=(rfd,), name="kvbench-signals", daemon=True).start()
         threading.Thread(target=self._watch, name="kvbench-watchdog", daemon=True).start()
         threading.excepthook = lambda a: self.fail("ERROR", describe(a.exc_value), a.exc_value)
@@ -88,8 +87,8 @@ class Guard:
         self.retake()
 
     def retake(self) -> None:
-        """Take the signals back from libraries that set their own handlers (UCX takes SIGHUP for its debug
-        dump when MPI starts, and the hang-up would then be ignored)."""
+        """Our handlers for SIGNALS (they only wake the signal thread through the wake-up fd); again after a
+        library set its own (UCX takes SIGHUP for its debug dump when MPI starts: the hang-up would be ignored)."""
         for sig in SIGNALS:
             signal.signal(sig, lambda *_: None)
 

@@ -185,17 +185,21 @@ class ResultWriter:
         self.lock.release()
 
     def _write_meta(self) -> None:
-        def write(tmp):
-            with open(tmp, "w") as fh:
-                json.dump(self.meta, fh, indent=2, default=str)
-
-        _replace(self.meta_path, write)
+        _write_json(self.meta_path, self.meta)
 
 
-def _replace(path: str, write) -> None:
-    """Write ``path`` whole or not at all: into ``path.tmp``, then renamed over it; a failed write (a full
-    disk) leaves no .tmp behind."""
-    tmp = path + ".tmp"
+def _write_json(path: str, obj: dict, tmp: str | None = None) -> None:
+    def write(t):
+        with open(t, "w") as fh:
+            json.dump(obj, fh, indent=2, default=str)
+
+    _replace(path, write, tmp)
+
+
+def _replace(path: str, write, tmp: str | None = None) -> None:
+    """Write ``path`` whole or not at all: into ``tmp`` (``path.tmp``), then renamed over it; a failed write (a
+    full disk) leaves no temporary file behind."""
+    tmp = tmp or path + ".tmp"
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -219,10 +223,7 @@ def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
     if meta.get("status") != "INCOMPLETE":
         return False
     meta.update(status=status, reason=reason, finished=dt.datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"))
-    tmp = f"{meta_path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(meta, fh, indent=2, default=str)
-    os.replace(tmp, meta_path)
+    _write_json(meta_path, meta, tmp=f"{meta_path}.{os.getpid()}.tmp")  # not rank 0's .tmp: it may be mid-write
     return True
 
 

@@ -143,16 +143,18 @@ bench-codecs: $(STAMP)
 
 # The GPU half on a GPU machine, bare or not (docs/gpu.md#gpu-check): that machine's own python with the packages a
 # CUDA image ships, plus the wheels `make gpu-wheels` fetched beforehand where there is a network (pydantic and
-# its typing deps; mpich for a launcher: such images have mpi4py but no mpiexec).  They install with no index into
+# its typing deps; mpich for a launcher: such images have mpi4py but no mpiexec; mpi4py built for that MPICH).  They install with no index into
 # .gpucheck/<device>/ (a prefix of their own: the image is not touched); the C extension builds in place; then
 # every step runs under its budget.  DEVICE=cpu is the rehearsal here: a fresh venv holding only the image's
 # packages that exist for a CPU (GPU_IMAGE_CPU; torch is the CPU build) plus the same wheels folder.
 DEVICE        ?= cuda
 GPU_WHEELS    ?= wheels/gpu
 GPU_PY        ?= 3.12
-GPU_WHEEL_REQS ?= pydantic==2.14.4 mpich==5.0.2
+# mpi4py too: the image's own may be built for another MPI; this pair is the one the tests run
+GPU_WHEEL_REQS ?= pydantic==2.14.4 mpich==5.0.2 mpi4py==4.1.2
 GPU_IMAGE_CPU ?= numpy pandas pyarrow pyyaml psutil tqdm mpi4py setuptools typing-extensions torch==$(TORCH_CPU)
-GPU_PLATFORMS  = --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
+GPU_PLATFORMS  = --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux2014_x86_64 \
+                 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
 GPU_PREFIX     = .gpucheck/$(DEVICE)
 GPU_VENV       = .gpucheck/venv-cpu
 
@@ -174,13 +176,15 @@ gpu-check:
 	@if [ "$(DEVICE)" = cpu ]; then \
 	  echo "gpu-check DEVICE=cpu: a fresh venv with the CUDA image's CPU-installable packages only"; \
 	  rm -rf $(GPU_VENV) && $(PYTHON) -m venv $(GPU_VENV) && \
-	  $(GPU_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(GPU_IMAGE_CPU) || exit 1; \
+	  $(GPU_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(GPU_IMAGE_CPU) 2>&1 | \
+	    grep -v '^WARNING: Location'; test $${PIPESTATUS[0]} = 0 || exit 1; \
 	fi
 	@py=$(if $(filter cpu,$(DEVICE)),$(GPU_VENV)/bin/python,$(PYTHON)); t0=$$(date +%s); \
 	  rm -rf $(GPU_PREFIX) && \
 	  $$py -m pip install -q --no-index --find-links $(GPU_WHEELS) --prefix $(GPU_PREFIX) --ignore-installed \
 	    --no-warn-script-location --disable-pip-version-check $(GPU_WHEEL_REQS) || exit 1; \
-	  $$py setup.py -q build_ext --inplace || exit 1; \
+	  $$py setup.py -q build_ext --inplace > .gpucheck/build-$(DEVICE).log 2>&1 || \
+	    { tail -20 .gpucheck/build-$(DEVICE).log; echo "gpu-check: the C extension did not build" >&2; exit 1; }; \
 	  site=$$(find $$PWD/$(GPU_PREFIX) -type d \( -name site-packages -o -name dist-packages \) | head -1); \
 	  mpiexec=$$(find $$PWD/$(GPU_PREFIX) -name mpiexec -type f | head -1); libmpi=$$(find $$PWD/$(GPU_PREFIX) -name libmpi.so.12 | head -1); \
 	  echo "gpu-check: installed and built in $$(( $$(date +%s) - t0 )) s"; \

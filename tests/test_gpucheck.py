@@ -140,7 +140,7 @@ def test_a_hanging_launcher_is_killed_whole_and_the_other_steps_still_run(tmp_pa
     fake = tmp_path / "mpiexec"
     fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > {pids}\nwait\n")
     fake.chmod(0o755)
-    monkeypatch.setitem(G.BUDGET_S, "staged", 12)  # the launch gets 7 s of it
+    monkeypatch.setitem(G.BUDGET_S, "staged", 17)  # the launch gets 7 s of it
     t = time.monotonic()
     assert main([*TINY, "--only", "pool,staged", "--mpirun", str(fake), "-o", str(tmp_path)]) == 1
     assert time.monotonic() - t < 60
@@ -190,3 +190,20 @@ def test_blocks_are_distinct_and_inside_their_halves():
     d = checks.blocks(parse(TINY), 2 << 20)
     assert d.dtype == np.int64 and d.flags.c_contiguous and len(np.unique(d[:, 0])) == 16
     assert (d[:, 0] + d[:, 2] <= 2 << 20).all() and (d[:, 1] >= 2 << 20).all()
+
+
+# what a stock CUDA image ships (docs/gpu.md#make-gpu-check): gpucheck's import closure must stay inside it
+IMAGE = {"numpy", "pandas", "pyarrow", "yaml", "psutil", "tqdm", "mpi4py", "torch", "cupy", "cuda"}
+
+
+def test_gpucheck_imports_only_what_a_cuda_image_ships():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import layout
+    finally:
+        sys.path.pop(0)
+    heavy = layout.closure_heavy(layout.modules())
+    for mod in ("kvbench.gpucheck.__main__", "kvbench.gpucheck.checks", "kvbench.gpucheck.ipc",
+                "kvbench.gpucheck.launched", "kvbench.gpucheck.runner"):
+        extra = {h for h in heavy[mod] if h not in layout.LAZY_C} - IMAGE
+        assert not extra, f"{mod} loads {extra} at import, which a CUDA image lacks"

@@ -102,8 +102,9 @@ def main(argv=None) -> int:
     steps = {"pool": lambda b: checks.pool_rows(a, target), "copy": lambda b: checks.copy_rows(a, target),
              "hostdev": lambda b: checks.hostdev_rows(a, target),
              "ipc": lambda b: ipc.ipc_rows(a, target, b - 5),  # its own deadline first: the rows so far come back
-             "staged": lambda b: launched.staged_rows(a, target, runs, b - 5),
-             "prefill": lambda b: launched.prefill_rows(a, target, runs, b - 10)}
+             # launches end 10 s before the step's budget: time to kill them whole (SIGTERM first) and say so
+             "staged": lambda b: launched.staged_rows(a, target, runs, time.monotonic() + b - 10),
+             "prefill": lambda b: launched.prefill_rows(a, target, runs, time.monotonic() + b - 10)}
     for step in STEPS:
         if step not in a.only:
             continue

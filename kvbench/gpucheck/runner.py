@@ -94,9 +94,12 @@ class Recorder:
 
     def save(self) -> None:
         tmp = self.path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump({**self.meta, "steps": self.steps, "rows": self.rows}, fh, indent=1, default=str)
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as fh:
+                json.dump({**self.meta, "steps": self.steps, "rows": self.rows}, fh, indent=1, default=str)
+            os.replace(tmp, self.path)
+        except OSError as exc:  # a full disk costs the file, never the printed rows or the next step
+            print(f"# gpu-check: could not write {self.path}: {exc.strerror}", file=sys.stderr, flush=True)
 
 
 def _alarm(signum, frame):

@@ -17,7 +17,7 @@
 #   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
 #                           then its report and plan in results/runs/<machine>/ (about 10 min on a 2-core VM)
 #   make bench-staged       staged over tcp on torch-cpu pools: the pipeline against pipeline=off
-#   make gpu-wheels         (here, with network) the wheels a bare CUDA image lacks, into wheels/gpu/ (~18 MB)
+#   make gpu-wheels         (here, with network) the wheels a bare CUDA image lacks, into wheels/gpu/ (~20 MiB)
 #   make gpu-check          (a GPU machine, no network) install those wheels, build, then device pools, copy engines,
 #                           host<->device, cuda_ipc, staged, real prefill: <= 8 min; DEVICE=cpu: the rehearsal here
 
@@ -182,7 +182,7 @@ gpu-check:
 	@py=$(if $(filter cpu,$(DEVICE)),$(GPU_VENV)/bin/python,$(PYTHON)); t0=$$(date +%s); \
 	  rm -rf $(GPU_PREFIX) && \
 	  $$py -m pip install -q --no-index --find-links $(GPU_WHEELS) --prefix $(GPU_PREFIX) --ignore-installed \
-	    --no-warn-script-location --disable-pip-version-check $(GPU_WHEEL_REQS) || exit 1; \
+	    --no-warn-script-location --disable-pip-version-check --root-user-action=ignore $(GPU_WHEEL_REQS) || exit 1; \
 	  $$py setup.py -q build_ext --inplace > .gpucheck/build-$(DEVICE).log 2>&1 || \
 	    { tail -20 .gpucheck/build-$(DEVICE).log; echo "gpu-check: the C extension did not build" >&2; exit 1; }; \
 	  site=$$(find $$PWD/$(GPU_PREFIX) -type d \( -name site-packages -o -name dist-packages \) | head -1); \

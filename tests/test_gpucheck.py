@@ -207,3 +207,21 @@ def test_gpucheck_imports_only_what_a_cuda_image_ships():
                 "kvbench.gpucheck.launched", "kvbench.gpucheck.runner"):
         extra = {h for h in heavy[mod] if h not in layout.LAZY_C} - IMAGE
         assert not extra, f"{mod} loads {extra} at import, which a CUDA image lacks"
+
+
+@needs_torch
+@pytest.mark.parametrize("fake", ["absent", "stub"])
+def test_rehearsal_cuda_paths_are_skipped_or_checked_through_the_fake_never_given_a_rate(tmp_path, monkeypatch,
+                                                                                         capsys, fake):
+    """The engines' CUDA paths on the rehearsal go through tests/fakes/cuda_driver.py where it installs (bytes
+    checked, no rate); without one (or where it cannot stand in) each is a SKIP row saying why."""
+    stub = tmp_path / "cuda_driver.py"
+    stub.write_text("def install():\n    pass\n\n\ndef cuda_tensor(t):\n    return t\n")
+    monkeypatch.setattr(checks, "FAKE_DRIVER", str(stub) if fake == "stub" else str(tmp_path / "none.py"))
+    assert main([*TINY, "--only", "copy", "-o", str(tmp_path)]) == 0
+    rows = _result(tmp_path)["rows"]
+    assert ("fake CUDA driver installed" in rows[0]["note"]) == (fake == "stub")
+    cuda = [r for r in rows if "CUDA path" in r["what"]]
+    assert len(cuda) == 3 and all(r["gbps"] != r["gbps"] for r in cuda)  # nan: a fake has no rate
+    assert all(r["status"] == "SKIP" and r["note"].startswith("(cpu rehearsal: ") or
+               r["status"] == "ok" and "fake CUDA driver" in r["note"] for r in cuda)

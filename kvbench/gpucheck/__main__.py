@@ -89,7 +89,7 @@ def main(argv=None) -> int:
             return 2
     target = checks.Target(a.device)
     if target.rehearsal:
-        target.fake = checks.install_fake_driver()
+        checks.install_fake_driver(target)
     name, system = _machine()
     path = runner.new_path(os.path.join(a.results, name), "_gpucheck" + ("-cpu-rehearsal" if target.rehearsal else ""))
     runs = path[: -len(".json")] + "-runs"  # kvbench run's own results for the two-rank steps

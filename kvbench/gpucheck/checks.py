@@ -31,6 +31,7 @@ class Target:
 
     device: str
     fake: str = ""  # on the rehearsal: what became of the fake CUDA driver
+    driver: object = None  # that fake's module, where it installed
 
     @property
     def rehearsal(self) -> bool:
@@ -44,19 +45,21 @@ class Target:
         return row(check, what, status="SKIP", note=f"(cpu rehearsal: {why})")
 
 
-def install_fake_driver() -> str:
+def install_fake_driver(target: Target) -> None:
     """The rehearsal's stand-in for the CUDA driver (tests/fakes/cuda_driver.py, install()), where the checkout
-    has it; what happened, in words."""
+    has it: ``target.driver`` is its module, ``target.fake`` says what happened, in words."""
     if not os.path.exists(FAKE_DRIVER):
-        return "no fake CUDA driver in this checkout: CUDA-only steps skip"
+        target.fake = "no fake CUDA driver in this checkout: CUDA-only steps skip"
+        return
     try:
         spec = importlib.util.spec_from_file_location("kvbench_fake_cuda_driver", FAKE_DRIVER)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         mod.install()
     except Exception as exc:  # the rehearsal goes on without it, saying so
-        return f"fake CUDA driver did not install ({one_line(exc, 80)})"
-    return "fake CUDA driver installed (tests/fakes/cuda_driver.py)"
+        target.fake = f"fake CUDA driver did not install ({one_line(exc, 80)})"
+        return
+    target.driver, target.fake = mod, "fake CUDA driver installed (tests/fakes/cuda_driver.py)"
 
 
 def stream(target: Target):
@@ -178,9 +181,39 @@ def copy_rows(a, target: Target) -> list[dict]:
                     continue
                 rows.append(row("copy", f"{eng}: {what}", sz / s / 1e9, "ok" if bad == 0 else "FAIL", f"wrong {bad}"
                                 + (" (host path of torch-cpu)" if target.rehearsal else "")))
+            if target.rehearsal:
+                rows += fake_rows(target, t, descs, what)
         return rows
     finally:
         pool.release()
+
+
+def fake_rows(target: Target, t, descs, what: str) -> list[dict]:
+    """The rehearsal: each engine's CUDA path on the torch-cpu pool seen as device memory through the fake driver
+    (its bytes really move, so they are checked; a fake has no rate), or a SKIP row saying why not."""
+    rows = []
+    for eng in C.ENGINES:
+        label = f"{eng} CUDA path: {what}"
+        make = getattr(target.driver, "cuda_tensor", None)
+        why = "no fake CUDA driver with cuda_tensor()" if make is None else C.probe(eng, "cuda")
+        if eng == "kernel" and not why:  # a GPU kernel (cupy, or torch's CUDA indexing): no driver call to fake
+            why = "the kernel engine runs GPU code, which no fake driver stands in for"
+        if why:
+            rows.append(target.skip("copy", label, why))
+            continue
+        try:
+            D.fill(t, 0)
+            D.poison(t, descs, 0, 0)
+            ct = make(t)
+            engine_copy(eng, ct, ct, descs)
+            C.sync(ct)
+            bad = wrong(t, descs)
+        except Exception as exc:
+            rows.append(row("copy", label, status="FAIL", note=one_line(exc, 100)))
+            continue
+        rows.append(row("copy", label, status="ok" if bad == 0 else "FAIL",
+                        note=f"wrong {bad} (cpu rehearsal: through the fake CUDA driver; bytes checked, no rate)"))
+    return rows
 
 
 def hostdev_rows(a, target: Target) -> list[dict]:

@@ -17,7 +17,9 @@
 #   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
 #                           then its report and plan in results/runs/<machine>/ (about 10 min on a 2-core VM)
 #   make bench-staged       staged over tcp on torch-cpu pools: the pipeline against pipeline=off
-#   make gpu-check          (a GPU machine) device pools, copy engines, host<->device, cuda_ipc, staged: ~5 min
+#   make gpu-wheels         (here, with network) the wheels a bare CUDA image lacks, into wheels/gpu/ (~20 MiB)
+#   make gpu-check          (a GPU machine, no network) install those wheels, build, then device pools, copy engines,
+#                           host<->device, cuda_ipc, staged, real prefill: <= 8 min; DEVICE=cpu: the rehearsal here
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -35,10 +37,10 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: gpu-check bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
+.PHONY: gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,21p' Makefile
+	@sed -n '2,23p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -139,12 +141,55 @@ clean-results:
 bench-codecs: $(STAMP)
 	$(BIN)/python benchmarks/codecs.py --mpirun $(MPIRUN) --rate $(or $(RATE),1gbit)
 
-# the GPU half on a GPU machine, bare or not: that machine's own python with the packages a CUDA image ships
-# (torch; cupy when present), the C extension built in place, no network; MPI only for the harness rows.
-# Without a GPU it stops at once with one line (exit 2).
+# The GPU half on a GPU machine, bare or not (docs/gpu.md#gpu-check): that machine's own python with the packages a
+# CUDA image ships, plus the wheels `make gpu-wheels` fetched beforehand where there is a network (pydantic and
+# its typing deps; mpich for a launcher: such images have mpi4py but no mpiexec; mpi4py built for that MPICH).  They install with no index into
+# .gpucheck/<device>/ (a prefix of their own: the image is not touched); the C extension builds in place; then
+# every step runs under its budget.  DEVICE=cpu is the rehearsal here: a fresh venv holding only the image's
+# packages that exist for a CPU (GPU_IMAGE_CPU; torch is the CPU build) plus the same wheels folder.
+DEVICE        ?= cuda
+GPU_WHEELS    ?= wheels/gpu
+GPU_PY        ?= 3.12
+# mpi4py too: the image's own may be built for another MPI; this pair is the one the tests run
+GPU_WHEEL_REQS ?= pydantic==2.14.4 mpich==5.0.2 mpi4py==4.1.2
+GPU_IMAGE_CPU ?= numpy pandas pyarrow pyyaml psutil tqdm mpi4py setuptools typing-extensions torch==$(TORCH_CPU)
+GPU_PLATFORMS  = --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux2014_x86_64 \
+                 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
+GPU_PREFIX     = .gpucheck/$(DEVICE)
+GPU_VENV       = .gpucheck/venv-cpu
+
+gpu-wheels:
+	@mkdir -p $(GPU_WHEELS)
+	@for v in $(GPU_PY) $$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); do \
+	  echo "gpu-wheels: $(GPU_WHEEL_REQS) and their needs, for Python $$v (manylinux x86_64)"; \
+	  $(PYTHON) -m pip download -q --only-binary=:all: --python-version $$v --implementation cp $(GPU_PLATFORMS) \
+	    -d $(GPU_WHEELS) $(GPU_WHEEL_REQS) 2>&1 | grep -v "^WARNING: Location" ; \
+	  test $${PIPESTATUS[0]:-0} = 0 || exit 1; \
+	done
+	@kib=$$(du -sk $(GPU_WHEELS) | cut -f1); ls $(GPU_WHEELS); echo "gpu-wheels: $$((kib / 1024)) MiB in $(GPU_WHEELS)"; \
+	  test $$kib -le 65536 || { echo "gpu-wheels: over 64 MiB: a device call carries at most that" >&2; exit 1; }
+
+gpu-check: SHELL := /bin/bash
+gpu-wheels: SHELL := /bin/bash
 gpu-check:
-	$(PYTHON) setup.py -q build_ext --inplace
-	$(PYTHON) -m kvbench.gpucheck $(ARGS)
+	@test -d $(GPU_WHEELS) || { echo "gpu-check: no $(GPU_WHEELS)/: run make gpu-wheels first, where there is a network" >&2; exit 1; }
+	@if [ "$(DEVICE)" = cpu ]; then \
+	  echo "gpu-check DEVICE=cpu: a fresh venv with the CUDA image's CPU-installable packages only"; \
+	  rm -rf $(GPU_VENV) && $(PYTHON) -m venv $(GPU_VENV) && \
+	  $(GPU_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(GPU_IMAGE_CPU) 2>&1 | \
+	    grep -v '^WARNING: Location'; test $${PIPESTATUS[0]} = 0 || exit 1; \
+	fi
+	@py=$(if $(filter cpu,$(DEVICE)),$(GPU_VENV)/bin/python,$(PYTHON)); t0=$$(date +%s); \
+	  rm -rf $(GPU_PREFIX) && \
+	  $$py -m pip install -q --no-index --find-links $(GPU_WHEELS) --prefix $(GPU_PREFIX) --ignore-installed \
+	    --no-warn-script-location --disable-pip-version-check --root-user-action=ignore $(GPU_WHEEL_REQS) || exit 1; \
+	  $$py setup.py -q build_ext --inplace > .gpucheck/build-$(DEVICE).log 2>&1 || \
+	    { tail -20 .gpucheck/build-$(DEVICE).log; echo "gpu-check: the C extension did not build" >&2; exit 1; }; \
+	  site=$$(find $$PWD/$(GPU_PREFIX) -type d \( -name site-packages -o -name dist-packages \) | head -1); \
+	  mpiexec=$$(find $$PWD/$(GPU_PREFIX) -name mpiexec -type f | head -1); libmpi=$$(find $$PWD/$(GPU_PREFIX) -name libmpi.so.12 | head -1); \
+	  echo "gpu-check: installed and built in $$(( $$(date +%s) - t0 )) s"; \
+	  PYTHONPATH=$$site:$$PWD PATH=$$(dirname $$mpiexec):$$PATH LD_LIBRARY_PATH=$$(dirname $$libmpi)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} \
+	  MPI4PY_LIBMPI=$$libmpi PYTHONUNBUFFERED=1 $$py -m kvbench.gpucheck --device $(DEVICE) --mpirun $$mpiexec $(ARGS)
 
 # staged over tcp on torch-cpu pools: the pipeline against -O pipeline=off, alternating launches, per-stage times
 bench-staged: $(STAMP)

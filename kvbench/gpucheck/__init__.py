@@ -1,1 +1,1 @@
-"""make gpu-check: the device layer measured on one GPU machine in about 5 minutes (docs/gpu.md)."""
+"""make gpu-check: the GPU half checked on one GPU machine, bare CUDA image and no network, in at most 8 minutes; --device cpu rehearses it on torch-cpu pools (docs/gpu.md)."""

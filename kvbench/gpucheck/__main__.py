@@ -1,84 +1,128 @@
-"""``python -m kvbench.gpucheck``: what the GPU half measures, on the GPU machine at hand.
+"""``python -m kvbench.gpucheck``: what the GPU half measures, on the GPU machine at hand (or its CPU rehearsal).
 
-Runs with the machine's own Python and the packages a CUDA image ships (torch; cupy when present), the C
-extension built in place, no network and no MPI: single-GPU checks run in this process; the two-rank ones
-(cuda_ipc) in two processes it starts itself, which exchange the IPC handle over a pipe; the harness's
-2-rank rows (staged, cuda_ipc through kvbench run) only where an MPI launcher exists.  Prints one short table
-last and writes every number to results/runs/<machine>/<time>_gpucheck.json.  Without a GPU it stops at once with
-one line (exit 2).
+Runs with the machine's own Python and the packages a CUDA image ships, plus what ``make gpu-wheels`` carries
+(pydantic, the mpich wheel's launcher), the C extension built in place, no network.  Steps: pool fill and
+check, the copy engines against the device's own copy, host<->device, cuda_ipc between two processes it starts
+itself, staged over tcp between two ranks and real-prefill streaming (both through ``kvbench run`` under the
+launcher).  Each step has a wall-time budget and is guarded: a failure is a FAIL row and the next step runs.
+Rows are printed as each step ends and saved at once to results/runs/<machine>/<time>_gpucheck.json, then the
+whole table is printed.  Exit 0 when no row FAILs, 1 otherwise; without a GPU (``--device cuda``) it stops at
+once with one line (exit 2).  ``--device cpu`` is the rehearsal: torch-cpu pools, the table says so.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
+import socket
 import sys
+import time
 
-from kvbench.gpucheck import checks
 from kvbench.memory import device
 
+from . import checks, ipc, launched, runner
+from .runner import table  # noqa: F401  (the closing table; tests and callers take it from here)
 
-class Row(dict):
-    """One line of the table: check, what, GB/s (or nan), status (ok / FAIL / skipped), note."""
+STEPS = ("pool", "copy", "hostdev", "ipc", "staged", "prefill")
+BUDGET_S = {"pool": 30, "copy": 45, "hostdev": 20, "ipc": 90, "staged": 120, "prefill": 120}  # wall seconds each
+DEFAULTS = {"cuda": dict(pool_mib=1024, block_kib=32, blocks=4096, repeats=5),
+            "cpu": dict(pool_mib=16, block_kib=32, blocks=64, repeats=2)}
 
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="kvbench.gpucheck", description=__doc__.splitlines()[0])
-    p.add_argument("--pool-mib", type=int, default=1024, help="device pool for fill/verify and copies (MiB)")
-    p.add_argument("--block-kib", type=int, default=32, help="block size of the copy-engine layer (KiB)")
-    p.add_argument("--blocks", type=int, default=4096, help="blocks per copy-engine layer")
-    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per measurement (median kept)")
-    p.add_argument("--mpirun", default=None, help="MPI launcher for the harness rows (default: mpiexec on PATH)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (a GPU), or cpu: the rehearsal on torch-cpu pools (no GPU figure)")
+    p.add_argument("--pool-mib", type=int, default=None, help="device pool for fill/verify and copies (MiB; "
+                   "default 1024 on cuda, 16 on cpu)")
+    p.add_argument("--block-kib", type=int, default=None, help="block size of the copy-engine layer (KiB; 32)")
+    p.add_argument("--blocks", type=int, default=None, help="blocks per copy-engine layer (4096 on cuda, 64 on cpu)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repetitions per measurement (median kept)")
+    p.add_argument("--mpirun", default=None, help="MPI launcher for the two-rank steps (default: mpiexec beside "
+                   "this Python, else on PATH)")
+    p.add_argument("--deadline", type=float, default=420.0, help="wall seconds for all steps together (default "
+                   "420: with the install, make gpu-check fits 8 minutes); each step also has its own budget")
     p.add_argument("-o", "--results", default="results/runs", help="results directory (default results/runs/, "
                    "which git ignores)")
-    p.add_argument("--only", default="", help="comma list of checks: pool,copy,hostdev,ipc,harness,prefill")
+    p.add_argument("--only", default="", help=f"comma list of steps: {','.join(STEPS)}")
     a = p.parse_args(argv)
+    for k, v in DEFAULTS[a.device].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     for name in ("pool_mib", "block_kib", "blocks", "repeats"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be 1 or more, not {getattr(a, name)}")
+    if a.deadline <= 0:
+        p.error(f"--deadline must be positive, not {a.deadline:g}")
     if a.blocks * a.block_kib > a.pool_mib * 1024 // 2:
         p.error(f"--blocks x --block-kib ({a.blocks * a.block_kib} KiB) must fit in half of --pool-mib "
                 f"({a.pool_mib} MiB): source and destination halves")
-    known = {"pool", "copy", "hostdev", "ipc", "harness", "prefill"}
-    a.only = [x for x in a.only.split(",") if x] or sorted(known)
-    bad = [x for x in a.only if x not in known]
+    a.only = [x for x in a.only.split(",") if x] or sorted(STEPS)
+    bad = [x for x in a.only if x not in STEPS]
     if bad:
-        p.error(f"--only {','.join(bad)}: not one of {','.join(sorted(known))}")
+        p.error(f"--only {','.join(bad)}: not one of {','.join(sorted(STEPS))}")
     return a
 
 
-def table(rows: list[dict]) -> str:
-    """The closing table: one line per row, GB/s = 10^9 B/s."""
-    out = ["# gpu-check (GB/s = 10^9 B/s)", f"{'check':<10} {'what':<34} {'GB/s':>8}  {'status':<8} note"]
-    for r in rows:
-        g = r.get("gbps")
-        gs = f"{g:8.2f}" if isinstance(g, float) and g == g else f"{'-':>8}"
-        out.append(f"{r['check']:<10} {r['what']:<34} {gs}  {r['status']:<8} {r.get('note', '')}".rstrip())
-    return "\n".join(out)
+def _machine() -> tuple[str, dict]:
+    """(folder name, description) of this machine; the hostname alone where the results wing cannot load."""
+    try:
+        from kvbench.results.store import machine_name, system_description
+
+        return machine_name(), system_description()
+    except Exception as exc:  # a missing package costs the description, never the run
+        return socket.gethostname().split(".")[0] or "unknown", {"error": runner.one_line(exc)}
+
+
+def _release_cache(target) -> None:
+    if not target.rehearsal:
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def main(argv=None) -> int:
     a = parse(argv)
-    why = device.probe("cuda")
-    if why:
-        print(f"gpu-check: no GPU here: {why}", file=sys.stderr)
-        return 2
-    rows = checks.run_all(a)
-    text = table(rows)
-    from kvbench.results.store import machine_name, system_description
-
-    folder = os.path.join(a.results, machine_name())
-    os.makedirs(folder, exist_ok=True)
-    base = os.path.join(folder, dt.datetime.now().strftime("%Y%m%d-%H%M%S") + "_gpucheck")
-    path, k = base + ".json", 1
-    while os.path.exists(path):  # never overwrite a result
-        path, k = f"{base}-{k}.json", k + 1
-    with open(path, "w") as fh:
-        json.dump({"argv": sys.argv, "rows": rows, "system": system_description()}, fh, indent=1, default=str)
-    print(text)
+    if a.device == "cuda":
+        why = device.probe("cuda")
+        if why:
+            print(f"gpu-check: no GPU here: {why}", file=sys.stderr)
+            return 2
+    target = checks.Target(a.device)
+    if target.rehearsal:
+        checks.install_fake_driver(target)
+    name, system = _machine()
+    path = runner.new_path(os.path.join(a.results, name), "_gpucheck" + ("-cpu-rehearsal" if target.rehearsal else ""))
+    runs = path[: -len(".json")] + "-runs"  # kvbench run's own results for the two-rank steps
+    rec = runner.Recorder(path, {"argv": sys.argv, "device": a.device, "rehearsal": target.rehearsal,
+                                 "system": system})
+    print(runner.header(target.rehearsal))
+    print(runner.columns(), flush=True)
+    end = time.monotonic() + a.deadline
+    runner.run_step(rec, "device", lambda: [checks.device_row(target)], 60)
+    steps = {"pool": lambda b: checks.pool_rows(a, target), "copy": lambda b: checks.copy_rows(a, target),
+             "hostdev": lambda b: checks.hostdev_rows(a, target),
+             "ipc": lambda b: ipc.ipc_rows(a, target, b - 5),  # its own deadline first: the rows so far come back
+             # launches end 10 s before the step's budget: time to kill them whole (SIGTERM first) and say so
+             "staged": lambda b: launched.staged_rows(a, target, runs, time.monotonic() + b - 10),
+             "prefill": lambda b: launched.prefill_rows(a, target, runs, time.monotonic() + b - 10)}
+    for step in STEPS:
+        if step not in a.only:
+            continue
+        left = end - time.monotonic()
+        budget = min(BUDGET_S[step], left)
+        if left < min(10, BUDGET_S[step]):
+            rec.add([runner.row(step, "step", status="FAIL", note=f"not started: the run's --deadline of "
+                                f"{a.deadline:.0f} s is spent")])
+            continue
+        runner.run_step(rec, step, lambda s=step, b=budget: steps[s](b), budget)
+        try:
+            _release_cache(target)
+        except Exception:
+            pass
+    print()
+    print(table(rec.rows, target.rehearsal))
     print(f"# written: {path}")
-    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
+    return 1 if any(r["status"] == "FAIL" for r in rec.rows) else 0
 
 
 if __name__ == "__main__":

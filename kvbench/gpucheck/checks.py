@@ -1,36 +1,88 @@
-"""gpu-check's measurements (CUDA only; none of this has run on these machines, docs/gpu.md says so).
+"""gpu-check's one-process steps: the pool's fill and check, the three copy engines against the device's own
+copy, and host<->device copies, on a GPU or (the rehearsal) on torch-cpu pools.
 
-Each returns table rows (dict: check, what, gbps, status, note).  Every copy is verified on the device against
-the fill pattern; a wrong byte makes the row FAIL.  Times are medians of ``repeats`` runs, CUDA events around
-stream work.
+Each returns table rows (runner.row).  Every copy is verified where the pool lives against the fill pattern,
+its destination poisoned first, so an engine that copies nothing fails.  Times are medians of ``repeats``
+runs: CUDA events around stream work on a GPU (on a stream of its own: the batched copy refuses the legacy
+default stream), the wall clock on the CPU.
 """
 from __future__ import annotations
 
-import glob
+import contextlib
+import importlib.util
 import os
-import shutil
-import subprocess
-import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvbench.memory import copy as C
+from kvbench.memory import device as D
 
-from ..memory import device as D
+from .runner import faults, one_line, row
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAKE_DRIVER = os.path.join(ROOT, "tests", "fakes", "cuda_driver.py")
 
 
-def _row(check, what, gbps=float("nan"), status="ok", note=""):
-    return {"check": check, "what": what, "gbps": float(gbps), "status": status, "note": note}
+@dataclass
+class Target:
+    """Where the check runs: ``cuda`` (a GPU) or ``cpu`` (the rehearsal, torch-cpu pools)."""
+
+    device: str
+    fake: str = ""  # on the rehearsal: what became of the fake CUDA driver
+    driver: object = None  # that fake's module, where it installed
+
+    @property
+    def rehearsal(self) -> bool:
+        return self.device != "cuda"
+
+    @property
+    def kind(self) -> str:
+        return "torch-cpu" if self.rehearsal else "cuda"
+
+    def skip(self, check: str, what: str, why: str) -> dict:
+        return row(check, what, status="SKIP", note=f"(cpu rehearsal: {why})")
 
 
-def _time(fn, repeats: int) -> float:
-    """Median seconds of ``fn`` between CUDA events (one warm-up first)."""
+def install_fake_driver(target: Target) -> None:
+    """The rehearsal's stand-in for the CUDA driver (tests/fakes/cuda_driver.py, install()), where the checkout
+    has it: ``target.driver`` is its module, ``target.fake`` says what happened, in words."""
+    if not os.path.exists(FAKE_DRIVER):
+        target.fake = "no fake CUDA driver in this checkout: CUDA-only steps skip"
+        return
+    try:
+        spec = importlib.util.spec_from_file_location("kvbench_fake_cuda_driver", FAKE_DRIVER)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.install()
+    except Exception as exc:  # the rehearsal goes on without it, saying so
+        target.fake = f"fake CUDA driver did not install ({one_line(exc, 80)})"
+        return
+    target.driver, target.fake = mod, "fake CUDA driver installed (tests/fakes/cuda_driver.py)"
+
+
+def stream(target: Target):
+    """A context in which torch's current stream is one of its own (a GPU), or nothing (the CPU)."""
+    if target.rehearsal:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.stream(torch.cuda.Stream())
+
+
+def timed(target: Target, fn, repeats: int) -> float:
+    """Median seconds of ``fn`` (one warm-up first): CUDA events on the current stream, or the wall clock."""
     import torch
 
     fn()
     out = []
     for _ in range(repeats):
+        if target.rehearsal:
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+            continue
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -40,7 +92,8 @@ def _time(fn, repeats: int) -> float:
     return float(np.median(out))
 
 
-def _blocks(a, half: int, seed=1) -> np.ndarray:
+def blocks(a, half: int, seed=1) -> np.ndarray:
+    """``a.blocks`` random blocks of ``a.block_kib`` from the lower half to the upper half, (n, 3) int64."""
     bb = a.block_kib << 10
     nb = half // bb
     rng = np.random.default_rng(seed)
@@ -48,252 +101,147 @@ def _blocks(a, half: int, seed=1) -> np.ndarray:
     return np.ascontiguousarray(np.stack([s * bb, half + d * bb, np.full(a.blocks, bb)], 1).astype(np.int64))
 
 
-def _wrong(t, descs, rank=0) -> int:
+def wrong(t, descs, rank=0) -> int:
     """Destination ranges (DST) that differ from the source's pattern at SRC (epoch 0: the fill)."""
-    copy, where = D.snapshot(t, [descs])
-    return D.count_wrong(copy, where, rank, 1, 0)
+    snap, where = D.snapshot(t, [descs])
+    return D.count_wrong(snap, where, rank, 1, 0)
 
 
-def pool_rows(a, pool) -> list[dict]:
-    t = pool.tensor
-    s = _time(lambda: D.fill(t, 0), a.repeats)
-    rows = [_row("pool", f"fill {pool.nbytes >> 20} MiB on {t.device}", pool.nbytes / s / 1e9)]
-    same = _blocks(a, pool.nbytes // 2)
-    same[:, 1] = same[:, 0]  # the source ranges against themselves: the fill must verify
-    sz = int(same[:, 2].sum())
-    s = _time(lambda: _wrong(t, same), a.repeats)
-    bad = _wrong(t, same)
-    t[int(same[0, 0])] ^= 0x5A  # one flipped byte must be found
-    caught = _wrong(t, same)
-    D.fill(t, 0)
-    ok = bad == 0 and caught == 1
-    rows.append(_row("pool", f"verify {sz >> 20} MiB of blocks", sz / s / 1e9, "ok" if ok else "FAIL",
-                     f"wrong {bad}, after one flipped byte {caught}"))
-    return rows
+def engine_copy(eng: str, dst, src, descs) -> None:
+    """copy.copy with ``eng``, or nothing at all where a test made that engine a no-op (its rows must FAIL)."""
+    if eng not in faults().get("noop", ()):
+        C.copy(eng, dst, src, descs)
 
 
-def copy_rows(a, pool) -> list[dict]:
-    t = pool.tensor
-    half = pool.nbytes // 2
-    descs = _blocks(a, half)
-    sz = int(descs[:, 2].sum())
-    s = _time(lambda: t[half : 2 * half].copy_(t[:half]), a.repeats)
-    rows = [_row("copy", f"device copy_ of {half >> 20} MiB (reference)", half / s / 1e9)]
-    for eng in C.ENGINES:
-        why = C.probe(eng, "cuda")
-        if why:
-            rows.append(_row("copy", f"{eng}: {a.blocks} x {a.block_kib} KiB", status="skipped", note=why))
-            continue
-        D.fill(t, 0)
-        try:
-            s = _time(lambda e=eng: C.copy(e, t, t, descs), a.repeats)
-        except Exception as exc:
-            rows.append(_row("copy", f"{eng}: {a.blocks} x {a.block_kib} KiB", status="FAIL", note=str(exc)[:80]))
-            continue
-        wrong = _wrong(t, descs)
-        rows.append(_row("copy", f"{eng}: {a.blocks} x {a.block_kib} KiB", sz / s / 1e9,
-                         "ok" if wrong == 0 else "FAIL", f"wrong {wrong}"))
-    return rows
+def sync(target: Target) -> None:
+    if not target.rehearsal:
+        import torch
+
+        torch.cuda.current_stream().synchronize()
 
 
-def hostdev_rows(a, pool) -> list[dict]:
+def device_row(target: Target) -> dict:
     import torch
 
-    n = min(pool.nbytes, 256 << 20)
-    dev = pool.tensor[:n]
-    rows = []
-    for kind in ("pinned", "pageable"):
-        host = torch.empty(n, dtype=torch.uint8, pin_memory=kind == "pinned")
-        host.fill_(7)
-        s = _time(lambda h=host: dev.copy_(h, non_blocking=True), a.repeats)
-        rows.append(_row("host<->dev", f"H2D {kind} {n >> 20} MiB", n / s / 1e9))
-        s = _time(lambda h=host: h.copy_(dev, non_blocking=True), a.repeats)
-        rows.append(_row("host<->dev", f"D2H {kind} {n >> 20} MiB", n / s / 1e9))
-    return rows
+    if target.rehearsal:
+        return row("device", "cpu rehearsal (torch-cpu pools)", note=f"torch {torch.__version__}; {target.fake}")
+    return row("device", torch.cuda.get_device_name(0), note=f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+               f", {torch.cuda.device_count()} GPU(s)")
 
 
-def _ipc_source(q_out, q_in, nbytes):
-    """Rank 0 of the IPC check: a filled pool, exported once; alive until the reader is done."""
-    pool = D.alloc(nbytes, "cuda")
-    D.fill(pool.tensor, 0)
-    D.sync(pool)
-    q_out.put(pool.tensor.untyped_storage()._share_cuda_())
-    q_in.get()
-
-
-def _ipc_reader(q_in, q_out, nbytes, a, dev):
-    """Rank 1 (on GPU ``dev``): opens rank 0's pool once and pulls a layer of blocks from it with each engine."""
-    import torch
-
+def pool_rows(a, target: Target) -> list[dict]:
+    pool = D.alloc(a.pool_mib << 20, target.kind)
     try:
-        torch.cuda.set_device(dev)
-        if dev:
-            try:  # the kernel engine reads GPU 0's memory from GPU 1: peer access (cupy, when present)
-                import cupy
+        t = pool.tensor
+        with stream(target):
+            s = timed(target, lambda: D.fill(t, 0), a.repeats)
+            rows = [row("pool", f"fill {pool.nbytes >> 20} MiB on {t.device}", pool.nbytes / s / 1e9)]
+            same = blocks(a, pool.nbytes // 2)
+            same[:, 1] = same[:, 0]  # the source ranges against themselves: the fill must verify
+            sz = int(same[:, 2].sum())
+            s = timed(target, lambda: wrong(t, same), a.repeats)
+            bad = wrong(t, same)
+            t[int(same[0, 0])] ^= 0x5A  # one flipped byte must be found
+            caught = wrong(t, same)
+        ok = bad == 0 and caught == 1
+        rows.append(row("pool", f"verify {sz >> 20} MiB of blocks", sz / s / 1e9, "ok" if ok else "FAIL",
+                        f"wrong {bad}, after one flipped byte {caught}"))
+        return rows
+    finally:
+        pool.release()
 
-                cupy.cuda.runtime.deviceEnablePeerAccess(0)
-            except Exception:
-                pass
-        share = q_in.get()
-        storage = torch.UntypedStorage._new_shared_cuda(*share)
-        there = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,))
-        mine = D.alloc(nbytes, "cuda")
-        descs = _blocks(a, nbytes // 2)
-        descs[:, 1] -= nbytes // 2  # into the lower half of this rank's pool
+
+def copy_rows(a, target: Target) -> list[dict]:
+    pool = D.alloc(a.pool_mib << 20, target.kind)
+    try:
+        t = pool.tensor
+        half = pool.nbytes // 2
+        descs = blocks(a, half)
         sz = int(descs[:, 2].sum())
-        rows = []
-        for eng in C.ENGINES:
-            why = C.probe(eng, "cuda")
-            if why:
-                rows.append(_row("cuda_ipc", f"pull {eng}", status="skipped", note=why))
+        what = f"{a.blocks} x {a.block_kib} KiB"
+        with stream(target):
+            D.fill(t, 0)
+            s = timed(target, lambda: t[half : 2 * half].copy_(t[:half]), a.repeats)
+            rows = [row("copy", f"device copy_ of {half >> 20} MiB (reference)", half / s / 1e9)]
+            for eng in C.ENGINES:
+                why = C.probe(eng, target.device)
+                if why:
+                    rows.append(row("copy", f"{eng}: {what}", status="skipped", note=why))
+                    continue
+                try:
+                    D.fill(t, 0)
+                    D.poison(t, descs, 0, 0)  # what must land, complemented: a copy that moves nothing fails
+                    sync(target)
+                    engine_copy(eng, t, t, descs)  # once, checked; then timed
+                    sync(target)
+                    bad = wrong(t, descs)
+                    s = timed(target, lambda e=eng: engine_copy(e, t, t, descs), a.repeats)
+                except Exception as exc:  # one engine's failure is its own row
+                    rows.append(row("copy", f"{eng}: {what}", status="FAIL", note=one_line(exc, 100)))
+                    continue
+                rows.append(row("copy", f"{eng}: {what}", sz / s / 1e9, "ok" if bad == 0 else "FAIL", f"wrong {bad}"
+                                + (" (host path of torch-cpu)" if target.rehearsal else "")))
+            if target.rehearsal:
+                rows += fake_rows(target, t, descs, what)
+        return rows
+    finally:
+        pool.release()
+
+
+def fake_rows(target: Target, t, descs, what: str) -> list[dict]:
+    """The rehearsal: each engine's CUDA path on the torch-cpu pool seen as device memory through the fake driver
+    (its bytes really move, so they are checked; a fake has no rate), or a SKIP row saying why not."""
+    rows = []
+    for eng in C.ENGINES:
+        label = f"{eng} CUDA path: {what}"
+        make = getattr(target.driver, "cuda_tensor", None)
+        why = "no fake CUDA driver with cuda_tensor()" if make is None else C.probe(eng, "cuda")
+        if eng == "kernel" and not why:  # a GPU kernel (cupy, or torch's CUDA indexing): no driver call to fake
+            why = "the kernel engine runs GPU code, which no fake driver stands in for"
+        if why:
+            rows.append(target.skip("copy", label, why))
+            continue
+        try:
+            D.fill(t, 0)
+            D.poison(t, descs, 0, 0)
+            ct = make(t)
+            engine_copy(eng, ct, ct, descs)
+            C.sync(ct)
+            bad = wrong(t, descs)
+        except Exception as exc:
+            rows.append(row("copy", label, status="FAIL", note=one_line(exc, 100)))
+            continue
+        rows.append(row("copy", label, status="ok" if bad == 0 else "FAIL",
+                        note=f"wrong {bad} (cpu rehearsal: through the fake CUDA driver; bytes checked, no rate)"))
+    return rows
+
+
+def hostdev_rows(a, target: Target) -> list[dict]:
+    import torch
+
+    n = min(a.pool_mib << 20, 256 << 20)
+    pool = D.alloc(n, target.kind)
+    try:
+        dev, rows = pool.tensor, []
+        for kind in ("pinned", "pageable"):
+            if kind == "pinned" and target.rehearsal:
+                for d in ("H2D", "D2H"):
+                    rows.append(target.skip("host<->dev", f"{d} pinned {n >> 20} MiB",
+                                            "page-locked memory needs a CUDA device"))
                 continue
-            s = _time(lambda e=eng: C.copy(e, mine.tensor, there, descs), a.repeats)
-            wrong = _wrong(mine.tensor, descs)
-            rows.append(_row("cuda_ipc", f"pull {eng}: {a.blocks} x {a.block_kib} KiB", sz / s / 1e9,
-                             "ok" if wrong == 0 else "FAIL", f"wrong {wrong}; 2 processes, one handle"))
-        q_out.put(rows)
-    except Exception as exc:
-        q_out.put([_row("cuda_ipc", "pull between 2 processes", status="FAIL", note=f"{type(exc).__name__}: {exc}")])
-
-
-def ipc_rows(a) -> list[dict]:
-    """cuda_ipc between two processes started here (on one GPU when there is one, else GPUs 0 and 1)."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    to_reader, to_source, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    nbytes = min(a.pool_mib, 512) << 20
-    src = ctx.Process(target=_ipc_source, args=(to_reader, to_source, nbytes))
-    src.start()
-    rd = ctx.Process(target=_ipc_reader, args=(to_reader, results, nbytes, a, 1 if _count() > 1 else 0))
-    rd.start()
-    try:
-        rows = results.get(timeout=240)
-    except Exception:
-        rows = [_row("cuda_ipc", "pull between 2 processes", status="FAIL", note="no answer within 240 s")]
-    to_source.put("done")
-    for p in (rd, src):
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
-    return rows
-
-
-def _count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def harness_rows(a) -> list[dict]:
-    """cuda_ipc and staged through kvbench run on 2 ranks, where an MPI launcher exists."""
-    mpirun = a.mpirun or shutil.which("mpiexec") or shutil.which("mpirun")
-    if not mpirun:
-        return [_row("harness", "kvbench run -t cuda_ipc,staged", status="skipped",
-                     note="no MPI launcher (mpiexec/mpirun) on PATH")]
-    out = os.path.join(a.results, "gpucheck-runs")
-    cmd = [mpirun, "-n", "2", sys.executable, "-m", "kvbench", "run", "-t", "cuda_ipc,staged", "--memory", "cuda",
-           "--copy", "memcpy,kernel,batch", "--op", "push,pull", "--tokens", "4096", "-n", "10",
-           "--variants", "bulk,paged", "-o", out, "--name", "gpucheck"]
-    t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if p.returncode not in (0, 2):
-        return [_row("harness", "kvbench run -t cuda_ipc,staged", status="FAIL",
-                     note=(p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:100])]
-    import pandas as pd
-
-    path = max(glob.glob(os.path.join(out, "*", "*.parquet")), key=os.path.getmtime)
-    df = pd.read_parquet(path)
-    ok = df[(df["iter"] >= 0) & (df["status"] == "ok")]
-    wrong = df[df["iter"] == -1].groupby(["transport", "copy", "op", "variant"])["nwrong"].sum()
-    t = ok.groupby(["transport", "copy", "op", "variant", "iter"])["seconds"].max().groupby(
-        ["transport", "copy", "op", "variant"]).median()
-    pay = ok.groupby(["transport", "copy", "op", "variant"])["payload_bytes"].first()
-    rows = []
-    for key, sec in t.items():
-        w = int(wrong.get(key, 0))
-        rows.append(_row("harness", f"{key[0]} {key[2]} {key[3]} copy={key[1]}", pay[key] / sec / 1e9,
-                         "ok" if w == 0 else "FAIL", f"#wrong {w}"))
-    for _, r in df[df["status"] == "skipped"].drop_duplicates(["transport", "copy"]).iterrows():
-        rows.append(_row("harness", f"{r['transport']} copy={r['copy']}", status="skipped", note=r["reason"][:80]))
-    rows.append(_row("harness", "results", note=f"{path} ({time.time() - t0:.0f} s)"))
-    return rows
-
-
-def run_all(a) -> list[dict]:
-    import torch
-
-    pool = D.alloc(a.pool_mib << 20, "cuda")
-    D.fill(pool.tensor, 0)
-    torch.cuda.synchronize()
-    rows = [_row("device", torch.cuda.get_device_name(0), note=f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                 f"{torch.cuda.device_count()} GPU(s)")]
-    steps = [("pool", lambda: pool_rows(a, pool)), ("copy", lambda: copy_rows(a, pool)),
-             ("hostdev", lambda: hostdev_rows(a, pool))]
-    for name, fn in steps:
-        if name in a.only:
-            try:
-                rows += fn()
-            except Exception as exc:  # one failed check is a row, the others still run
-                rows.append(_row(name, "error", status="FAIL", note=f"{type(exc).__name__}: {exc}"[:100]))
-    pool.release()
-    torch.cuda.empty_cache()
-    if "ipc" in a.only:
-        rows += ipc_rows(a)
-    if "harness" in a.only:
-        rows += harness_rows(a)
-    if "prefill" in a.only:
-        rows += prefill_rows(a)
-    return rows
-
-
-def prefill_rows(a) -> list[dict]:
-    """Real prefill on the GPU: llama-3-8b's layer matmuls for 4096 tokens (events per layer, prefill.py), then,
-    where an MPI launcher exists, streaming against serial through kvbench run (exposed time vs the model)."""
-    from kvbench.harness import prefill as P
-    from kvbench.model import shapes as M
-
-    shape, tokens = M.get_model("llama-3-8b"), 4096
-    rows = []
-    try:
-        rp = P.RealPrefill(shape, tokens, shape.layers, "cuda:0", "bf16")
-        took = []
-        for _ in range(1 + a.repeats):  # the first one warms cuBLAS up
-            rp.start()
-            rp.wait_all()
-            ordered = all(x < y for x, y in zip(rp.times, rp.times[1:]))
-            took.append(rp.measured_s)
-        s = float(np.median(took[1:]))
-        tflops = P.layer_flops(shape, tokens) * shape.layers / s / 1e12
-        rows.append(_row("prefill", f"real llama-3-8b {tokens} tok, {shape.layers} events", status="ok" if ordered
-                         else "FAIL", note=f"{s * 1e3:.1f} ms, {tflops:.0f} TFLOP/s achieved; per-layer events "
-                         f"{'in order' if ordered else 'OUT OF ORDER'}"))
-    except Exception as exc:
-        return [_row("prefill", "real prefill", status="FAIL", note=f"{type(exc).__name__}: {exc}"[:100])]
-    mpirun = a.mpirun or shutil.which("mpiexec") or shutil.which("mpirun")
-    if not mpirun:
-        return rows + [_row("prefill", "real prefill streaming (kvbench run)", status="skipped",
-                            note="no MPI launcher (mpiexec/mpirun) on PATH")]
-    out = os.path.join(a.results, "gpucheck-runs")
-    cmd = [mpirun, "-n", "2", sys.executable, "-m", "kvbench", "run", "-t", "cuda_ipc", "--memory", "cuda",
-           "--prefill", "real", "--overlap", "serial,streaming", "--op", "push", "-m", "llama-3-8b", "--tokens",
-           str(tokens), "-n", "10", "--variants", "bulk,paged", "-o", out, "--name", "gpucheck-prefill"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if p.returncode not in (0, 2):
-        return rows + [_row("prefill", "real prefill streaming (kvbench run)", status="FAIL",
-                            note=(p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:100])]
-    import pandas as pd
-
-    path = max(glob.glob(os.path.join(out, "*", "*.parquet")), key=os.path.getmtime)
-    df = pd.read_parquet(path)
-    ok = df[(df["iter"] >= 0) & (df["status"] == "ok")]
-    bulk = ok[ok["variant"] == "bulk"].groupby("iter")["seconds"].max().median()
-    dec = ok[(ok["variant"] == "paged") & (ok["role"] == "decode")]
-    exp = dec.groupby("overlap")["exposed_s"].median()
-    wrong = int(df[df["iter"] == -1]["nwrong"].fillna(0).sum())
-    model = bulk / shape.layers  # streaming: the last layer's share when the prefill outlasts the transfer
-    good = wrong == 0 and exp.get("streaming", np.inf) < exp.get("serial", 0)
-    rows.append(_row("prefill", "real prefill: exposed streaming/serial", status="ok" if good else "FAIL",
-                     note=f"{exp.get('streaming', np.nan) * 1e3:.2f} / {exp.get('serial', np.nan) * 1e3:.2f} ms "
-                     f"(model T/L {model * 1e3:.2f} ms, T {bulk * 1e3:.2f}); #wrong {wrong}"))
-    return rows
+            host = torch.empty(n, dtype=torch.uint8, pin_memory=kind == "pinned")
+            host.fill_(7)
+            note = "host to host on the CPU" if target.rehearsal else ""
+            with stream(target):
+                s = timed(target, lambda h=host: dev.copy_(h, non_blocking=True), a.repeats)
+                sync(target)
+                ok = bool((dev[:: 1 << 20] == 7).all())
+                rows.append(row("host<->dev", f"H2D {kind} {n >> 20} MiB", n / s / 1e9, "ok" if ok else "FAIL", note))
+                host.fill_(0)
+                s = timed(target, lambda h=host: h.copy_(dev, non_blocking=True), a.repeats)
+                sync(target)
+                ok = bool((host[:: 1 << 20] == 7).all())
+                rows.append(row("host<->dev", f"D2H {kind} {n >> 20} MiB", n / s / 1e9, "ok" if ok else "FAIL", note))
+        return rows
+    finally:
+        pool.release()

@@ -112,9 +112,10 @@ test: $(STAMP) sysdeps
 # system packages, installed when root with apt-get; otherwise what needs one skips (a test) or reports its row
 # unavailable (a bench), naming the package. The benches need libibverbs1 (Mooncake's wheel links it even without
 # an RDMA device; not checked where the library is already there or ENGINES=0); the tests also chromium (the report
-# page's rendering test), iperf3 and iproute2 (selftest's reference, namespaces and tc).
+# page's rendering test), iperf3 and iproute2 (selftest's reference, namespaces and tc), and python3-pyverbs
+# (rdma-core's real pyverbs objects, which the verbs tests build against a fake device).
 BENCHPKGS ?= libibverbs1
-SYSPKGS ?= chromium iperf3 iproute2 $(BENCHPKGS)
+SYSPKGS ?= chromium iperf3 iproute2 python3-pyverbs $(BENCHPKGS)
 sysdeps:
 	@missing=$$(for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done 2>/dev/null); \
 	if [ -z "$$missing" ]; then exit 0; fi; \

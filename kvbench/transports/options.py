@@ -98,6 +98,8 @@ class VerbsOptions(_Opts):
     device: str | None = Field(None, description="RDMA device, e.g. mlx5_0 (default: the first)")
     port: int = Field(1, ge=1, le=255, description="port number on the device")
     qps: int = Field(1, ge=1, le=64, description="RC queue pairs per peer")
+    gid: int | None = Field(None, ge=0, le=65535, description="GID index (default: the port's RoCE v2 GID, "
+                            "IPv4-mapped first; InfiniBand ports: 0)")
 
 
 SCHEMAS: dict[str, type[_Opts]] = {

@@ -1,0 +1,125 @@
+"""verbs' setup against the device: the GID to route by, the QP attributes of each state transition, the
+pool's registration (host MR, dma-buf MR, nvidia-peermem MR).  pyverbs is imported inside the functions: it
+is optional, and these run only where an RDMA device exists (tests: a fake device, tests/fakes/)."""
+from __future__ import annotations
+
+import os
+
+from kvbench.transports.base import TransportError
+
+from .plan import IBV_LINK_LAYER_INFINIBAND, peermem, pick_gid
+
+SYSFS = "/sys/class/infiniband"
+RNR_TIMER, TIMEOUT, RETRIES, RD_ATOMIC, HOP_LIMIT = 12, 14, 7, 16, 64  # rdma-core's tests and NCCL use these
+
+
+def gid_type(vctx, device: str, port: int, index: int) -> int:
+    """A GID's type: pyverbs' query where it has one, else sysfs (1: RoCE v2, as IBV_GID_TYPE_SYSFS_ROCE_V2)."""
+    try:
+        return int(vctx.query_gid_type(port, index))
+    except AttributeError:  # rdma-core before ibv_query_gid_type
+        pass
+    try:
+        with open(f"{SYSFS}/{device}/ports/{port}/gid_attrs/types/{index}") as fh:
+            return 1 if "v2" in fh.read() else 0
+    except OSError:
+        return 0
+
+
+def local_port(vctx, device: str, port: int, gid_opt: int | None) -> dict:
+    """What a peer needs of this port to address it: LID, GID (index and value), MTU, link layer."""
+    pa = vctx.query_port(port)
+    ib = pa.link_layer in (0, IBV_LINK_LAYER_INFINIBAND)
+    table = []
+    if gid_opt is None and not ib:
+        for i in range(pa.gid_tbl_len):
+            try:
+                table.append((i, str(vctx.query_gid(port, i)), gid_type(vctx, device, port, i)))
+            except Exception:  # an empty or unreadable entry: not one to route by
+                continue
+    try:
+        index = pick_gid(table, ib, gid_opt)
+    except ValueError as exc:
+        raise TransportError(f"verbs: {device} port {port}: {exc}") from None
+    if index >= pa.gid_tbl_len:
+        raise TransportError(f"verbs: -O gid={index} is past {device} port {port}'s {pa.gid_tbl_len} GIDs")
+    return {"lid": pa.lid, "gid": str(vctx.query_gid(port, index)), "gid_index": index, "mtu": pa.active_mtu,
+            "ib": ib}
+
+
+def init_attr(port: int):
+    """RESET -> INIT (pyverbs applies it when the QP is made): the port, P_Key 0, and remote WRITE and READ
+    allowed into this QP's memory, which an RDMA WRITE or READ from the peer needs besides the MR's flags."""
+    from pyverbs.enums import IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE
+    from pyverbs.qp import QPAttr
+
+    a = QPAttr(port_num=port)
+    a.pkey_index = 0
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+    return a
+
+
+def rts_attr(port: int, me: dict, peer: dict, qpn: int, my_psn: int, peer_psn: int, rd_atomic: int):
+    """INIT -> RTR -> RTS in one QPAttr (pyverbs' to_rts applies the RTR fields, then the RTS ones).
+    RTR: the path MTU both ports carry, the peer's QP and PSN, READs it may have in flight at us, the RNR
+    timer, and its address (GID and GRH on RoCE, LID on InfiniBand).  RTS: our PSN, ACK timeout and retries,
+    and READs we may have in flight at it (``rd_atomic``, within what it accepts)."""
+    from pyverbs.addr import GID, AHAttr, GlobalRoute
+    from pyverbs.qp import QPAttr
+
+    a = QPAttr(port_num=port, path_mtu=min(me["mtu"], peer["mtu"]))
+    a.dest_qp_num, a.rq_psn, a.sq_psn = qpn, peer_psn, my_psn
+    a.max_dest_rd_atomic, a.max_rd_atomic = me["rd_dest"], min(rd_atomic, peer["rd_dest"])
+    a.min_rnr_timer, a.timeout, a.retry_cnt, a.rnr_retry = RNR_TIMER, TIMEOUT, RETRIES, RETRIES
+    if me["ib"]:
+        a.ah_attr = AHAttr(dlid=peer["lid"], port_num=port, is_global=0)
+    else:
+        gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=me["gid_index"], hop_limit=HOP_LIMIT)
+        a.ah_attr = AHAttr(gr=gr, is_global=1, port_num=port)
+    return a
+
+
+def register(pd, pool, access) -> tuple[object, str, int]:
+    """(MR, what kind, the address of the pool's first byte in the MR's address space)."""
+    from pyverbs.mr import MR
+
+    if pool.kind != "cuda":
+        return MR(pd, pool.nbytes, access, address=pool.addr), "host MR", pool.addr
+    fd = dmabuf_fd(pool.addr, pool.nbytes)
+    if fd is not None:
+        from pyverbs.mr import DmaBufMR
+
+        try:  # pyverbs registers with iova = offset: the MR's addresses start at 0, not at the device pointer
+            return DmaBufMR(pd, pool.nbytes, access, dmabuf=fd, offset=0), "dma-buf", 0
+        finally:
+            os.close(fd)
+    if peermem() is None:
+        raise TransportError("verbs: GPU memory needs dma-buf (CUDA 11.7+ driver and kernel 5.12+) or the "
+                             "nvidia-peermem module (modprobe nvidia-peermem)")
+    return MR(pd, pool.nbytes, access, address=pool.addr), "nvidia-peermem MR", pool.addr
+
+
+def dmabuf_fd(addr: int, nbytes: int) -> int | None:
+    """cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) for the pool, or None."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    fn = getattr(lib, "cuMemGetHandleForAddressRange", None)
+    if fn is None:
+        return None
+    fd = ctypes.c_int(-1)
+    rc = fn(ctypes.byref(fd), ctypes.c_uint64(addr), ctypes.c_size_t(nbytes), ctypes.c_int(1), ctypes.c_ulonglong(0))
+    return fd.value if rc == 0 and fd.value >= 0 else None
+
+
+def memlock_hint() -> str:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return (f" (the locked-memory limit is {soft / 2**20:.0f} MiB: raise it with 'ulimit -l unlimited', or "
+            "memlock in /etc/security/limits.conf, or LimitMEMLOCK=infinity for a systemd service)")

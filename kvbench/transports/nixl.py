@@ -112,7 +112,8 @@ class NixlTransport(Transport):
         if "UCX" not in self.agent.backends:
             raise TransportError("nixl: the UCX backend plugin is missing from this NIXL build")
         self.seg = "VRAM" if pool.kind == "cuda" else "DRAM"
-        self.devid = int(getattr(pool, "device", 0) or 0) if self.seg == "VRAM" else 0
+        # a torch.device has no number protocol (int() is a TypeError): its index is the GPU's ordinal
+        self.devid = int(pool.tensor.device.index or 0) if self.seg == "VRAM" else 0
         self.addr, self.nbytes = int(pool.addr), int(pool.nbytes)
         try:
             self.reg = self.agent.register_memory(

@@ -22,7 +22,7 @@ import numpy as np
 from kvbench.memory import verify
 from kvbench.model.layout import Pool
 
-from . import host
+from . import driver, host, pattern
 from .pattern import POISON
 
 KINDS = ("host", "torch-cpu", "pinned", "cuda")
@@ -95,10 +95,24 @@ class DevicePool(Pool):
         self.tensor = self.array = self._keep = None
 
 
+_BOUND: int | None = None  # the GPU bind() made current (the harness's placement)
+
+
+def bind(gpu: int) -> None:
+    """Make ``gpu`` this process's current device (torch, cupy and the driver's calls from this thread)."""
+    global _BOUND
+    _torch().cuda.set_device(gpu)
+    driver.ensure_context(gpu)
+    _BOUND = gpu
+
+
 def local_device() -> int:
-    """This rank's GPU: its rank on the node (MPICH, Open MPI, Slurm) modulo the GPUs it sees."""
+    """This rank's GPU: the one placement bound, else its rank on the node (MPICH, Open MPI, Slurm) modulo the
+    GPUs it sees."""
     import os
 
+    if _BOUND is not None:
+        return _BOUND
     for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var]) % max(1, _torch().cuda.device_count())
@@ -186,6 +200,10 @@ def fill(tensor, rank: int) -> None:
     chunk = min(_CHUNK, step(int(tensor.numel())))
     for start in range(0, n, chunk):
         k = min(chunk, n - start)
+        if pattern.CONTENTS is not None:  # --fill realistic / file: drawn on the host, a piece at a time
+            words[start : start + k] = torch.from_numpy(pattern.pattern_words(rank, start, k).view(np.int32)).to(
+                tensor.device)
+            continue
         idx = torch.arange(start, start + k, dtype=torch.int64, device=tensor.device)
         words[start : start + k] = _words(torch, idx, rank)
     if tensor.numel() % 4:
@@ -217,6 +235,9 @@ def _positions(torch, descs: np.ndarray, col: int, device):
 
 def expected(torch, rank: int, descs: np.ndarray, epoch: int, device):
     """What ``rank``'s pool holds at the SRC ranges of ``descs`` (one piece) in ``epoch``, back to back, as uint8."""
+    if pattern.CONTENTS is not None:  # values other than the check pattern: verify.py's, moved to the device
+        host = [verify.expected(rank, s, n, epoch) for s, _, n in descs.tolist()]
+        return torch.from_numpy(np.concatenate(host) if host else np.zeros(0, np.uint8)).to(device)
     pos = _positions(torch, descs, 0, device)
     w = _words(torch, pos >> 2, rank, epoch)
     return ((w >> ((pos & 3) * 8).to(torch.int32)) & 0xFF).to(torch.uint8)

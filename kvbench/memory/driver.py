@@ -30,6 +30,7 @@ class _State:
         self.primary: dict[int, object] = {}  # device -> its retained primary context
         self.local = threading.local()  # per thread: the bound device, its copy streams
         self.batch = None  # batch_fn()'s answer
+        self.memcpy = 0  # cuMemcpyAsync's address
 
 
 _state = _State()
@@ -193,4 +194,6 @@ def _batch_fn():
 
 def memcpy_async_addr() -> int:
     """The address of cuMemcpyAsync (called from C once per descriptor: kvbench._native.call_copies)."""
-    return entry("cuMemcpyAsync", 12000)
+    if not _state.memcpy:
+        _state.memcpy = entry("cuMemcpyAsync", 12000)
+    return _state.memcpy

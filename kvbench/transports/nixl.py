@@ -98,6 +98,9 @@ class NixlTransport(Transport):
             raise Unavailable(self.probe() or str(exc)) from None
         if "NIXL_LOG_LEVEL" not in os.environ:  # nixl configures its logger at import, at INFO
             logging.getLogger("nixl").setLevel(logging.WARNING)  # per-agent INFO lines clutter tables
+        if self.ctx.nic and pool.kind == "cuda" and "UCX_NET_DEVICES" not in os.environ:
+            os.environ["UCX_NET_DEVICES"] = f"{self.ctx.nic}:1"  # the RDMA NIC nearest this rank's GPU (placing.py)
+            self.env_set = f"UCX_NET_DEVICES={self.ctx.nic}:1"
         if "UCX_MODULES" not in os.environ and not os.path.exists("/sys/class/infiniband"):
             # NIXL's bundled libnl (pulled in by UCX's ib module) segfaults in its exit destructor
             # when NIXL's UCX loads before MPI's; without RDMA devices the ib module is useless anyway

@@ -23,19 +23,19 @@ def test_pieces_cover_every_byte_in_order_within_the_limit():
 
 
 def test_the_check_and_fill_never_take_one_index_per_payload_byte(monkeypatch):
-    """A 4 MiB pool, a request of most of it: each step's temporaries fit in budget(pool) = pool/8."""
-    pool = 4 << 20
+    """A 1 MiB pool, a request of a third of it: each step's temporaries fit in budget(pool) = pool/8."""
+    pool = 1 << 20
     sizes = []
     real_words = D._words
     monkeypatch.setattr(D, "_words", lambda torch, idx, *a: (sizes.append(idx.numel()), real_words(torch, idx, *a))[1])
     t = torch.zeros(pool, dtype=torch.uint8)
     D.fill(t, 3)
-    descs = np.array([[0, 2 << 20, 1 << 20], [1 << 20, (3 << 20) + 5, 700_001]], np.int64)
+    descs = np.array([[0, 1 << 19, 200_000], [300_000, (1 << 19) + 300_000, 100_001]], np.int64)
     D.poison(t, descs, 3, 9)
     D.write_epoch(t, descs, 3, 9)
     copy, where = D.snapshot(t, [descs])
     assert copy.device.type == "cpu"
-    assert D.count_wrong(copy, where, 3, 2, 9) == (1 << 20) // 2 + 700_001  # still poisoned: all wrong
+    assert D.count_wrong(copy, where, 3, 2, 9) == 100_000 + 100_001  # still poisoned: all wrong
     assert max(sizes) * D._PER_ELEM <= D.budget(pool) and len(sizes) > 4
     assert D.budget(1 << 40) == 1 << 30
 

@@ -59,12 +59,13 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mp
 	  echo "warning: an engine did not install; its rows will say unavailable" >&2; \
 	fi
 	@if $(BIN)/python -c "import ctypes; ctypes.CDLL('libcuda.so.1')" 2>/dev/null; then \
-	  echo "CUDA driver found: installing kvbench[gpu] (torch, cupy)"; \
-	  $(BIN)/python -m pip install -q -e '.[gpu]' || echo "warning: kvbench[gpu] did not install" >&2; \
+	  x=$$($(BIN)/python -c "import ctypes; v = ctypes.c_int(); ctypes.CDLL('libcuda.so.1').cuDriverGetVersion(ctypes.byref(v)); print('gpu' if v.value >= 13000 else 'gpu-cu12')"); \
+	  echo "CUDA driver found: installing kvbench[$$x] (torch, cupy, cuda-bindings)"; \
+	  $(BIN)/python -m pip install -q -e ".[$$x]" || echo "warning: kvbench[$$x] did not install" >&2; \
 	else \
 	  echo "no CUDA driver: installing CPU torch==$(TORCH_CPU) so the device layer's tests run on CPU tensors"; \
-	  $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==$(TORCH_CPU) || \
-	  echo "warning: torch did not install; the device tests will skip" >&2; \
+	  $(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==$(TORCH_CPU) cuda-bindings || \
+	  echo "warning: torch or cuda-bindings did not install; the device tests will skip" >&2; \
 	fi
 	@touch $@
 

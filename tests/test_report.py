@@ -428,6 +428,20 @@ def test_compare_reads_an_older_schema_it_can_upgrade(tmp_path, kv):
     assert r.returncode == 0 and "2 case(s) compared" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_schema_4_file_reads_in_report_and_compare_with_placement_at_defaults(tmp_path, kv):
+    from kvbench.report.tables import read
+
+    a = synth(tmp_path / "a", "a")
+    old = synth(tmp_path / "o", "o", schema=4)
+    pd.read_parquet(old).drop(columns=["gpu", "nic", "same_gpu"]).to_parquet(old)  # as a schema-4 writer left it
+    r = kv("compare", a, old, "--fail-above", "5%")
+    assert r.returncode == 0 and "2 case(s) compared" in r.stdout, r.stdout + r.stderr
+    r = kv("report", old, "-o", str(tmp_path / "page"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    df, _ = read(old)
+    assert (df.gpu == -1).all() and (df.nic == "").all() and not df.same_gpu.any()
+
+
 def test_the_live_table_adds_a_column_only_for_an_axis_a_case_leaves_at_its_default():
     from kvbench.report import tables as T
 

@@ -5,6 +5,8 @@ import json
 import pytest
 from test_errors import assert_one_line
 
+from kvbench.results.store import SCHEMA_VERSION
+
 ARGS = ["-t", "shm,tcp", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "2", "-w", "0",
         "--variants", "bulk,paged", "--rounds", "1"]
 KEYS = ["transport", "op", "variant", "block_size", "allocation", "coalesce", "rank", "iter"]
@@ -79,4 +81,21 @@ def test_resume_continues_an_older_schema_run_as_this_one(kvrun, tmp_path, inter
     assert final[final.transport == "shm"].cache_bytes.isna().all()  # the older rows: not recorded
     assert (final[final.transport == "tcp"].cache_bytes == 0).all()
     meta = interrupted.meta()
-    assert meta["schema_version"] == 4 and meta["resumed"][0]["upgraded_from_schema"] == 3
+    assert meta["schema_version"] == SCHEMA_VERSION and meta["resumed"][0]["upgraded_from_schema"] == 3
+
+
+def test_resume_continues_a_schema_4_run_with_the_placement_columns_at_their_defaults(kvrun, tmp_path, interrupted):
+    path = interrupted.results
+    meta_path = path.replace(".parquet", ".meta.json")
+    meta = json.load(open(meta_path))
+    meta["schema_version"] = 4  # as a schema-4 kvbench left it: no placement
+    meta.pop("placement", None)
+    meta.pop("gpu_map", None)
+    json.dump(meta, open(meta_path, "w"))
+    interrupted.table().drop(columns=["gpu", "nic", "same_gpu"]).to_parquet(path)
+    r = kvrun(["--resume", path], out_dir=tmp_path / "unused")
+    assert r.code == 0, r.out + r.err
+    final = interrupted.table()
+    assert sorted(set(final.case)) == [1, 2, 3, 4, 5, 6]
+    assert (final.gpu == -1).all() and (final.nic == "").all() and not final.same_gpu.any()
+    assert interrupted.meta()["resumed"][0]["upgraded_from_schema"] == 4

@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from kvbench.results.store import SCHEMA_VERSION
+
 SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-n", "3", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]
 
 
@@ -37,7 +39,7 @@ def test_loopback_and_shm_quick_table_and_meta(kvrun):
     assert set(df.op) == {"push", "pull"}
     assert int(df.nwrong.fillna(0).sum()) == 0
     meta = json.load(open(r.results.replace(".parquet", ".meta.json")))
-    assert meta["schema_version"] == 4
+    assert meta["schema_version"] == SCHEMA_VERSION
     assert meta["world_size"] == 2 and meta["suite"]["axes"]["transport"] == ["loopback", "shm"]
     assert meta["status"] == "OK" and "system" in meta and "libraries" in meta and "git_commit" in meta
     # table rows: 2 transports x 2 ops x (3 block sizes + bulk)

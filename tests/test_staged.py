@@ -76,17 +76,18 @@ def test_host_transports_skip_device_memory_and_staged_skips_host_rows(kvrun):
     assert (ran["nwrong"] == 0).all()
 
 
-def test_cuda_memory_rows_are_skipped_with_the_reason_here(kvrun):
+def test_cuda_memory_without_a_gpu_is_refused_in_one_line_with_the_reason(kvrun, tmp_path):
+    """--memory cuda where no GPU is: one line, exit 1, nothing written (it once gave skipped rows, exit 3)."""
+    from test_errors import assert_nothing_written, assert_one_line
+
     from kvbench.memory import device
 
     if device.probe("cuda") is None:
         pytest.skip("a GPU is present")
     r = kvrun(["-t", "staged,cuda_ipc", "--memory", "cuda", "--tokens", "256", "-n", "1", "-w", "0",
                "--variants", "paged", "--rounds", "1"], timeout=60)
-    assert r.code == 3, r.out + r.err  # nothing measured
-    reasons = r.table().set_index("transport")["reason"]
-    assert reasons["staged"] == "unavailable: no CUDA device (no CUDA driver: libcuda.so.1 does not load)"
-    assert reasons["cuda_ipc"] == "unavailable: no CUDA device (no CUDA driver: libcuda.so.1 does not load)"
+    assert_one_line(r, "--memory cuda: no CUDA device (no CUDA driver: libcuda.so.1 does not load)")
+    assert_nothing_written(tmp_path)
 
 
 def test_the_check_computed_with_torch_ops_holds_through_the_harness(kvrun):

@@ -55,6 +55,9 @@ def build_parser() -> Parser:
     r.add_argument("-f", "--stepfactor", type=int, default=2, help="block size multiplication factor (default 2)")
     r.add_argument("-n", "--iters", type=int, help="timed iterations per case (default 20)")
     r.add_argument("-w", "--warmup", type=int, help="untimed warm-up iterations per case (default 3)")
+    r.add_argument("--gpu-map", metavar="0,1,..",
+                   help="--memory cuda: the GPU of each rank on a node, by its local rank (default: local rank k "
+                        "takes GPU k, modulo the GPUs it sees)")
     r.add_argument("--bind", choices=("none", "core"), default="none",
                    help="core: pin each rank to one CPU (by its index on its host) before anything starts, so the "
                         "scheduler cannot wake a receiver onto its sender's CPU; none (default): as launched")

@@ -10,11 +10,13 @@ from kvbench import __version__, transports
 from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
+from kvbench.harness import placing
 from kvbench.harness.loop import Harness, UserError
 from kvbench.job import cleanup, comm, faults
 from kvbench.job import status as ST
 from kvbench.job.guard import GUARD, describe
 from kvbench.memory.cachestate import SAYS
+from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
 from kvbench.results.lock import LockHeld, ResultLock
@@ -126,9 +128,10 @@ def run(a, argv: list[str]) -> int:
         mpich = c.gather(cleanup.mapped_mpich())
         swept = c.gather(swept)
         try:
+            h.placement = placing.place(c, cases, cfg.gpu_map)  # each rank's GPU bound before any pool
             h.preflight(cases, suite.scheme)
             err = None
-        except UserError as exc:
+        except (UserError, PlacementError) as exc:
             err = str(exc)
         lock = None
         if err is None and c.rank == 0 and cfg.resume:
@@ -218,7 +221,8 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
 
     suite, cases = cfg.suite, cfg.cases
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus)
-                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)):
+                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)
+                 + placing.preamble(h.placement, cases, make_pairs(suite.scheme, c.size))):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:
@@ -227,7 +231,8 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
             "models": cfg.models, "argv": argv, "transport_options": cfg.transport_options,
             "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
             "system": system_description(), "hosts": hosts, "world_size": c.size,
-            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id,
+            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id, "gpu_map": cfg.gpu_map,
+            "placement": h.placement,  # per rank: host, local rank, GPU (-1: none) and its PCI bus, nearest NIC
             "shm_segments": {"kvbench": f"{cleanup.SHM_DIR}/kvbench_{h.run_id}_*",
                              "mpich": sorted({p for part in mpich for p in part})},
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -38,7 +38,7 @@ from kvbench.codecs.base import calibrate
 from kvbench.codecs.cast import POOL, _np_dtype, outside
 from kvbench.job import faults
 from kvbench.job.comm import TAG_CODEC_TABLE
-from kvbench.memory import values, verify
+from kvbench.memory import device, values, verify
 from kvbench.model.descriptors import DST, LEN, SRC
 from kvbench.model.schemes import control_bytes
 from kvbench.transports.base import Transport, TransportError
@@ -96,7 +96,11 @@ def fill_pools(pools: list, rank: int, held: tuple, want: tuple) -> tuple:
     if held[0] != want[0] or (want[0] != "pattern" and held != want):
         memory.use(values.make(*want))
         for p in pools:
-            memory.fill(p.array, rank)
+            if p.array is None:  # a CUDA pool: filled where it lives, in pieces (memory/device.py)
+                device.fill(p.tensor, rank)
+                device.sync(p)
+            else:
+                memory.fill(p.array, rank)
         return want
     return held
 
@@ -114,6 +118,8 @@ def codec_refused(transport: str, case: dict) -> str | None:
     """Why this case's codec cannot run on ``transport`` (None: no codec, or it can)."""
     if case.get("codec", "none") == "none":
         return None
+    if case.get("memory", "host") != "host":
+        return f"codecs encode host pools (memory host), not {case['memory']} pools: none runs on a device yet"
     return why_not(transport, case["op"])
 
 

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbench import transports
 from kvbench.config import suite as S
+from kvbench.memory import device, driver, placement
 from kvbench.model import shapes as M
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.transports import options as O
@@ -44,6 +46,7 @@ class RunConfig(BaseModel):
     results: str
     name: str
     bind: Literal["none", "core"] = "none"
+    gpu_map: list[int] | None = None  # --gpu-map: per local rank, its GPU (memory/placement.py)
     progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/cli/progress.py)
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
@@ -59,7 +62,7 @@ class RunConfig(BaseModel):
         s = self.suite
         return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
                        pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,
-                       fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption,
+                       fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption, gpu_map=self.gpu_map,
                        variants=tuple(s.variants), transport_options=self.transport_options)
 
 
@@ -180,11 +183,43 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
         raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
                           "bounce buffer (use --memory torch-cpu, pinned or cuda)")
     real_prefill(suite)
+    gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
-    return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts,
+    return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map,
                      results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), name=a.name or suite.name, bind=a.bind,
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
+
+
+def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:
+    """--memory cuda and --gpu-map against the transports and this node's GPUs; the map as ordinals."""
+    try:
+        gpu_map = placement.parse_gpu_map(gpu_map_text)
+    except placement.PlacementError as exc:
+        raise ConfigError(str(exc)) from None
+    kinds = suite.axes.memory
+    coded = [c for c in suite.axes.codec if c != "none"]
+    if coded and "host" not in kinds:  # in a sweep with host pools too, the device rows are skipped with the reason
+        raise ConfigError(f"--codec {coded[0]}: codecs encode host pools, and --memory {', '.join(kinds)} has none: "
+                          "no codec runs on a device yet (add --memory host)")
+    if "cuda" in kinds:
+        for name in suite.axes.transport:
+            try:
+                caps = transports.load(name).caps
+            except Exception:  # unavailable here: its rows say why
+                continue
+            if not set(kinds) & set(caps.memory):
+                raise ConfigError(f"--memory cuda: {name} moves {', '.join(caps.memory)} memory, not "
+                                  f"{', '.join(kinds)} (GPU memory: cuda_ipc, staged, nixl, verbs)")
+        why = device.probe("cuda")
+        if why:
+            raise ConfigError(f"--memory cuda: {why}")
+    if gpu_map:
+        try:
+            placement.check_gpu_map(gpu_map, driver.device_count())
+        except placement.PlacementError as exc:
+            raise ConfigError(str(exc)) from None
+    return gpu_map
 
 
 def real_prefill(suite: S.Suite) -> None:
@@ -234,7 +269,7 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
                        transport_options=meta.get("transport_options", {}),
                        results=root,
                        name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
-                       resume=path, argv=meta.get("argv", []))
+                       gpu_map=meta.get("gpu_map"), resume=path, argv=meta.get("argv", []))
     if gave_sweep(a) or a.option:
         mine = fresh(a, argv, world)
         for field in ("suite", "cases", "transport_options"):

@@ -51,14 +51,20 @@ def check(comm, rank: int, m: Measurement, pools: list[Pool], run_once, inject_c
     for e in mine:
         for d in e.layers:
             chk.poison(dst_pool, d, e.src, epoch)
+    if mine:  # device pools: the poison is queued GPU work; it must land before any peer writes these ranges
+        device.sync(pools[-1])
     copies: dict[int, tuple] = {}
     landed: dict[int, float] = {}
 
     def final(ks):
+        wrote = False
         for e in entries:
             if e.src == rank:
                 for k in ks:
                     chk.write_epoch(src_pool, e.layers[k], rank, epoch)
+                    wrote = True
+        if wrote:  # ... and the epoch must be in the source's memory before a peer (or a NIC) reads it
+            device.sync(pools[0])
 
     itr.on_final = final
     itr.on_landed = lambda e, at: (copies.setdefault(id(e), chk.snapshot(dst_pool, e.layers)),

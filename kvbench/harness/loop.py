@@ -19,7 +19,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import checkpass, preflight, requests
+from kvbench.harness import checkpass, placing, preflight, requests
 from kvbench.harness.requests import case_geometry, pool_bytes
 from kvbench.harness.rows import Rows
 from kvbench.harness.schedule import Iteration
@@ -53,6 +53,7 @@ class Options:
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
     fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
     cache: str = "as-is"  # where a request's bytes are when its iteration starts (cachestate.py)
+    gpu_map: list | None = None  # --gpu-map: per local rank, its GPU (memory/placement.py)
     transport_options: dict = field(default_factory=dict)
 
 
@@ -68,6 +69,7 @@ class Harness(Rows):
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
         self.on_group_done = None  # rank 0: called with a transport's name once all its rows are stored
+        self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
 
     def set_sink(self, sink) -> None:
         """Rank 0: where finished cases' rows go."""
@@ -81,11 +83,12 @@ class Harness(Rows):
         except SchemeError as exc:
             raise UserError(str(exc)) from None
         groups = []
-        for name, g in groupby(cases, key=lambda c: c["transport"]):
+        for (name, kind), g in groupby(cases, key=lambda c: (c["transport"], c.get("memory", "host"))):
             g = list(g)
             layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
-            groups.append((name, self.pool_size(g, entries), layer))
-        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages)
+            groups.append((name, self.pool_size(g, entries), layer, kind))
+        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages,
+                              self.placement[self.rank] if self.placement else None)
         if why:
             raise UserError(why)
 
@@ -134,7 +137,8 @@ class Harness(Rows):
         token = self.token if not faults.armed("token", self.rank) else bytes(16)
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
-                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"))
+                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
+                      **{k: (self.placement or [placing.NO_GPU] * (self.rank + 1))[self.rank][k] for k in ("gpu", "nic")})
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
@@ -220,7 +224,8 @@ class Harness(Rows):
     def _alloc(self, t, nbytes: int, kind: str = "host") -> Pool:
         if kind != "host":  # a device pool, filled where it lives (memory/device.py)
             try:
-                pool = device.alloc(nbytes, kind, pages=self.opts.pages)
+                gpu = self.placement[self.rank]["gpu"] if self.placement and kind == "cuda" else None
+                pool = device.alloc(nbytes, kind, pages=self.opts.pages, device=gpu if gpu is not None and gpu >= 0 else None)
             except device.DeviceMemoryError as exc:
                 raise UserError(str(exc)) from None
             device.fill(pool.tensor, self.rank)

@@ -12,6 +12,7 @@ import resource
 
 from kvbench import memory, transports
 from kvbench.job import cleanup
+from kvbench.memory import device
 
 GiB, MiB = 2**30, 2**20
 SETUP_BASE_S = 120.0  # connection set-up and registration on a large cluster
@@ -37,33 +38,64 @@ def memlock_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def _needs(name: str, nbytes: int, layer_bytes: int, options: dict, rank: int, pages: str) -> dict:
-    """What one rank needs for one transport's pools: RAM, /dev/shm, locked memory (bytes)."""
+def _needs(name: str, nbytes: int, layer_bytes: int, options: dict, rank: int, pages: str,
+           kind: str = "host") -> dict:
+    """What one rank needs for one transport's pools: RAM, /dev/shm, locked memory, device memory (bytes).
+    A cuda pool takes device memory (and the device check's share, device.budget), not RAM; the check's
+    snapshot and temporaries on the host stay RAM."""
     try:
         cls = transports.load(name)
     except Exception:  # unavailable: its rows are skipped, it allocates nothing
-        return {"ram": 0, "shm": 0, "locked": 0, "huge": 0}
+        return {"ram": 0, "shm": 0, "locked": 0, "huge": 0, "vram": 0}
     pools = (2 if rank == 0 else 0) if cls.caps.local_only else 1
+    check = 3 * layer_bytes if pools else 0  # the check's temporaries: expected words and a diff per descriptor
+    if kind == "cuda":  # device memory is neither host RAM nor pinned host pages
+        return {"ram": check, "shm": 0, "locked": 0, "huge": 0,
+                "vram": pools * nbytes + (device.budget(nbytes) if pools else 0)}
     placed = dict(cls.memory_needs(nbytes, options)) if pools else {}
     if pages == "huge" and pools and not placed.get("shm"):  # kvbench's own pools from the kernel's huge pages
         placed["huge"] = (pools if cls.caps.local_only else 1) * nbytes
-    check = 3 * layer_bytes if pools else 0  # the check's temporaries: expected words and a diff per descriptor
     return {"ram": pools * nbytes + check, "shm": placed.get("shm", 0), "locked": placed.get("locked", 0),
-            "huge": placed.get("huge", 0)}
+            "huge": placed.get("huge", 0), "vram": 0}
 
 
-def check(comm, groups: list[tuple[str, int, int]], options: dict[str, dict], pages: str = "4k") -> str | None:
+def device_facts(where: dict | None, groups: list[tuple]) -> tuple[str, int, int]:
+    """(this rank's GPU as "host:bus", its free and total bytes) when a group uses cuda pools, else ("", 0, 0)."""
+    if not where or where.get("gpu", -1) < 0 or not any(len(g) > 3 and g[3] == "cuda" for g in groups):
+        return "", 0, 0
+    free, total = device.free_bytes("cuda", where["gpu"])
+    return f"{where['host']}:{where['gpu_bus'] or where['gpu']}", free, total
+
+
+def check(comm, groups: list[tuple], options: dict[str, dict], pages: str = "4k", where: dict | None = None) -> str | None:
     """Collective: the first shortfall as one line (same on every rank), or None.
 
-    ``groups`` are (transport, pool bytes per rank, largest layer bytes) in run order; transports run
-    one after the other, so each is checked on its own.
+    ``groups`` are (transport, pool bytes per rank, largest layer bytes[, memory kind]) in run order;
+    transports run one after the other, so each is checked on its own.  ``where``: this rank's placement
+    (harness/placing.py): cuda pools are counted against its GPU's free memory, summed over the ranks sharing it.
     """
-    mine = [_needs(n, nb, lb, options.get(n, {}), comm.rank, pages) for n, nb, lb in groups]
+    mine = [_needs(g[0], g[1], g[2], options.get(g[0], {}), comm.rank, pages, g[3] if len(g) > 3 else "host")
+            for g in groups]
+    gpu, gpu_free, gpu_total = device_facts(where, groups)
     facts = comm.allgather((comm.hostname, mine, memory.available_bytes(), cleanup.shm_free_bytes(),
-                            memlock_limit(), memory.hugepages_free_bytes()))
-    for i, (name, _, _) in enumerate(groups):
+                            memlock_limit(), memory.hugepages_free_bytes(), (gpu, gpu_free, gpu_total)))
+    for i, g in enumerate(groups):
+        name = g[0]
+        gpus: dict[str, list] = {}
+        for *_, (gid, free, total) in facts:
+            if gid:
+                gpus.setdefault(gid, [0, free, total, 0])
+        for _, needs, *_, (gid, _, _) in facts:
+            if gid:
+                gpus[gid][0] += needs[i]["vram"]
+                gpus[gid][3] += 1
+        for gid, (need, free, total, ranks) in gpus.items():
+            if need > free:
+                return (f"{name}: --memory cuda pools need {need / GiB:.2f} GiB on GPU {gid} ({ranks} rank"
+                        f"{'s' if ranks > 1 else ''}) but it has {free / GiB:.2f} GiB free of {total / GiB:.2f} GiB: "
+                        "lower --tokens, --pool-factor or the model size")
         hosts: dict[str, dict] = {}
-        for host, needs, avail, shm_free, locked, huge_free in facts:
+        for host, needs, avail, shm_free, locked, huge_free, _ in facts:
             h = hosts.setdefault(host, {"ram": 0, "shm": 0, "huge": 0, "ranks": 0, "avail": avail, "shm_free": shm_free,
                                         "huge_free": huge_free})
             h["ram"] += needs[i]["ram"]

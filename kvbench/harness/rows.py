@@ -8,6 +8,7 @@ build their rows through the same ``base_row`` and ``deliver``.
 from __future__ import annotations
 
 from kvbench.codecs.path import codec_columns, lossy_columns
+from kvbench.harness import placing
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
 from kvbench.model.descriptors import CHUNKS
@@ -35,6 +36,7 @@ class Rows:
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
             "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
+            "gpu": -1, "nic": "", "same_gpu": False,  # placement (placing.columns) in a measured row
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
@@ -47,7 +49,8 @@ class Rows:
             base = dict(self.base_row(case, g, no), rank=self.rank, role=role, pair=e.pair, req=e.req,
                         payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
-                        queue_s=nan, arrival_s=nan, completion=rules[k])
+                        queue_s=nan, arrival_s=nan, completion=rules[k],
+                        **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst))
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
             for it, r in enumerate(rec):

@@ -112,6 +112,14 @@ class Comm:
         if requests:
             _mpi().Request.Waitall(requests)
 
+    def local_rank(self) -> int:
+        """This rank's index among the ranks sharing its node (MPI_COMM_TYPE_SHARED; collective)."""
+        node = self.world.Split_type(_mpi().COMM_TYPE_SHARED, key=self.rank)
+        try:
+            return node.Get_rank()
+        finally:
+            node.Free()
+
     def transport_comm(self):
         """A duplicate of COMM_WORLD reserved for the ``mpi`` transport."""
         if self._transport_comm is None:

@@ -11,8 +11,9 @@ on the device.
 
 Fill and check follow memory/pattern.py and verify.py to the bit (the same 32-bit words of (rank, word
 index), the same epoch mix, poison = the complement of what must land), computed with torch ops where the
-pool lives, so a multi-GB device pool is never copied to the host to be filled or checked.  Not on a timed
-path: the index tensors here are built once per check.
+pool lives, so a multi-GB device pool is never copied to the host to be filled or checked; in pieces, so the
+temporaries stay within an eighth of the pool and 1 GiB (``budget``), and the snapshot of a request's bytes is
+taken to host memory.  Not on a timed path.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import numpy as np
 from kvbench.memory import verify
 from kvbench.model.layout import Pool
 
-from . import host
+from . import driver, host, pattern
 from .pattern import POISON
 
 KINDS = ("host", "torch-cpu", "pinned", "cuda")
@@ -94,10 +95,24 @@ class DevicePool(Pool):
         self.tensor = self.array = self._keep = None
 
 
+_BOUND: int | None = None  # the GPU bind() made current (the harness's placement)
+
+
+def bind(gpu: int) -> None:
+    """Make ``gpu`` this process's current device (torch, cupy and the driver's calls from this thread)."""
+    global _BOUND
+    _torch().cuda.set_device(gpu)
+    driver.ensure_context(gpu)
+    _BOUND = gpu
+
+
 def local_device() -> int:
-    """This rank's GPU: its rank on the node (MPICH, Open MPI, Slurm) modulo the GPUs it sees."""
+    """This rank's GPU: the one placement bound, else its rank on the node (MPICH, Open MPI, Slurm) modulo the
+    GPUs it sees."""
     import os
 
+    if _BOUND is not None:
+        return _BOUND
     for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var]) % max(1, _torch().cuda.device_count())
@@ -160,21 +175,58 @@ def _words(torch, idx, rank: int, epoch: int = 0):
     return w
 
 
+# Extra memory the fill and the check may take where the pool lives, at most: an eighth of the pool, 1 GiB at
+# most.  Per element of a step the temporaries (int64 positions, shifted and masked copies, int32 words) take
+# under _PER_ELEM bytes, so a step handles budget / _PER_ELEM elements (words for the fill, bytes for the check).
+_BUDGET_MAX = 1 << 30
+_PER_ELEM = 64
+
+
+def budget(pool_bytes: int) -> int:
+    """Bytes of temporaries the fill and the check of a pool of ``pool_bytes`` may hold at once."""
+    return min(max(pool_bytes // 8, 1), _BUDGET_MAX)
+
+
+def step(pool_bytes: int) -> int:
+    """Elements per step (a multiple of 64, so a cut range keeps whole elements of every dtype)."""
+    return max(64, budget(pool_bytes) // _PER_ELEM // 64 * 64)
+
+
 def fill(tensor, rank: int) -> None:
     """pattern.fill on a uint8 tensor: ``rank``'s words over the whole pool, the tail bytes POISON."""
     torch = _torch()
     n = int(tensor.numel()) // 4
     words = tensor[: n * 4].view(torch.int32)
-    for start in range(0, n, _CHUNK):
-        k = min(_CHUNK, n - start)
+    chunk = min(_CHUNK, step(int(tensor.numel())))
+    for start in range(0, n, chunk):
+        k = min(chunk, n - start)
+        if pattern.CONTENTS is not None:  # --fill realistic / file: drawn on the host, a piece at a time
+            words[start : start + k] = torch.from_numpy(pattern.pattern_words(rank, start, k).view(np.int32)).to(
+                tensor.device)
+            continue
         idx = torch.arange(start, start + k, dtype=torch.int64, device=tensor.device)
         words[start : start + k] = _words(torch, idx, rank)
     if tensor.numel() % 4:
         tensor[n * 4 :] = POISON
 
 
+def pieces(descs: np.ndarray, limit: int) -> list[np.ndarray]:
+    """``descs`` cut into groups of rows of at most 2 * ``limit`` bytes in all, a row longer than ``limit`` cut at
+    multiples of ``limit`` from its start; the rows keep their order (so a copy back to back keeps its layout)."""
+    if not len(descs):
+        return []
+    n = np.maximum(1, -(-descs[:, 2] // limit))
+    rows = np.repeat(descs, n, axis=0)
+    k = (np.arange(len(rows)) - np.repeat(np.cumsum(n) - n, n)) * limit
+    rows[:, 0] += k
+    rows[:, 1] += k
+    rows[:, 2] = np.minimum(rows[:, 2] - k, limit)
+    group = (np.cumsum(rows[:, 2]) - 1) // limit
+    return np.split(rows, np.flatnonzero(np.diff(group)) + 1)
+
+
 def _positions(torch, descs: np.ndarray, col: int, device):
-    """Byte positions of column ``col``'s ranges, back to back (one index per byte; for the check only)."""
+    """Byte positions of column ``col``'s ranges, back to back (one index per byte of one piece)."""
     lens = descs[:, 2]
     starts = descs[:, col] - (np.cumsum(lens) - lens)
     rep = torch.repeat_interleave(torch.as_tensor(starts, device=device), torch.as_tensor(lens, device=device))
@@ -182,48 +234,58 @@ def _positions(torch, descs: np.ndarray, col: int, device):
 
 
 def expected(torch, rank: int, descs: np.ndarray, epoch: int, device):
-    """What ``rank``'s pool holds at the SRC ranges of ``descs`` in ``epoch``, back to back, as uint8."""
+    """What ``rank``'s pool holds at the SRC ranges of ``descs`` (one piece) in ``epoch``, back to back, as uint8."""
+    if pattern.CONTENTS is not None:  # values other than the check pattern: verify.py's, moved to the device
+        host = [verify.expected(rank, s, n, epoch) for s, _, n in descs.tolist()]
+        return torch.from_numpy(np.concatenate(host) if host else np.zeros(0, np.uint8)).to(device)
     pos = _positions(torch, descs, 0, device)
     w = _words(torch, pos >> 2, rank, epoch)
     return ((w >> ((pos & 3) * 8).to(torch.int32)) & 0xFF).to(torch.uint8)
 
 
 def write_epoch(tensor, descs: np.ndarray, rank: int, epoch: int) -> None:
-    """verify.write_epoch: the source's ranges take ``epoch``'s pattern."""
-    if len(descs):
-        torch = _torch()
-        tensor[_positions(torch, descs, 0, tensor.device)] = expected(torch, rank, descs, epoch, tensor.device)
+    """verify.write_epoch: the source's ranges take ``epoch``'s pattern (in pieces: bounded temporaries)."""
+    torch = _torch()
+    for d in pieces(descs, step(int(tensor.numel())) // 2):
+        tensor[_positions(torch, d, 0, tensor.device)] = expected(torch, rank, d, epoch, tensor.device)
 
 
 def poison(tensor, descs: np.ndarray, src_rank: int, epoch: int) -> None:
     """verify.poison: every destination byte becomes the complement of what it must hold."""
-    if len(descs):
-        torch = _torch()
-        tensor[_positions(torch, descs, 1, tensor.device)] = ~expected(torch, src_rank, descs, epoch, tensor.device)
+    torch = _torch()
+    for d in pieces(descs, step(int(tensor.numel())) // 2):
+        tensor[_positions(torch, d, 1, tensor.device)] = ~expected(torch, src_rank, d, epoch, tensor.device)
 
 
 def snapshot(tensor, layers: list[np.ndarray]):
-    """verify.snapshot: the destination ranges gathered aside at once; (copy, descriptors of the copy)."""
+    """verify.snapshot: the destination ranges gathered aside at once; (copy, descriptors of the copy).  The copy
+    is host memory (a CPU tensor), gathered on the device in bounded pieces: a request's bytes again on the
+    device would take more than the check's share of it."""
     torch = _torch()
     descs = np.concatenate(layers) if layers else np.zeros((0, 3), np.int64)
-    copy = tensor[_positions(torch, descs, 1, tensor.device)] if len(descs) else tensor[:0].clone()
     where = descs.copy()
     where[:, 1] = np.cumsum(descs[:, 2]) - descs[:, 2]
+    copy = torch.empty(int(descs[:, 2].sum()), dtype=torch.uint8)
+    at = 0
+    for d in pieces(descs, step(int(tensor.numel())) // 2):
+        n = int(d[:, 2].sum())
+        copy[at : at + n] = tensor[_positions(torch, d, 1, tensor.device)].cpu()
+        at += n
     return copy, where
 
 
 def count_wrong(copy, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: int) -> int:
-    """verify.count_wrong: elements of ``elem_bytes`` that differ (bytes, in a range not a whole number of them)."""
+    """verify.count_wrong: elements of ``elem_bytes`` that differ (bytes, in a range not a whole number of them);
+    in pieces of whole elements, so the temporaries stay bounded."""
     torch = _torch()
     wrong = 0
     whole = descs[:, 2] % elem_bytes == 0
+    limit = max(elem_bytes, step(int(copy.numel())) // 2 // elem_bytes * elem_bytes)
     for sel, per_elem in ((whole, True), (~whole, False)):
-        d = descs[sel]
-        if not len(d):
-            continue
-        got = copy[_positions(torch, d, 1, copy.device)]
-        diff = got != expected(torch, src_rank, d, epoch, copy.device)
-        wrong += int(diff.view(-1, elem_bytes).any(dim=1).sum()) if per_elem else int(diff.sum())
+        for d in pieces(descs[sel], limit):
+            got = copy[_positions(torch, d, 1, copy.device)]
+            diff = got != expected(torch, src_rank, d, epoch, copy.device)
+            wrong += int(diff.view(-1, elem_bytes).any(dim=1).sum()) if per_elem else int(diff.sum())
     return wrong
 
 

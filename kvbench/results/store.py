@@ -22,11 +22,12 @@ import pandas as pd
 from kvbench.results import machine as hwfacts
 from kvbench.results.lock import ResultLock, sweep_stale
 
-SCHEMA_VERSION = 4  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 5  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
-# time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is")
-READS = (1, 2, 3, 4)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is");
+# 5: placement (4 reads as 5 with no GPU, no NIC)
+READS = (1, 2, 3, 4, 5)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -72,6 +73,11 @@ ROW_COLUMNS += ["post_s", "lib_s", "notify_s", "wake_s"]
 # --- schema 4: cache_bytes = bytes of this request's ranges this rank read (--cache warm) or flushed from the
 # CPU caches (cold) before the iteration's barrier; 0 under as-is (v3 rows read with it empty)
 ROW_COLUMNS += ["cache_bytes"]
+# --- schema 5, placement (harness/placing.py): gpu = this rank's GPU ordinal in a cuda row (-1: not a cuda row,
+# or an older schema); nic = the RDMA device nearest that GPU by PCIe affinity, in a network transport's cuda row
+# ("" where none); same_gpu = the row's pair used one GPU (its rows measure HBM copies, not a link)
+PLACEMENT_DEFAULTS = {"gpu": -1, "nic": "", "same_gpu": False}
+ROW_COLUMNS += ["gpu", "nic", "same_gpu"]
 
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
@@ -81,7 +87,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
     for col in ROW_COLUMNS:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
-                       "cache": "as-is", **GPU_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       "cache": "as-is", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

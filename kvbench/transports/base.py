@@ -110,6 +110,8 @@ class Context:
     pages: str = "4k"  # page size asked for pools: memory.PAGE_KINDS (a transport's own pool: where it can)
     memory: str = "host"  # the pools' memory kind (memory/device.py): host, torch-cpu, pinned, cuda
     copy: str = "batch"  # copy engine for device bytes (copy.py): memcpy, kernel, batch
+    gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
+    nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
 
 
 @dataclass

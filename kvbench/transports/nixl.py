@@ -98,6 +98,9 @@ class NixlTransport(Transport):
             raise Unavailable(self.probe() or str(exc)) from None
         if "NIXL_LOG_LEVEL" not in os.environ:  # nixl configures its logger at import, at INFO
             logging.getLogger("nixl").setLevel(logging.WARNING)  # per-agent INFO lines clutter tables
+        if self.ctx.nic and pool.kind == "cuda" and "UCX_NET_DEVICES" not in os.environ:
+            os.environ["UCX_NET_DEVICES"] = f"{self.ctx.nic}:1"  # the RDMA NIC nearest this rank's GPU (placing.py)
+            self.env_set = f"UCX_NET_DEVICES={self.ctx.nic}:1"
         if "UCX_MODULES" not in os.environ and not os.path.exists("/sys/class/infiniband"):
             # NIXL's bundled libnl (pulled in by UCX's ib module) segfaults in its exit destructor
             # when NIXL's UCX loads before MPI's; without RDMA devices the ib module is useless anyway
@@ -112,7 +115,8 @@ class NixlTransport(Transport):
         if "UCX" not in self.agent.backends:
             raise TransportError("nixl: the UCX backend plugin is missing from this NIXL build")
         self.seg = "VRAM" if pool.kind == "cuda" else "DRAM"
-        self.devid = int(getattr(pool, "device", 0) or 0) if self.seg == "VRAM" else 0
+        # a torch.device has no number protocol (int() is a TypeError): its index is the GPU's ordinal
+        self.devid = int(pool.tensor.device.index or 0) if self.seg == "VRAM" else 0
         self.addr, self.nbytes = int(pool.addr), int(pool.nbytes)
         try:
             self.reg = self.agent.register_memory(

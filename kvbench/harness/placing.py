@@ -1,0 +1,67 @@
+"""Where each rank's device work runs: its GPU (local rank, or --gpu-map) bound before any pool, the RDMA NIC nearest
+that GPU, and what the rows, the sidecar and the preamble say about it (memory/placement.py holds the rules).
+
+``place`` is collective: every rank learns every rank's placement, so a row can say whether its pair shares a GPU.
+Without --memory cuda no rank touches CUDA: its placement says gpu -1.
+"""
+from __future__ import annotations
+
+from kvbench import transports
+from kvbench.memory import device, driver, placement
+
+NO_GPU = {"gpu": -1, "gpu_bus": "", "nic": "", "nic_hops": -1}
+
+
+def place(comm, cases: list[dict], gpu_map: list[int] | None) -> list[dict]:
+    """Bind this rank's GPU (cuda cases only) and find the NIC nearest it; every rank's placement, by rank."""
+    mine = dict(NO_GPU, host=comm.hostname, local_rank=comm.local_rank(), error="")
+    if any(c.get("memory") == "cuda" for c in cases) and device.probe("cuda") is None:
+        gpu = placement.gpu_for(mine["local_rank"], driver.device_count(), gpu_map)
+        try:
+            device.bind(gpu)
+            mine["gpu"] = gpu
+            mine["gpu_bus"] = driver.pci_bus_id(gpu)
+        except Exception as exc:  # said by every rank below: none is left waiting in the gather
+            mine["error"] = f"rank {comm.rank} on {comm.hostname}: binding GPU {gpu} failed: {exc}"
+        near = placement.nearest_nic(mine["gpu_bus"]) if mine["gpu_bus"] else None
+        if near is not None:
+            mine["nic"], mine["nic_hops"] = near
+    where = comm.allgather(mine)
+    failed = [w["error"] for w in where if w["error"]]
+    if failed:
+        raise placement.PlacementError(failed[0])
+    return where
+
+
+def same_gpu(where: list[dict], a: int, b: int) -> bool:
+    """Ranks ``a`` and ``b`` use one GPU (one host, one device)."""
+    x, y = where[a], where[b]
+    if x["gpu"] < 0 or y["gpu"] < 0 or x["host"] != y["host"]:
+        return False
+    return (x["gpu_bus"] or x["gpu"]) == (y["gpu_bus"] or y["gpu"])
+
+
+def columns(where: list[dict] | None, rank: int, case: dict, src: int, dst: int) -> dict:
+    """A row's placement columns: this rank's GPU and NIC for a cuda row, and whether its pair shares the GPU."""
+    if not where or case.get("memory") != "cuda":
+        return {"gpu": -1, "nic": "", "same_gpu": False}
+    me = where[rank]
+    try:
+        network = transports.load(case["transport"]).caps.network
+    except Exception:  # unavailable: its row is skipped anyway
+        network = False
+    return {"gpu": me["gpu"], "nic": me["nic"] if network else "", "same_gpu": same_gpu(where, src, dst)}
+
+
+def preamble(where: list[dict] | None, cases: list[dict], pairs) -> list[str]:
+    """The preamble's placement lines: each rank's GPU and NIC, and a note for pairs sharing a GPU."""
+    if not where or not any(c.get("memory") == "cuda" for c in cases):
+        return []
+    shown = "  ".join(f"rank{r}={w['gpu']}" + (f"({w['nic']})" if w["nic"] else "") for r, w in enumerate(where[:8]))
+    out = [f"# gpus: {shown}" + (" ..." if len(where) > 8 else "")]
+    shared = [(s, d) for s, d in pairs if same_gpu(where, s, d)]
+    if shared:
+        s, d = shared[0]
+        out.append(f"# NOTE: ranks {s} and {d} share GPU {where[s]['gpu']} on {where[s]['host']}: their cuda rows "
+                   "measure HBM copies on one GPU, not a link between GPUs (give each rank its own GPU: --gpu-map)")
+    return out

@@ -61,7 +61,7 @@ def test_one_layer_or_a_transport_that_does_not_batch_posts_per_layer():
 
 
 def test_v2_rows_upgrade_with_empty_cost_columns_and_give_no_costs():
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     df = pd.DataFrame({"case": [1], "status": ["ok"], "iter": [0]})
     up = upgrade(df, 2)
     assert set(costs.COLUMNS) <= set(up.columns) and set(ROW_COLUMNS) <= set(up.columns)

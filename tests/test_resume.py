@@ -5,6 +5,8 @@ import json
 import pytest
 from test_errors import assert_one_line
 
+from kvbench.results import store
+
 ARGS = ["-t", "shm,tcp", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "2", "-w", "0",
         "--variants", "bulk,paged", "--rounds", "1"]
 KEYS = ["transport", "op", "variant", "block_size", "allocation", "coalesce", "rank", "iter"]
@@ -79,4 +81,4 @@ def test_resume_continues_an_older_schema_run_as_this_one(kvrun, tmp_path, inter
     assert final[final.transport == "shm"].cache_bytes.isna().all()  # the older rows: not recorded
     assert (final[final.transport == "tcp"].cache_bytes == 0).all()
     meta = interrupted.meta()
-    assert meta["schema_version"] == 4 and meta["resumed"][0]["upgraded_from_schema"] == 3
+    assert meta["schema_version"] == store.SCHEMA_VERSION and meta["resumed"][0]["upgraded_from_schema"] == 3

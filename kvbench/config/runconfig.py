@@ -24,7 +24,7 @@ FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout"
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
-               "prefill_tflops", "pages", "fill", "cache")
+               "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget")
 DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
 
@@ -60,6 +60,7 @@ class RunConfig(BaseModel):
         return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
                        pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,
                        fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption,
+                       target_ci=s.target_ci, ci_budget=s.ci_budget,
                        variants=tuple(s.variants), transport_options=self.transport_options)
 
 

@@ -20,6 +20,7 @@ from itertools import groupby
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
 from kvbench.harness import checkpass, preflight, requests
+from kvbench.harness.calibrate import Calibration
 from kvbench.harness.requests import case_geometry, pool_bytes
 from kvbench.harness.rows import Rows
 from kvbench.harness.schedule import Iteration
@@ -53,10 +54,12 @@ class Options:
     inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
     fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
     cache: str = "as-is"  # where a request's bytes are when its iteration starts (cachestate.py)
+    target_ci: float | None = None  # --target-ci (% of p50) and --ci-budget (s per case): calibrate.py
+    ci_budget: float = 60.0
     transport_options: dict = field(default_factory=dict)
 
 
-class Harness(Rows):
+class Harness(Rows, Calibration):
     """Runs expanded cases on every rank; rank 0 gets the rows through ``sink``."""
 
     def __init__(self, comm, opts: Options, sink=None):
@@ -274,6 +277,7 @@ class Harness(Rows):
             for m in ms:
                 self.iterate(m, s, o.warmup if r == 0 else min(1, o.warmup), share, r)
         for m in ms:
+            self.calibrate(m, s)
             self.finish(m, s)
 
     def plan(self, case: dict, g: dict, s: Session) -> list[Entry]:
@@ -283,6 +287,7 @@ class Harness(Rows):
     def measure(self, case: dict, s: Session) -> None:
         m = self.prepare(case, s)
         self.iterate(m, s, self.opts.warmup, self.opts.iters)
+        self.calibrate(m, s)
         self.finish(m, s)
 
     def prepare(self, case: dict, s: Session) -> Measurement:
@@ -319,7 +324,7 @@ class Harness(Rows):
 
     def iterate(self, m: Measurement, s: Session, warmup: int, iters: int, rnd: int = 0) -> None:
         """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
-        itr = m.itr
+        itr, began = m.itr, time.perf_counter()
         self._watchdog(m.no, m.case)
         try:
             for k in range(warmup + iters):
@@ -354,6 +359,7 @@ class Harness(Rows):
                     self.sample(m.case["transport"], "mid", m.no)
         finally:
             GUARD.disarm()
+        m.spent, m.ran = m.spent + time.perf_counter() - began, m.ran + warmup + iters  # --ci-budget's clock
         self.sample(m.case["transport"], "end", m.no)
 
     def finish(self, m: Measurement, s: Session) -> None:

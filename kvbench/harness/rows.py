@@ -35,6 +35,8 @@ class Rows:
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
             "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
+            # why its timed iterations ended (calibrate.py sets it on the case; schema 5)
+            "ci_stop": case.get("ci_stop", "fixed"), "ci_target_pct": self.opts.target_ci or float("nan"),
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,

@@ -58,3 +58,5 @@ class Measurement:
     mid: bool = False  # half-way (resources sampled)
     clock: dict = field(default_factory=dict)  # per source: skews, error bound, offset (checkpass.one_clock)
     errors: dict = field(default_factory=dict)  # a lossy codec's check: id(entry) -> (wrong, max abs, max rel)
+    spent: float = 0.0  # seconds in its iterations so far, warm-ups included (--ci-budget; calibrate.py)
+    ran: int = 0  # iterations so far, warm-ups included

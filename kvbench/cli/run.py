@@ -72,7 +72,9 @@ def preamble(c, suite, argv, hosts) -> list[str]:
         f"# MPI: {c.library()}",
         f"# iterations={suite.iters} warmup={suite.warmup} check={'on' if suite.check else 'off'} seed={suite.seed}"
         + (f" rounds={suite.turns()} (a transport's cases take turns, {suite.iters // suite.turns()}+ iterations at a time)"
-           if suite.turns() > 1 else ""),
+           if suite.turns() > 1 else "")
+        + (f" target-ci={suite.target_ci:g}% (the least iterations above, then more per case until its p50's 95% "
+           f"interval is within it or {suite.ci_budget:g} s are spent)" if suite.target_ci else ""),
     ]
 
 

@@ -45,6 +45,8 @@ def assert_nothing_written(tmp_path):
     (["--pool-factor", "inf"], ["pool_factor", "finite"]),
     (["-t", "shm,shm"], ["axes.transport", "'shm' is listed twice"]),
     (["--inject-corruption", "-1"], ["--inject-corruption", "greater than or equal to 0"]),
+    (["--target-ci", "0"], ["--target-ci", "'0'", "above 0% and below 100%"]),
+    (["--target-ci", "150%"], ["--target-ci", "'150%'", "above 0% and below 100%"]),
 ])
 def test_bad_flag(kvrun, tmp_path, args, needles):
     assert_one_line(kvrun(["-t", "shm", *SMALL, *args] if "-t" not in args else [*SMALL, *args]), *needles)

@@ -20,7 +20,7 @@ VALUES = {"nan": "nan", "inf": "inf", "negative": "-1", "empty": ""}
 BASE = ["-t", "shm", "--tokens", "256", "-n", "2", "-w", "0"]
 
 # a valid value of each flag (for its duplicate) and what else it needs to reach its own validation
-GOOD = {"-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "--bind": "core", "--rounds": "2",
+GOOD = {"-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "--target-ci": "5%", "--ci-budget": "10", "--bind": "core", "--rounds": "2",
         "--progress": "off", "-c": "1", "--tokens": "256", "--op": "push", "--coalesce": "on", "--alloc": "random",
         "--layout": "auto", "--dtype": "fp16", "--memory": "host", "--copy": "batch", "--scheme": "pairwise",
         "--inflight": "2", "--seed": "7", "--pool-factor": "2", "--timeout": "60", "--setup-timeout": "60",
@@ -47,7 +47,7 @@ ACCEPTED = {
     # a flag given twice: the last one counts, as in every argparse and getopt tool (a list flag's values
     # are what a duplicate means there, and those are refused)
     **{(f, "duplicate"): "argparse: the last of a repeated flag counts"
-       for f in ("-b", "-e", "-f", "-n", "-w", "--bind", "--rounds", "--progress", "-c", "--scheme", "--seed",
+       for f in ("-b", "-e", "-f", "-n", "-w", "--target-ci", "--ci-budget", "--bind", "--rounds", "--progress", "-c", "--scheme", "--seed",
                  "--pool-factor", "--timeout", "--setup-timeout", "--pages", "--cache", "--fill", "--prefill-tflops",
                  "--requests", "--prompt", "--decode-ms", "--alloc-timeout", "--decode-pool-tokens", "-o", "--name",
                  "--inject-corruption", "--layers", "--kv-heads", "--head-dim", "--attention", "--kv-lora-rank",

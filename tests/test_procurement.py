@@ -16,6 +16,7 @@ def test_procurement_suites_cover_every_axis_the_buyer_needs():
         assert s.axes.op == ["push", "pull"] and s.check
         assert s.axes.model == ["llama-3-70b", "llama-3-8b", "deepseek-v3"]
         assert s.timeout <= 120 and s.iters * s.axes.tokens[0] > 0  # the per-case budget is stated
+        assert s.iters >= 20 and s.target_ci == 2.0 and 0 < s.ci_budget <= 10  # n >= 20 on every row, p50 earned
     assert min(bw.axes.block_size) == 16 and max(bw.axes.block_size) == 256
     assert set(bw.axes.dtype) == {"fp16", "fp8-e4m3"} and bw.axes.overlap == ["serial"]
     assert bw.axes.prefill_ms == [0.0]  # bandwidth rows: no prefill clock inside their times
@@ -26,7 +27,7 @@ def test_procurement_suites_cover_every_axis_the_buyer_needs():
 def test_driver_writes_report_and_plan_beside_the_results(tmp_path):
     # the driver on the smallest sweep: shm and an unavailable transport, one model, one block size
     env = dict(os.environ, PYTHONPATH=ROOT)
-    small = "-t shm,verbs --tokens 32 -n 2 -w 0 --rounds 1 -m llama-3-8b -b 16 -e 16 --dtype fp16 -o " + str(tmp_path)
+    small = "-t shm,verbs --tokens 32 -n 2 -w 0 --ci-budget 0.2 --rounds 1 -m llama-3-8b -b 16 -e 16 --dtype fp16 -o " + str(tmp_path)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "procurement.py"), "--kvbench-args", small,
                         "--label", "test VM"], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -149,7 +149,8 @@ def test_workload_rows_show_tails_against_arrival_rate(real, page_dir):
     df = pd.read_parquet(real["wl"])
     for _, r in wl.iterrows():
         dec = df[(df["case"] == r["case"]) & (df["role"] == "decode") & (df["status"] == "ok")]
-        assert r["exposed_p99_ms"] == pytest.approx(np.percentile(dec["exposed_s"], 99) * 1e3, rel=1e-9)
+        assert r["exposed_p50_ms"] == pytest.approx(np.percentile(dec["exposed_s"], 50) * 1e3, rel=1e-9)
+        assert len(dec) < 100 and np.isnan(r["exposed_p99_ms"])  # 12 requests hold no p99 (results/samples.py)
         assert r["queue_p50_ms"] == pytest.approx(np.percentile(dec["queue_s"], 50) * 1e3, rel=1e-9)
 
 

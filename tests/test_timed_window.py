@@ -130,8 +130,8 @@ def test_tags_are_new_every_iteration_and_the_same_lists_are_reused():
 def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_setting(monkeypatch):
     """A rank done first (a pull's source) waits for its peers before it records its times or sets its caches
     for the next iteration, so none of the harness's work runs beside a peer's timed transfer."""
-    from kvbench.harness.loop import Harness, Options
-    from kvbench.harness.state import Measurement, Session
+    from kvbench.harness.loop import Harness
+    from kvbench.harness.state import Measurement, Options, Session
 
     log: list = []
 

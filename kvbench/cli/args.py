@@ -6,6 +6,7 @@ import sys
 
 from kvbench.job.guard import env_rank
 from kvbench.model import shapes as M
+from kvbench.results.samples import parse_target
 
 
 class ArgError(Exception):
@@ -45,6 +46,14 @@ def text(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("an empty value: give one, or leave the flag out for its default")
     return value
+
+
+def target_pct(value: str) -> float:
+    """argparse type of --target-ci: '2%' or '2' -> 2.0, refused in one line outside (0, 100) (samples.py)."""
+    try:
+        return parse_target(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--target-ci ")) from None
 
 
 def ms(text: str):

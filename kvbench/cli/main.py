@@ -9,13 +9,14 @@ import argparse
 import sys
 
 from kvbench import __version__, transports
-from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error, text
+from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error, target_pct, text
 from kvbench.cli.info import cmd_env, cmd_list, cmd_size
 from kvbench.config import suite as S
 from kvbench.memory.cachestate import HELP as CACHE_HELP
 from kvbench.memory.cachestate import MODES
 from kvbench.model import shapes as M
 from kvbench.model.schemes import SCHEME_HELP
+from kvbench.results.samples import DEFAULT_BUDGET_S
 from kvbench.selftest import main as selftest_main
 from kvbench.transports import options as O
 
@@ -58,6 +59,11 @@ def build_parser() -> Parser:
     r.add_argument("--gpu-map", metavar="0,1,..",
                    help="--memory cuda: the GPU of each rank on a node, by its local rank (default: local rank k "
                         "takes GPU k, modulo the GPUs it sees)")
+    r.add_argument("--target-ci", type=target_pct, metavar="PCT",
+                   help="adapt each case's iterations (-n is then the least) until its p50's 95%% confidence "
+                        "interval is within PCT of the p50 (e.g. 2%%), or --ci-budget runs out; rows say which")
+    r.add_argument("--ci-budget", type=float, metavar="S",
+                   help=f"seconds of iterations one case may spend reaching --target-ci (default {DEFAULT_BUDGET_S:g})")
     r.add_argument("--bind", choices=("none", "core"), default="none",
                    help="core: pin each rank to one CPU (by its index on its host) before anything starts, so the "
                         "scheduler cannot wake a receiver onto its sender's CPU; none (default): as launched")

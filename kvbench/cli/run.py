@@ -11,7 +11,8 @@ from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
 from kvbench.harness import placing
-from kvbench.harness.loop import Harness, UserError
+from kvbench.harness.loop import Harness
+from kvbench.harness.state import UserError
 from kvbench.job import cleanup, comm, faults
 from kvbench.job import status as ST
 from kvbench.job.guard import GUARD, describe
@@ -74,7 +75,9 @@ def preamble(c, suite, argv, hosts) -> list[str]:
         f"# MPI: {c.library()}",
         f"# iterations={suite.iters} warmup={suite.warmup} check={'on' if suite.check else 'off'} seed={suite.seed}"
         + (f" rounds={suite.turns()} (a transport's cases take turns, {suite.iters // suite.turns()}+ iterations at a time)"
-           if suite.turns() > 1 else ""),
+           if suite.turns() > 1 else "")
+        + (f" target-ci={suite.target_ci:g}% (the least iterations above, then more per case until its p50's 95% "
+           f"interval is within it or {suite.ci_budget:g} s are spent)" if suite.target_ci else ""),
     ]
 
 

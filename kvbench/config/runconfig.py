@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench import transports
 from kvbench.config import suite as S
+from kvbench.harness.state import Options
 from kvbench.memory import device, driver, placement
 from kvbench.model import shapes as M
 from kvbench.model.schemes import SchemeError, make_pairs
@@ -26,7 +27,7 @@ FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout"
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
-               "prefill_tflops", "pages", "fill", "cache")
+               "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget")
 DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
 
@@ -55,14 +56,14 @@ class RunConfig(BaseModel):
     def shapes(self) -> dict[str, M.ModelShape]:
         return {n: M.ModelShape(**f) for n, f in self.models.items()}
 
-    def options(self):
+    def options(self) -> Options:
         """The harness's ``Options``, built in this one place from the suite and the run's flags."""
-        from kvbench.harness.loop import Options  # config sits above the harness: the options are its to read
 
         s = self.suite
         return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
                        pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,
                        fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption, gpu_map=self.gpu_map,
+                       target_ci=s.target_ci, ci_budget=s.ci_budget,
                        variants=tuple(s.variants), transport_options=self.transport_options)
 
 

@@ -34,6 +34,7 @@ from kvbench.model.inputs import (
 from kvbench.model.layout import LAYOUTS, parse_alloc
 from kvbench.model.workload import ARRIVAL_HELP, parse_arrival, parse_prompt
 from kvbench.model.yamlfile import read
+from kvbench.results import samples
 
 SUITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "suites")
 
@@ -169,6 +170,10 @@ class Suite(BaseModel):
     prefill_tflops: float = Field(default=400.0, gt=0)  # for prefill_ms: auto (achieved, not peak)
     # where a request's bytes are when its iteration starts (host pools; cachestate.py)
     cache: Literal["as-is", "warm", "cold"] = "as-is"
+    # adapt each case's iterations (iters is then the least) until its p50's 95% interval is within target_ci
+    # (% of the p50; "2%" or 2) or ci_budget seconds of its iterations are spent (results/samples.py)
+    target_ci: float | None = None
+    ci_budget: float = Field(default=samples.DEFAULT_BUDGET_S, gt=0, le=MAX_SECONDS)
     workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
 
@@ -182,10 +187,17 @@ class Suite(BaseModel):
     def _variants(cls, v):
         return unique(v)
 
+    @field_validator("target_ci", mode="before")
+    @classmethod
+    def _target_ci(cls, v):
+        return None if v is None else samples.parse_target(v, "target_ci")
+
     @model_validator(mode="after")
     def _rounds(self):
         if self.rounds > self.iters:
             raise ValueError(f"rounds ({self.rounds}) cannot exceed iters ({self.iters}): each round needs an iteration")
+        if self.target_ci is not None and self.workload is not None:
+            raise ValueError("target_ci applies to bandwidth sweeps: a workload's requests are its samples")
         if self.rounds > 1 and self.workload is not None:
             raise ValueError("rounds applies to bandwidth sweeps, not to a workload (its requests already interleave)")
         return self

@@ -4,5 +4,5 @@ pass after timing (checkpass), the result rows (rows), memory preflight (preflig
 decode rank's loop in load_decode, the case both loops read in loadcase) and the named state they share (state:
 Session, Measurement, Record).
 
-Public API: ``loop.Harness`` and ``loop.Options``; ``load.LoadHarness`` for workload cases.
+Public API: ``loop.Harness`` and ``state.Options``; ``load.LoadHarness`` for workload cases.
 """

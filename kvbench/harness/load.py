@@ -41,9 +41,9 @@ from kvbench import memory, transports
 from kvbench.harness import clocks
 from kvbench.harness.load_decode import decode_rank
 from kvbench.harness.loadcase import NAN, POLL_S, LoadCase
-from kvbench.harness.loop import Harness, UserError, case_geometry
+from kvbench.harness.loop import Harness, case_geometry
 from kvbench.harness.prefill import PrefillClock
-from kvbench.harness.state import Session
+from kvbench.harness.state import Session, UserError
 from kvbench.job import faults
 from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
 from kvbench.job.guard import GUARD

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
 from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
 from kvbench.harness import checkpass, placing, preflight, requests
+from kvbench.harness.calibrate import Calibration
 from kvbench.harness.requests import case_geometry, pool_bytes
 from kvbench.harness.rows import Rows
 from kvbench.harness.schedule import Iteration
-from kvbench.harness.state import Measurement, Record, Session
+from kvbench.harness.state import Measurement, Options, Record, Session, UserError
 from kvbench.job import faults
 from kvbench.job.guard import GUARD
 from kvbench.memory import cachestate, copy, device
@@ -34,30 +34,7 @@ from kvbench.results import costs
 from kvbench.transports.base import Context, TransportError
 
 
-class UserError(ValueError):
-    """A mistake in the request (not a failure of the machine): one line, exit 1."""
-
-
-@dataclass
-class Options:
-    iters: int = 20
-    warmup: int = 3
-    check: bool = True
-    seed: int = 0
-    pool_factor: float = 2.0
-    timeout: float = 600.0
-    setup_timeout: float | None = None  # None: derived from the pool bytes (preflight.setup_seconds)
-    pages: str = "4k"  # host pools kvbench allocates: 4k, thp or huge (memory.PAGE_KINDS)
-    variants: tuple = ("bulk", "paged")
-    rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
-    inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
-    fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
-    cache: str = "as-is"  # where a request's bytes are when its iteration starts (cachestate.py)
-    gpu_map: list | None = None  # --gpu-map: per local rank, its GPU (memory/placement.py)
-    transport_options: dict = field(default_factory=dict)
-
-
-class Harness(Rows):
+class Harness(Rows, Calibration):
     """Runs expanded cases on every rank; rank 0 gets the rows through ``sink``."""
 
     def __init__(self, comm, opts: Options, sink=None):
@@ -279,6 +256,7 @@ class Harness(Rows):
             for m in ms:
                 self.iterate(m, s, o.warmup if r == 0 else min(1, o.warmup), share, r)
         for m in ms:
+            self.calibrate(m, s)
             self.finish(m, s)
 
     def plan(self, case: dict, g: dict, s: Session) -> list[Entry]:
@@ -288,6 +266,7 @@ class Harness(Rows):
     def measure(self, case: dict, s: Session) -> None:
         m = self.prepare(case, s)
         self.iterate(m, s, self.opts.warmup, self.opts.iters)
+        self.calibrate(m, s)
         self.finish(m, s)
 
     def prepare(self, case: dict, s: Session) -> Measurement:
@@ -324,7 +303,7 @@ class Harness(Rows):
 
     def iterate(self, m: Measurement, s: Session, warmup: int, iters: int, rnd: int = 0) -> None:
         """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
-        itr = m.itr
+        itr, began = m.itr, time.perf_counter()
         self._watchdog(m.no, m.case)
         try:
             for k in range(warmup + iters):
@@ -359,6 +338,7 @@ class Harness(Rows):
                     self.sample(m.case["transport"], "mid", m.no)
         finally:
             GUARD.disarm()
+        m.spent, m.ran = m.spent + time.perf_counter() - began, m.ran + warmup + iters  # --ci-budget's clock
         self.sample(m.case["transport"], "end", m.no)
 
     def finish(self, m: Measurement, s: Session) -> None:

@@ -37,6 +37,8 @@ class Rows:
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
             "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
             "gpu": -1, "nic": "", "same_gpu": False,  # placement (placing.columns) in a measured row
+            # why its timed iterations ended (calibrate.py sets it on the case; schema 5)
+            "ci_stop": case.get("ci_stop", "fixed"), "ci_target_pct": self.opts.target_ci or float("nan"),
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,

@@ -1,4 +1,4 @@
-"""The harness's named state: a transport's ``Session``, a case's ``Measurement`` and the ``Record`` of one timed
+"""The harness's named state: the run's ``Options``, a transport's ``Session``, a case's ``Measurement`` and the ``Record`` of one timed
 iteration, in place of dicts that grow keys across files and positional tuples.
 
 Plain data: the loop (loop.py) fills them, its helpers (requests, checkpass, rows) read what they need.
@@ -58,3 +58,30 @@ class Measurement:
     mid: bool = False  # half-way (resources sampled)
     clock: dict = field(default_factory=dict)  # per source: skews, error bound, offset (checkpass.one_clock)
     errors: dict = field(default_factory=dict)  # a lossy codec's check: id(entry) -> (wrong, max abs, max rel)
+    spent: float = 0.0  # seconds in its iterations so far, warm-ups included (--ci-budget; calibrate.py)
+    ran: int = 0  # iterations so far, warm-ups included
+
+
+class UserError(ValueError):
+    """A mistake in the request (not a failure of the machine): one line, exit 1."""
+
+
+@dataclass
+class Options:
+    iters: int = 20
+    warmup: int = 3
+    check: bool = True
+    seed: int = 0
+    pool_factor: float = 2.0
+    timeout: float = 600.0
+    setup_timeout: float | None = None  # None: derived from the pool bytes (preflight.setup_seconds)
+    pages: str = "4k"  # host pools kvbench allocates: 4k, thp or huge (memory.PAGE_KINDS)
+    variants: tuple = ("bulk", "paged")
+    rounds: int = 1  # >1: a transport's cases take turns, iters/rounds iterations at a time
+    inject_corruption: int = 0  # fault injection: flip this many destination bytes before verifying
+    fill: str = "pattern"  # pool contents: pattern, realistic, file:<dump> (memory/values.py)
+    cache: str = "as-is"  # where a request's bytes are when its iteration starts (cachestate.py)
+    gpu_map: list | None = None  # --gpu-map: per local rank, its GPU (memory/placement.py)
+    target_ci: float | None = None  # --target-ci (% of p50) and --ci-budget (s per case): calibrate.py
+    ci_budget: float = 60.0
+    transport_options: dict = field(default_factory=dict)

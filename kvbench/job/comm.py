@@ -23,6 +23,7 @@ TAG_P2D, TAG_D2P, TAG_FACTS = 7201, 7202, 7204  # the workload loop: prefill to 
 TAG_FAIL, TAG_ACK = 7301, 7302  # the guard: a rank's failure line to rank 0, and its acknowledgement
 TAG_CODEC_TABLE = 7205  # a codec's exponent table, once per connection
 TAG_SYNC = 7401  # clock offsets by ping-pong
+TAG_CI = 7501  # --target-ci: each rank's samples to rank 0, and rank 0's word on going on (Comm.agree)
 
 
 def _mpi():
@@ -119,6 +120,16 @@ class Comm:
             return node.Get_rank()
         finally:
             node.Free()
+    def agree(self, mine, decide, tag: int = TAG_CI):
+        """Every rank sends ``mine`` to rank 0, which calls ``decide`` on all of them (in rank order); every rank
+        returns rank 0's word, so no two ranks can take different turns (one loops on while another stops)."""
+        if self.rank != 0:
+            self.send(mine, 0, tag)
+            return self.recv(0, tag)
+        word = decide([mine] + [self.recv(r, tag) for r in range(1, self.size)])
+        for r in range(1, self.size):
+            self.send(word, r, tag)
+        return word
 
     def transport_comm(self):
         """A duplicate of COMM_WORLD reserved for the ``mpi`` transport."""

@@ -6,10 +6,16 @@ from itertools import chain
 
 import pandas as pd
 
+from kvbench.results.samples import FOOTNOTE
+
 from . import codecs, fitsection, plots
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
+
+SAMPLES_NOTE = ("n = samples behind the percentiles (requests x iterations). p50 95% CI = the p50's bootstrap "
+                "confidence interval; (target) or (budget) after it: --target-ci ran the case until the interval's "
+                f"half-width was within the target, or until --ci-budget ran out first. {FOOTNOTE}.")
 
 
 def _f(x, spec: str) -> str:
@@ -75,13 +81,26 @@ def _wrong(r) -> str:
     return "-" if pd.isna(r["nwrong_checked"]) else str(int(r["nwrong_checked"]))
 
 
+def _n(x) -> str:
+    return "-" if x is None or pd.isna(x) else str(int(x))
+
+
+def _ci(r) -> str:
+    """The p50's 95% interval in ms, and why its case stopped when --target-ci ran it (samples.py)."""
+    if pd.isna(r.get("p50_lo")):
+        return "-"
+    stop = r.get("ci_stop")
+    return (f"{r['p50_lo'] * 1e3:.3f}-{r['p50_hi'] * 1e3:.3f}"
+            + (f" ({stop})" if isinstance(stop, str) and stop not in ("", "fixed") else ""))
+
+
 def bandwidth_table(bw: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{
         "run": r["run"], "transport": r["transport"], "op": r["op"], "memory": r["memory"], "model": r["model"],
         "tokens": r["tokens"], "dtype": r["dtype"], "variant": r["variant"],
         "block (tok)": r["block_size"] if r["variant"] == "paged" else "-", "alloc": r["allocation"],
-        "descs": r["descriptors"], "payload (MB)": _f(r["payload_bytes"] / 1e6, ".2f"),
-        "p50 (ms)": _f(r["p50"] * 1e3, ".3f"), "p95 (ms)": _f(r["p95"] * 1e3, ".3f"),
+        "descs": r["descriptors"], "payload (MB)": _f(r["payload_bytes"] / 1e6, ".2f"), "n": _n(r.get("samples")),
+        "p50 (ms)": _f(r["p50"] * 1e3, ".3f"), "p50 95% CI (ms)": _ci(r), "p95 (ms)": _f(r["p95"] * 1e3, ".3f"),
         "p99 (ms)": _f(r["p99"] * 1e3, ".3f"), "GB/s": _f(r["gbps"], ".2f"), "±%": _f(r["spread_pct"], ".1f"),
         "bulk%": _f(r["bulk_pct"], ".1f") + ("*" if r["noise"] else ""), "ceiling": r["ceil_name"] or "-",
         "link (GB/s)": _f(r["link_gbps"], ".2f"), "%line": _f(r["pct_line"], ".1f"), "link rate from": r["link"],
@@ -94,7 +113,7 @@ def exposed_table(ex: pd.DataFrame) -> pd.DataFrame:
         "handshake": r["handshake"], "model": r["model"], "tokens": r["tokens"], "layers": r["layers"],
         "block (tok)": r["block_size"] if r["variant"] == "paged" else "-", "payload (MB)": _f(r["payload_bytes"] / 1e6, ".2f"),
         "prefill P (ms)": _f(r["prefill_s"] * 1e3, ".2f"), "transfer T (ms)": _f(r["T_ms"], ".2f"),
-        "handshake (us)": _f(r["handshake_p50"] * 1e6, ".0f"), "exposed p50 (ms)": _f(r["exposed_p50"] * 1e3, ".2f"),
+        "handshake (us)": _f(r["handshake_p50"] * 1e6, ".0f"), "n": _n(r.get("exposed_samples")), "exposed p50 (ms)": _f(r["exposed_p50"] * 1e3, ".2f"),
         "p95 (ms)": _f(r["exposed_p95"] * 1e3, ".2f"), "p99 (ms)": _f(r["exposed_p99"] * 1e3, ".2f"),
         "model (ms)": _f(r["model_ms"], ".2f"), "diff (ms)": _f(r["diff_ms"], "+.2f"), "#wrong": _wrong(r)}
         for _, r in ex.iterrows()])
@@ -112,7 +131,7 @@ def workload_table(wl: pd.DataFrame) -> pd.DataFrame:
         "pool mean": _f(r["pool_mean"], ".1f")} for _, r in wl.iterrows()])
 
 
-CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "exposed_p50": "exposed_p50_s",
+CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "p50_lo": "p50_lo_s", "p50_hi": "p50_hi_s", "exposed_p50": "exposed_p50_s",
               "exposed_p95": "exposed_p95_s", "exposed_p99": "exposed_p99_s", "handshake_p50": "handshake_p50_s",
               "gbps": "gbps_1e9", "agg_gbps": "agg_gbps_1e9", "bulk_gbps": "bulk_gbps_1e9",
               "ceil_gbps": "ceil_gbps_1e9", "link_gbps": "link_gbps_1e9", "link": "link_source"}
@@ -151,6 +170,7 @@ def bandwidth_section(page: Page, runs: list[Run]) -> None:
             "landed (max over the pair's ranks). GB/s = payload / p50 time. bulk% = GB/s / the ceiling (the best of "
             "the same payload as one descriptor per layer or contiguous 64K-4M chunks, measured alongside; * = "
             "above it by more than both spreads: noise). ±% = interquartile range of the per-round medians.",
+            SAMPLES_NOTE,
             "%line = GB/s / the rate of the link: the NIC's reported speed when the pair's ranks are on different "
             "hosts (nominal), a rate the transport or device layer reported (nominal), or, when they share a host, "
             "the best host copy of the same payload measured in the same run (measured, not nominal); "
@@ -171,7 +191,8 @@ def exposed_section(page: Page, runs: list[Run]) -> None:
         page, "Exposed time",
         "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
         "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
-        "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s.",
+        "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s. "
+        f"n = exposed-time samples; {FOOTNOTE}.",
         "exposed-time rows", _measured(runs, "exposed"), exposed_table, plots.exposed_vs_prompt)
 
 
@@ -180,7 +201,7 @@ def workload_section(page: Page, runs: list[Run]) -> None:
         page, "Workload",
         "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
         "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
-        "arrival to KV landed. No GB/s here: these times include the queue.",
+        f"arrival to KV landed. No GB/s here: these times include the queue. {FOOTNOTE} (n = admitted).",
         "workload rows", _workload(runs), workload_table, plots.workload_tails)
 
 

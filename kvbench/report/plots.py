@@ -88,6 +88,15 @@ def _block_panels(bw: pd.DataFrame, col: str, title: str):
                                       for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS))]) for ax, t, gt in panels]
 
 
+def _n(d: pd.DataFrame, col: str = "samples") -> str:
+    """'n=20' or 'n=20-40': the samples behind the points of ``d`` (an older reader's rows: nothing)."""
+    n = d[col].dropna().astype(int) if col in d else pd.Series(dtype=int)
+    if n.empty:
+        return ""
+    lo, hi = int(n.min()), int(n.max())
+    return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
+
+
 def _legend(ax) -> None:
     """Below the panel, so that no line is hidden behind it."""
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, handlelength=3.5)
@@ -111,7 +120,7 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
     for key, fig, panels in _block_panels(bw, "gbps", "Achieved bandwidth against block size"):
         for ax, t, gt, lines in panels:
             for color, label, gl in lines:
-                ax.plot(gl["block_size"], gl["gbps"], "o-", color=color, label=f"paged {label}")
+                ax.plot(gl["block_size"], gl["gbps"], "o-", color=color, label=f"paged {label} {_n(gl)}")
                 bulk, ceil = gl["bulk_gbps"].dropna(), gl["ceil_gbps"].dropna()
                 if len(bulk):
                     ax.axhline(bulk.iloc[0], color=color, ls="--", lw=1, label=f"bulk {label}")
@@ -119,8 +128,9 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
                     ax.axhline(ceil.iloc[0], color=color, ls=":", lw=1.2,
                                label=f"ceiling {label} ({gl['ceil_name'].iloc[0]})")
             _finish(ax, gt["block_size"], "block size (tokens)", "GB/s (10^9 B/s)", t)
-        yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables; dashed = bulk (one "
-                    "descriptor per layer); dotted = ceiling (best of bulk and contiguous chunks)", fig)
+        yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables (GB/s at p50; n = "
+               "samples per point, in the legend); dashed = bulk (one descriptor per layer); dotted = ceiling (best "
+               "of bulk and contiguous chunks)", fig)
 
 
 def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
@@ -137,7 +147,8 @@ def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=.3)
     _legend(ax)
-    yield ("GB/s against descriptors per request (all payloads; more descriptors = smaller copies)", fig)
+    yield (f"GB/s against descriptors per request (all payloads; more descriptors = smaller copies; GB/s at p50, "
+           f"{_n(d)} samples per point)", fig)
 
 
 def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
@@ -146,9 +157,11 @@ def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
         for ax, t, gt, lines in panels:
             for color, label, gl in lines:
                 for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-                    ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=color, label=f"{label} {q}")
+                    ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=color,
+                            label=f"{label} {q}" + (f" {_n(gl)}" if q == "p50" else ""))
             _finish(ax, gt["block_size"], "block size (tokens)", "time per request (ms)", t, zero=False)
-        yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}", fig)
+        yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}; n = samples per point "
+               "(legend); a p95 is drawn from 20 samples, a p99 from 100 (fewer: no point)", fig)
 
 
 def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
@@ -166,14 +179,14 @@ def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
                 tag = f"{run} " if multi else ""
                 gl = gl.sort_values("tokens")
                 x, y = gl["tokens"].to_numpy(), gl["exposed_ms"].to_numpy()
-                up = np.maximum(gl["exposed_p95"].to_numpy() * 1e3 - y, 0)
+                up = np.nan_to_num(np.maximum(gl["exposed_p95"].to_numpy() * 1e3 - y, 0))  # no p95 below 20: no bar
                 ax.errorbar(x, y, yerr=[np.zeros_like(up), up], fmt="o-", color=f"C{i}", capsize=3, ms=4,
-                            label=f"{tag}{op} {ov} hs={hs} blk={bs}")
+                            label=f"{tag}{op} {ov} hs={hs} blk={bs} {_n(gl, 'exposed_samples')}")
                 if gl["model_ms"].notna().any():
                     ax.plot(x, gl["model_ms"], "--", color=f"C{i}", lw=1, label=f"model {tag}{op} {ov}")
             _finish(ax, g[g["transport"] == t]["tokens"], "prompt length (tokens)", "exposed time (ms)", t)
         yield (f"Exposed ms p50 (bar to p95) against prompt length, {model} {dtype}; dashed = the model "
-                    "max(0, T - P) + T/L streaming, T serial", fig)
+                    "max(0, T - P) + T/L streaming, T serial; n = samples per point (legend; no bar below 20)", fig)
 
 
 def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
@@ -191,7 +204,7 @@ def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
             tag = (f"{run} " if multi else "") + (f"{model} {tokens} tok " if shapes else "")
             for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
                 ax.plot(g["rate_rps"], g[f"exposed_{q}_ms"], ls, marker="o", ms=4, color=f"C{i}",
-                        label=f"{tag}exposed {q}")
+                        label=f"{tag}exposed {q}" + (f" {_n(g, 'admitted')}" if q == "p50" else ""))
             ax.plot(g["rate_rps"], g["queue_p99_ms"], "-.", marker="s", ms=4, color=f"C{i}", alpha=.6,
                     label=f"{tag}queue p99")
             for _, r in g[g["dropped"] > 0].iterrows():
@@ -205,4 +218,4 @@ def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
         ax.grid(alpha=.3, which="both")
         _legend(ax)
     yield ("Exposed time (prefill end to KV landed) and queue wait (for decode blocks) of admitted requests "
-             "against arrival rate", fig)
+           "against arrival rate; n = admitted requests per point (legend); p95 from 20, p99 from 100", fig)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from kvbench.results.samples import percentile
+
 from .link import LinkOverride, add_line_rate
 from .tables import read, run_status, summarize
 
@@ -57,7 +59,7 @@ def workload_stats(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
         for name, col in (("queue", "queue_s"), ("exposed", "exposed_s"), ("landed", "seconds")):
             vals = ok[col].dropna().to_numpy() * 1e3
             for q in (50, 95, 99):
-                r[f"{name}_p{q}_ms"] = float(np.percentile(vals, q)) if len(vals) else np.nan
+                r[f"{name}_p{q}_ms"] = percentile(vals, q)  # NaN where n cannot hold it (samples.py)
         facts = load.get(str(case), {})
         r["pool_peak"], r["pool_mean"] = facts.get("peak", np.nan), facts.get("mean", np.nan)
         r["pool_cap"] = facts.get("cap_blocks", np.nan)

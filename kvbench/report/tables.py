@@ -10,6 +10,7 @@ import os
 import pandas as pd
 
 from kvbench.results import costs
+from kvbench.results.samples import FOOTNOTE
 from kvbench.results.store import SCHEMA_VERSION, case_stats, upgrade
 
 # (header, width, formatter of a case_stats line)
@@ -29,7 +30,9 @@ COLUMNS = [
     ("descs", 7, lambda r: f"{r['descriptors']}"),
     ("desc(B)", 10, lambda r: f"{r['payload_bytes'] / max(r['descriptors'], 1):.0f}"),
     ("payload(B)", 11, lambda r: f"{r['payload_bytes']}"),
+    ("n", 5, lambda r: _i(r.get("samples"))),
     ("p50(us)", 9, lambda r: _f(r["p50"] * 1e6, ".1f")),
+    ("ci%", 5, lambda r: _f(r.get("ci_pct"), ".1f") + _stop(r)),
     ("p99(us)", 9, lambda r: _f(r["p99"] * 1e6, ".1f")),
     ("GB/s", 7, lambda r: _f(r["gbps"], ".2f")),
     ("aggGB/s", 7, lambda r: _f(r.get("agg_gbps"), ".2f")),
@@ -80,6 +83,11 @@ def _clock(r) -> str:
     return "-" if pd.isna(r.get("clock_err_s")) else ("SKEW" if r.get("clock_flag") else "ok")
 
 
+def _stop(r) -> str:
+    """'+' after the p50's interval when --target-ci's budget ran out before the target was met."""
+    return "+" if r.get("ci_stop") == "budget" else ""
+
+
 def _i(x) -> str:
     return "-" if x is None or pd.isna(x) else f"{int(x)}"
 
@@ -100,7 +108,10 @@ def header_lines(columns=None) -> list[str]:
             "# spreads (noise); #wrong = destination elements that failed the check (- = not checked);",
             "# clock = SKEW when the ranks' clocks are matched only within more than 5% of p50 (clocks.py);",
             "# us/L = kvbench's own time per layer outside the wire: posting calls + its notifications + landing",
-            "# stamp to wait return (us, median over iterations of the slowest rank; costs.py)",
+            "# stamp to wait return (us, median over iterations of the slowest rank; costs.py);",
+            "# n = samples behind the percentiles (requests x iterations); ci% = half the p50's 95% confidence",
+            "# interval (bootstrap), % of p50 (+ = --ci-budget ran out before --target-ci was met);",
+            f"# {FOOTNOTE}",
             *_variant_note(columns), "#", cols]
 
 
@@ -197,6 +208,7 @@ OVERLAP_COLUMNS = [
     ("P(ms)", 8, lambda r: _f(r["prefill_s"] * 1e3, ".2f")),
     ("T(ms)", 8, lambda r: _f(r["T_ms"], ".2f")),
     ("hs(us)", 7, lambda r: _f(r["handshake_p50"] * 1e6, ".0f")),
+    ("n", 5, lambda r: _i(r.get("exposed_samples"))),
     ("exp p50", 8, lambda r: _f(r["exposed_p50"] * 1e3, ".2f")),
     ("p95", 8, lambda r: _f(r["exposed_p95"] * 1e3, ".2f")),
     ("p99", 8, lambda r: _f(r["exposed_p99"] * 1e3, ".2f")),
@@ -213,7 +225,8 @@ def overlap_header_lines(columns=None) -> list[str]:
     return ["# exposed = time from prefill end until decode knows the last byte landed (decode's clock, start",
             "# synchronized by a barrier), ms; P = prefill time; T = payload / bulk GB/s of this path;",
             "# model = max(0, T - P) + T/L when streaming, T when serial; diff = exp p50 - model;",
-            "# hs = allocate-then-stream handshake round trip (us, p50)", *_variant_note(columns), "#", "#" + cols[1:]]
+            "# hs = allocate-then-stream handshake round trip (us, p50); n = exposed-time samples behind the",
+            f"# percentiles; {FOOTNOTE}", *_variant_note(columns), "#", "#" + cols[1:]]
 
 
 def uses_overlap(cases: list[dict]) -> bool:

@@ -20,12 +20,13 @@ import numpy as np
 import pandas as pd
 
 from kvbench.results import machine as hwfacts
+from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, sweep_stale
 
 SCHEMA_VERSION = 5  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is");
-# 5: placement (4 reads as 5 with no GPU, no NIC)
+# 5: the blocks marked "schema 5" below (4 reads as 5 with each block's defaults)
 READS = (1, 2, 3, 4, 5)  # schema versions the readers (report, compare) upgrade to this one
 RESUMES = (3, 4, 5)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
@@ -78,6 +79,11 @@ ROW_COLUMNS += ["cache_bytes"]
 # ("" where none); same_gpu = the row's pair used one GPU (its rows measure HBM copies, not a link)
 PLACEMENT_DEFAULTS = {"gpu": -1, "nic": "", "same_gpu": False}
 ROW_COLUMNS += ["gpu", "nic", "same_gpu"]
+# --- schema 5, samples (results/samples.py): ci_stop = why the case's timed iterations ended: "fixed" (-n
+# iterations, no --target-ci; older rows read so), "target" (its p50's 95% interval came within --target-ci) or
+# "budget" (--ci-budget ran out first); ci_target_pct = that target, % of the p50 (empty without one)
+SAMPLES_DEFAULTS = {"ci_stop": "fixed", "ci_target_pct": np.nan}
+ROW_COLUMNS += list(SAMPLES_DEFAULTS)
 
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
@@ -87,7 +93,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
     for col in ROW_COLUMNS:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
-                       "cache": "as-is", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       "cache": "as-is", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 
@@ -268,7 +274,8 @@ def pair_times(df: pd.DataFrame) -> pd.Series:
 
 
 def case_stats(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per case: percentiles (us) and GB/s (10^9 B/s) at p50, from raw rows."""
+    """One line per case: percentiles (us) and GB/s (10^9 B/s) at p50, from raw rows.  ``samples`` = n behind
+    them; a percentile n cannot hold is NaN, and the p50 has its 95% interval (samples.py)."""
     t = pair_times(df).rename("t").reset_index()
     # aggregate: every request of every pair per iteration; the iteration ends when the last one lands
     ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
@@ -276,10 +283,13 @@ def case_stats(df: pd.DataFrame) -> pd.DataFrame:
     makespan = t.groupby(["case", "iter"])["t"].max().groupby("case").median()
     agg = t.groupby("case")["t"].agg(
         p50=lambda s: float(np.percentile(s, 50)),
-        p95=lambda s: float(np.percentile(s, 95)),
-        p99=lambda s: float(np.percentile(s, 99)),
-        iters="count",
+        p95=lambda s: sample_stats.percentile(s, 95),
+        p99=lambda s: sample_stats.percentile(s, 99),
+        samples="count",
     )
+    ci = t.groupby("case")["t"].apply(lambda s: sample_stats.p50_ci(s.to_numpy()))
+    agg["p50_lo"], agg["p50_hi"] = ci.str[0], ci.str[1]
+    agg["ci_pct"] = 100 * (agg["p50_hi"] - agg["p50_lo"]) / 2 / agg["p50"]
     keys = df.groupby("case").agg(
         **{c: (c, "first") for c in CASE_COLUMNS if c != "case"},
         payload_bytes=("payload_bytes", "first"),
@@ -287,10 +297,12 @@ def case_stats(df: pd.DataFrame) -> pd.DataFrame:
         nwrong=("nwrong", "sum"),
         status=("status", "first"),
         reason=("reason", "first"),
+        **{c: (c, "first") for c in SAMPLES_DEFAULTS},
     )
     dec = ok[ok["exposed_s"].notna()].groupby("case")["exposed_s"]
     for q in (50, 95, 99):
-        agg[f"exposed_p{q}"] = dec.quantile(q / 100)
+        agg[f"exposed_p{q}"] = dec.agg(lambda s, q=q: sample_stats.percentile(s, q))
+    agg["exposed_samples"] = dec.count()
     agg["handshake_p50"] = ok.groupby("case")["handshake_s"].median()
     agg["prefill_s"] = df.groupby("case")["prefill_s"].first()
     out = keys.join(agg, how="left")

@@ -58,7 +58,6 @@ class RunConfig(BaseModel):
 
     def options(self) -> Options:
         """The harness's ``Options``, built in this one place from the suite and the run's flags."""
-
         s = self.suite
         return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
                        pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,

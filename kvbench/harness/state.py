@@ -58,3 +58,4 @@ class Measurement:
     mid: bool = False  # half-way (resources sampled)
     clock: dict = field(default_factory=dict)  # per source: skews, error bound, offset (checkpass.one_clock)
     errors: dict = field(default_factory=dict)  # a lossy codec's check: id(entry) -> (wrong, max abs, max rel)
+    every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)

@@ -45,6 +45,7 @@ LAUNCHES = {
                    "--op", "push", "--variants", "paged"]),
     "tcp": (2, ["-t", ",".join(["tcp", *(f"lie-{x}-tcp" for x in LIES), "lie-stamp-header"]), "--op", "push",
                 "--variants", "paged"]),
+    "engines": (2, ["-t", "lie-early-mooncake,lie-early-mpi", "--op", "push", "--variants", "paged"]),
 }
 # mode -> (launch, rows of the mode, the transport name a lie takes there)
 MODES = {
@@ -82,7 +83,7 @@ def launched(tmp_path_factory):
             n, args = LAUNCHES[name]
             res = str(tmp_path_factory.mktemp(name.replace(" ", "-")))
             cmd = [exe, "-n", str(n), sys.executable, "-m", "kvbench", "run", "-o", res, *TINY, *args]
-            code, out, err = _launch(cmd, 240, dict(os.environ, **ENV))
+            code, out, err = _launch(cmd, 300, dict(os.environ, **ENV))
             found = [os.path.join(d, f) for d, _, fs in os.walk(res) for f in fs if f.endswith(".parquet")]
             _RUNS[name] = Run(code, out, err, found[0] if found else None)
             assert not leftovers_of(_RUNS[name].results)
@@ -117,3 +118,21 @@ def test_the_skipped_iteration_is_the_one_named(launched):
     t = launched("push").table().query("transport == 'lie-skip' and role == 'decode'")
     bad = t[t.nwrong > 0]
     assert set(bad["iter"]) == {1}
+
+
+ENGINE_NOT_SEEN = pytest.mark.xfail(strict=False, reason="on one host the engine's put has landed by the time its "
+                                    "completion is asked for: the early wrapper moves nothing early here")
+
+
+@pytest.mark.parametrize("engine", ["mooncake", pytest.param("mpi", marks=ENGINE_NOT_SEEN)])
+def test_an_engine_whose_completion_comes_early_is_caught(launched, engine):
+    """The engine's own completion path (Mooncake's transfer status, MPI's window sync) returned before it
+    completes: the destination's copy at completion holds what had not landed."""
+    from kvbench import transports
+
+    if transports.probe(engine) is not None:
+        pytest.skip(f"{engine}: {transports.probe(engine)}")
+    r = launched("engines")
+    rows = r.table().query(f"transport == 'lie-early-{engine}' and role != 'prefill'")
+    assert len(rows) and (rows.status == "ok").all(), r.out[-2000:] + r.err[-2000:]
+    assert rows["nwrong"].sum() > 0

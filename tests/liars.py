@@ -1,46 +1,107 @@
-"""Transports that lie, each in one way, for the honesty tests (tests/test_honesty.py).
+"""Transports that lie, each in one way, for the honesty tests (tests/test_honesty.py, tests/test_liar_matrix.py).
 
-Registered through KVBENCH_TRANSPORTS for a launch; each is the shm transport
-(one-sided copies between the ranks' shared pools) with one lie added.  The
-harness must catch every one: as wrong elements, or as a time that cannot be.
+Registered through KVBENCH_TRANSPORTS for a launch.  A lie is a mixin over the transport contract (prepare,
+start, post, serve, wait), so one lie runs over any real transport: ``lie-<lie>`` is the lie over shm
+(one-sided copies between the ranks' shared pools), ``lie-<lie>-tcp`` over tcp (two-sided, a receive thread
+that stamps the landing), ``lie-<lie>-staged`` over staged (device pools through bounce buffers and tcp), and
+``lie-early-<engine>`` an engine's own completion (nixl, ucx, mooncake, mpi) returned before it completes.
+The harness must catch every one: as wrong elements, or as a time that cannot be.
 """
 from __future__ import annotations
 
+import dataclasses
+import queue
 import threading
 import time
 
 import numpy as np
 
 from kvbench import _native
-from kvbench.model.descriptors import DST, LEN
+from kvbench.model.descriptors import DST, LEN, SRC
+from kvbench.transports.base import Transport
 from kvbench.transports.shm import ShmTransport
 from kvbench.transports.tcp import TcpTransport
 
-LIARS = {
-    "lie-nothing": "liars:MovesNothing",
-    "lie-wrong-block": "liars:WrongBlock",
-    "lie-early": "liars:CompletesEarly",
-    "lie-read-early": "liars:ReadsBeforeFinal",
-    "lie-stamp": "liars:StampsSendersTime",
-}
+SKIPPED = object()  # the handle of a transfer a liar did not make
+EARLY_S = 5e-6  # how long after the completion it reported a liar starts moving the bytes
+RATE = 1e9  # lie-early: bytes per second it moves them at once it starts
+MAILBOX = 4096  # lie-early: the page after each pool where the ranks count transfers said and taken
 
 
-class MovesNothing(ShmTransport):
+def iteration(tag: int) -> int:
+    """The iteration a post's tag belongs to (the harness's tag: ((case << 8) + it) << 16; 255: the check pass)."""
+    return (tag >> 16) & 0xFF
+
+
+class _Lie:
+    """A mixin: the base transport with one lie.  ``lie_descs`` rewrites a post's descriptors (on both sides
+    alike, so a two-sided pair stays in step); ``skips`` drops a transfer on both sides."""
+
+    frames_honest = False  # under a codec the lie is the codec view's (_codec_lies): the frames move honestly
+
+    def lie_descs(self, descs: np.ndarray) -> np.ndarray:
+        return descs
+
+    def skips(self, tag: int) -> bool:
+        return False
+
+    @classmethod
+    def _prepares(cls) -> bool:  # the base prepares posts itself: the lie goes there, else into post
+        return any("prepare" in vars(k) for k in cls.__mro__[cls.__mro__.index(_Lie) + 1:] if k is not Transport)
+
+    def prepare(self, op, peer, descs, tag=0):
+        if self.frames_honest:
+            return super().prepare(op, peer, descs, tag)
+        if self.skips(tag):
+            return SKIPPED
+        return super().prepare(op, peer, self.lie_descs(descs) if self._prepares() else descs, tag)
+
+    def start(self, prepared):
+        return SKIPPED if prepared is SKIPPED else super().start(prepared)
+
+    def post(self, op, peer, descs, tag=0):
+        if self.frames_honest:
+            return super().post(op, peer, descs, tag)
+        if self.skips(tag):
+            return SKIPPED
+        return super().post(op, peer, descs if self._prepares() else self.lie_descs(descs), tag)
+
+    def serve(self, op, peer, descs, tag=0):
+        if self.frames_honest:
+            return super().serve(op, peer, descs, tag)
+        return SKIPPED if self.skips(tag) else super().serve(op, peer, self.lie_descs(descs), tag)
+
+    def post_when_ready(self, peer, descs, tag=0):
+        return SKIPPED if self.skips(tag) else super().post_when_ready(peer, self.lie_descs(descs), tag)
+
+    def answer(self, handle):
+        if handle is not SKIPPED:
+            super().answer(handle)
+
+    def wait(self, handle):
+        return None if handle is SKIPPED else super().wait(handle)
+
+
+class _Nothing(_Lie):
     """Reports every transfer done and moves no byte."""
 
-    name = "lie-nothing"
-
-    def start(self, prepared):
-        return None
+    def skips(self, tag):
+        return True
 
 
-class WrongBlock(ShmTransport):
+class _SkipsOne(_Lie):
+    """Skips the transfers of one timed iteration in ten (iterations 1, 11, ...), only at back-to-back speed: the
+    check pass after timing is moved."""
+
+    def skips(self, tag):
+        it = iteration(tag)
+        return it != 0xFF and it % 10 == 1
+
+
+class _WrongBlock(_Lie):
     """Moves every byte, each block to its neighbour's place."""
 
-    name = "lie-wrong-block"
-
-    def start(self, prepared):
-        dst, src, descs = prepared
+    def lie_descs(self, descs):
         d = descs.copy()
         if len(d) > 1:
             d[:, DST] = np.roll(d[:, DST], 1)
@@ -48,20 +109,169 @@ class WrongBlock(ShmTransport):
         else:  # one descriptor: half a block further on
             d[:, DST] += d[:, LEN] // 2
             d[:, LEN] -= d[:, LEN] // 2
-        _native.copy_batch(dst, src, d)
+        return d
 
 
-class CompletesEarly(ShmTransport):
-    """Returns from the post at once and copies 50 ms later on a thread: the completion comes before the bytes."""
+class _Outside(_Lie):
+    """Moves every byte to its place, and one block more just outside the post's ranges (before its first, or
+    after its last where nothing fits before)."""
 
-    name = "lie-early"
+    def lie_descs(self, descs):
+        if not len(descs):
+            return descs
+        first = descs[int(np.argmin(descs[:, DST]))]
+        n = int(first[LEN])
+        lo, hi = int(descs[:, DST].min()), int((descs[:, DST] + descs[:, LEN]).max())
+        extra = np.array([[first[SRC], lo - n if lo >= n else hi, n]], dtype=descs.dtype)
+        return np.ascontiguousarray(np.concatenate([descs, extra]))
+
+    def moved(self, descs):
+        """The destination's side alone (a codec's scatter): its first block written just outside instead."""
+        d = self.lie_descs(descs)
+        k = int(np.argmin(descs[:, DST]))
+        out = descs.copy()
+        out[k, DST] = d[-1, DST]
+        return out
+
+
+class _Early(_Lie):
+    """Reports a transfer complete before it is: the wait returns at once, the real completion is waited for at
+    the next call into the transport (an engine's own completion path: its notification, its sync)."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._owed: list = []
+
+    def _settle(self):
+        owed, self._owed = self._owed, []
+        for h in owed:
+            super().wait(h)
+
+    def prepare(self, op, peer, descs, tag=0):
+        self._settle()
+        return super().prepare(op, peer, descs, tag)
+
+    def post(self, op, peer, descs, tag=0):
+        self._settle()
+        return super().post(op, peer, descs, tag)
+
+    def serve(self, op, peer, descs, tag=0):
+        self._settle()
+        return super().serve(op, peer, descs, tag)
+
+    def wait(self, handle):
+        if handle is None or handle is SKIPPED:
+            return None
+        self._owed.append(handle)
+        return None
+
+    def close(self):
+        try:
+            self._settle()
+        finally:
+            super().close()
+
+
+def _pieces(descs: np.ndarray, most: int = 1 << 18) -> list[np.ndarray]:
+    """The descriptors cut into pieces of at most ``most`` bytes, in order, grouped about ``most`` bytes a group."""
+    n = -(-descs[:, LEN] // most)
+    rows = np.repeat(descs, n, axis=0)
+    k = np.arange(len(rows)) - np.repeat(np.cumsum(n) - n, n)
+    rows[:, SRC] += k * most
+    rows[:, DST] += k * most
+    rows[:, LEN] = np.minimum(most, np.repeat(descs[:, LEN], n) - k * most)
+    ends = np.cumsum(rows[:, LEN])
+    cuts = np.searchsorted(ends, np.arange(most, int(ends[-1]) if len(ends) else 0, most), side="right")
+    return [np.ascontiguousarray(p) for p in np.split(rows, np.unique(cuts)) if len(p)]
+
+
+class _CopiesLater(ShmTransport):
+    """shm's lie of early completion, by a few microseconds: the transport tells the destination itself that a
+    transfer is complete (it notifies: the harness adds no message), and a thread starts moving the bytes EARLY_S
+    after the destination has taken that word, at RATE as a link would deliver them (the first bytes a few
+    microseconds after the completion, the last ones payload / RATE later).
+
+    Each segment has a mailbox page after the pool: word 2p is how many transfers rank p said it completed into
+    this rank, word 2p+1 how many of them this rank has taken (pull: the initiator is the destination, and the
+    same counts live in this process)."""
+
+    caps = dataclasses.replace(ShmTransport.caps, notifies=True)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._sent: dict[int, int] = {}
+        self._expected: dict[int, int] = {}
+        self._taken: dict[int, int] = {}  # pull: this rank's own acknowledgements
+        threading.Thread(target=self._copier, daemon=True).start()
+
+    def alloc(self, nbytes):
+        buf = super().alloc(nbytes + MAILBOX)
+        self.mail = buf.array[nbytes:].view(np.uint64)
+        return type(buf)(buf.array[:nbytes], buf.release)
+
+    def connect(self, peers):
+        super().connect(peers)
+        self.remote_mail = {r: a[-MAILBOX:].view(np.uint64) for r, a in self.peers.items()}
+        self.peers = {r: a[:-MAILBOX] for r, a in self.peers.items()}
+
+    def _copier(self):
+        while (job := self._jobs.get()) is not None:
+            taken, seq, prepared = job
+            deadline = time.perf_counter() + 30
+            while taken() < seq and time.perf_counter() < deadline:
+                time.sleep(0)
+            t0 = time.perf_counter() + EARLY_S
+            while time.perf_counter() < t0:
+                pass
+            dst, src, descs = prepared
+            done = 0
+            for piece in _pieces(descs):  # the bytes stream in at RATE, in order, as a link delivers them
+                _native.copy_batch(dst, src, piece)
+                done += int(piece[:, LEN].sum())
+                while time.perf_counter() < t0 + done / RATE:
+                    time.sleep(0)
+
+    frames_honest = False
 
     def start(self, prepared):
-        def later():
-            time.sleep(0.05)
-            _native.copy_batch(*prepared)
+        if self.frames_honest:
+            return ShmTransport.start(self, prepared)
+        remote = prepared[0] if prepared[0] is not self.pool.array else prepared[1]
+        peer = next(r for r, a in self.peers.items() if a is remote)
+        seq = self._sent[peer] = self._sent.get(peer, 0) + 1
+        if prepared[0] is remote:  # push: tell the destination it is complete; copy once it has taken that word
+            box = self.remote_mail[peer]
+            box[2 * self.ctx.rank] = seq
+            self._jobs.put((lambda: int(box[2 * self.ctx.rank + 1]), seq, prepared))
+        else:  # pull: this rank is the destination; copy once its own wait has returned
+            self._jobs.put((lambda: self._taken.get(peer, 0), seq, prepared))
+        return ("pull", peer, seq) if prepared[0] is not remote else None
 
-        threading.Thread(target=later, daemon=True).start()
+    def serve(self, op, peer, descs, tag=0):
+        if op != "push" or self.frames_honest:
+            return None
+        want = self._expected[peer] = self._expected.get(peer, 0) + 1
+        return ("push", peer, want)
+
+    def wait(self, handle):
+        if handle is None:
+            return None
+        kind, peer, seq = handle
+        if kind == "pull":
+            self._taken[peer] = max(self._taken.get(peer, 0), seq)
+            return time.perf_counter()
+        deadline = time.perf_counter() + 30
+        while int(self.mail[2 * peer]) < seq:
+            if time.perf_counter() > deadline:
+                raise TimeoutError("lie-early: no word from the source")
+        landed = time.perf_counter()
+        self.mail[2 * peer + 1] = max(int(self.mail[2 * peer + 1]), seq)
+        return landed
+
+    def close(self):
+        self._jobs.put(None)
+        super().close()
 
 
 class ReadsBeforeFinal(ShmTransport):
@@ -95,6 +305,126 @@ class StampsSendersTime(TcpTransport):
         self._posted[id(job)] = time.perf_counter()
         return job
 
+    def post_when_ready(self, peer, descs, tag=0):
+        job = super().post_when_ready(peer, descs, tag)
+        self._posted[id(job)] = time.perf_counter()
+        return job
+
     def wait(self, handle):
         landed = super().wait(handle)
         return self._posted.pop(id(handle), landed)
+
+
+class StampsAtHeader(StampsSendersTime):
+    """Moves every byte but stamps the landing halfway between its receive's post and the real landing, as a
+    stamp taken when the message's header arrived would: after the source posted, before the bytes."""
+
+    name = "lie-stamp-header"
+
+    def wait(self, handle):
+        posted = self._posted.pop(id(handle), None)
+        landed = TcpTransport.wait(self, handle)
+        return landed if posted is None else (posted + landed) / 2
+
+
+LIES = {"nothing": _Nothing, "wrong-block": _WrongBlock, "skip": _SkipsOne, "outside": _Outside}
+BASES = {"": ShmTransport, "-tcp": TcpTransport}
+LIARS: dict[str, str] = {}
+
+
+def _make(name: str, lie: type, base: type) -> None:
+    cls = type(name.replace("-", "_"), (lie, base), {"name": name, "__module__": __name__})
+    globals()[cls.__name__] = cls
+    LIARS[name] = f"liars:{cls.__name__}"
+
+
+for _lie, _cls in LIES.items():
+    for _suffix, _base in BASES.items():
+        _make(f"lie-{_lie}{_suffix}", _cls, _base)
+LIARS["lie-early"] = "liars:_CopiesLater"
+_CopiesLater.name = "lie-early"
+_make("lie-early-tcp", _Early, TcpTransport)
+LIARS["lie-read-early"] = "liars:ReadsBeforeFinal"
+LIARS["lie-stamp"] = "liars:StampsSendersTime"
+LIARS["lie-stamp-header"] = "liars:StampsAtHeader"
+
+
+def _late(name: str, module: str, cls: str) -> None:
+    """A liar over a transport whose library is optional: its class is made when the registry loads it."""
+    LIARS[name] = f"liars:{name.replace('-', '_')}"
+    LATE[name.replace("-", "_")] = (name, module, cls)
+
+
+LATE: dict[str, tuple] = {}
+_late("lie-early-nixl", "kvbench.transports.nixl", "NixlTransport")
+_late("lie-early-ucx", "kvbench.transports.ucx", "UcxTransport")
+_late("lie-early-mooncake", "kvbench.transports.mooncake", "MooncakeTransport")
+_late("lie-early-mpi", "kvbench.transports.mpi", "MpiTransport")
+for _lie, _cls in {"nothing": _Nothing, "wrong-block": _WrongBlock, "skip": _SkipsOne, "outside": _Outside,
+                   "early": _Early}.items():
+    _late(f"lie-{_lie}-staged", "kvbench.transports.staged", "StagedTransport")
+    LATE[f"lie_{_lie}_staged".replace("-", "_")] += (_cls,)
+
+
+def __getattr__(attr: str):
+    """The registry's ``liars:<class>`` for an optional library's liar: built on first use."""
+    if attr not in LATE:
+        raise AttributeError(attr)
+    import importlib
+
+    name, module, base, *lie = LATE[attr]
+    _make(name, lie[0] if lie else _Early, getattr(importlib.import_module(module), base))
+    return globals()[attr]
+
+
+class _Done:
+    """A codec item that a liar reports complete at once."""
+
+    error = at = None  # no stamp of its own: the harness's wait stamps it
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.done.set()
+
+
+def _codec_lies() -> None:
+    """Under a codec the harness posts to the codec's view of the transport, which moves frames through it: the
+    liar's lie then applies where the view gathers and scatters the KV bytes (the frames move honestly), so the
+    lie reaches the pool as it would through an engine that encodes on the wire."""
+    from kvbench.codecs import path as P
+
+    V = P.CodecView
+    if getattr(V, "lied", False):
+        return
+    init, start, serve, wait = V.__init__, V.start, V.serve, V.wait
+
+    def __init__(self, session, *a, **k):
+        init(self, session, *a, **k)
+        self.lie = session.inner if isinstance(session.inner, (_Lie, _CopiesLater)) else None
+        if self.lie is not None:
+            self.lie.frames_honest = True
+
+    def lied(self, prepared_or_args, f, side):
+        op, peer, descs, tag = prepared_or_args
+        lie = self.lie
+        if isinstance(lie, _Lie):
+            if lie.skips(tag):
+                return _Done()
+            if not isinstance(lie, _Outside):  # a frame holds what its slot holds: no block more
+                descs = lie.lie_descs(descs)
+            elif side == "dst":
+                descs = lie.moved(descs)
+        return f(self, (op, peer, descs, tag))
+
+    V.__init__ = __init__
+    V.start = lambda self, p: lied(self, p, start, "src")
+    V.serve = lambda self, op, peer, descs, tag=0: lied(self, (op, peer, descs, tag),
+                                                        lambda v, a: serve(v, *a), "dst")
+    V.wait = lambda self, h: None if isinstance(self.lie, _CopiesLater) else wait(self, h)
+    V.lied = True
+
+
+try:
+    _codec_lies()
+except ImportError:  # no codec machinery: nothing to lie through
+    pass

@@ -13,7 +13,7 @@ def test_procurement_suites_cover_every_axis_the_buyer_needs():
     bw, ov = S.load("procurement"), S.load("procurement-overlap")
     for s in (bw, ov):
         assert set(s.axes.transport) == set(transports.names())  # every transport; unavailable ones say why
-        assert s.axes.op == ["push", "pull"] and s.check
+        assert s.axes.op == ["push", "pull"] and s.check == "all"  # every timed iteration checked
         assert s.axes.model == ["llama-3-70b", "llama-3-8b", "deepseek-v3"]
         assert s.timeout <= 120 and s.iters * s.axes.tokens[0] > 0  # the per-case budget is stated
         assert s.iters >= 20 and s.target_ci == 2.0 and 0 < s.ci_budget <= 10  # n >= 20 on every row, p50 earned

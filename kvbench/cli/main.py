@@ -42,6 +42,14 @@ examples:
 """
 
 
+def check_arg(text: str):
+    """-c: 0, 1 or all (every); one line naming the choices otherwise."""
+    try:
+        return S.check_level(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1, all)") from None
+
+
 def build_parser() -> Parser:
     p = Parser(prog="kvbench", description="KV-cache transfer microbenchmarks (prefill -> decode), nccl-tests style.")
     p.add_argument("--version", action="version", version=f"kvbench {__version__}")
@@ -74,7 +82,9 @@ def build_parser() -> Parser:
     r.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on rank 0's stderr: auto (when it is a terminal; MPI launchers usually give "
                    "ranks pipes, so say on), on, off")
-    r.add_argument("-c", "--check", type=int, choices=(0, 1), help="verify every byte after timing (default 1)")
+    r.add_argument("-c", "--check", type=check_arg, metavar="{0,1,all}",
+                   help="0: no check; 1 (default): one more transfer after timing, verified against lies; all (also "
+                        "every): every timed iteration verified as well, outside its timed window (README, Checking)")
     r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")

@@ -73,7 +73,7 @@ def preamble(c, suite, argv, hosts) -> list[str]:
         f"# kvbench {__version__}  suite={suite.name}  ranks={c.size}  scheme={suite.scheme}  hosts={per_host}",
         f"# argv: kvbench {' '.join(argv)}",
         f"# MPI: {c.library()}",
-        f"# iterations={suite.iters} warmup={suite.warmup} check={'on' if suite.check else 'off'} seed={suite.seed}"
+        f"# iterations={suite.iters} warmup={suite.warmup} check={CHECK_WORD[suite.check]} seed={suite.seed}"
         + (f" rounds={suite.turns()} (a transport's cases take turns, {suite.iters // suite.turns()}+ iterations at a time)"
            if suite.turns() > 1 else "")
         + (f" target-ci={suite.target_ci:g}% (the least iterations above, then more per case until its p50's 95% "
@@ -81,6 +81,9 @@ def preamble(c, suite, argv, hosts) -> list[str]:
     ]
 
 
+# the preamble's word for each check level; the footer says what the check cost
+CHECK_WORD = {False: "off", True: "on (one checked transfer after timing)",
+              "all": "all (every timed iteration and one more transfer, verified outside the timed windows)"}
 STARTUP_S = 120.0  # MPI start, validation on rank 0, the broadcast: no run needs longer before its setup
 FINISH_S = 60.0  # the last barrier and MPI's finalisation
 FINISH_MIN_S = 10.0  # ... or --timeout when shorter, but never less than this
@@ -285,14 +288,42 @@ def footer(cfg, writer, printer, h) -> int:
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong)
+    for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)):
+        print(line)
     print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
     print(f"# results: {writer.path}")
+    cost = getattr(h, "check_cost", None)
     writer.finish(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), total_wrong=wrong, status=status,
+                  check={"level": cfg.suite.check, "verify_s": [round(c, 4) for c, _ in cost or []],
+                         "timed_s": [round(t, 4) for _, t in cost or []]},
                   clocks=pair_clocks(df),
                   reason=ST.STATUSES[status][1], harness_overhead_us=overhead_us(printer),
                   layer_cost_us=layer_costs(df),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
+
+
+def check_lines(df, level, cost) -> list[str]:
+    """The footer's account of the check: what it cost (seconds verifying on the slowest rank, outside the timed
+    windows, beside that rank's timed seconds), then one line per case with wrong elements, naming its
+    iterations (-1 is the check pass after timing)."""
+    out = []
+    if level and cost:
+        check_s, timed_s = max(cost)
+        out.append(f"# check {'all' if level == 'all' else '1'}: {check_s:.2f} s "
+                   f"verifying, outside the timed windows (slowest rank; its timed windows: {timed_s:.2f} s)")
+    if df is None or "nwrong" not in df:
+        return out
+    bad = df[df["nwrong"].fillna(0) > 0]
+    for case, g in bad.groupby("case"):
+        r = g.iloc[0]
+        its = sorted(int(i) for i in g["iter"].unique())
+        named = ", ".join("the check pass" if i < 0 else str(i) for i in its[:12]) + (" ..." if len(its) > 12 else "")
+        what = "bulk" if r["variant"] != "paged" else f"{r['allocation']} {r['block_size']}-token blocks"
+        out.append(f"# FAILED case {int(case)} ({r['transport']} {r['op']} {r['model']} {r['tokens']} tokens, {what}, "
+                   f"{r['variant']}): {int(g['nwrong'].sum())} wrong elements in iteration{'s' if len(its) > 1 else ''} "
+                   f"{named}")
+    return out
 
 
 def pair_clocks(df) -> dict:

@@ -134,7 +134,7 @@ def merge(a) -> S.Suite:
         if getattr(a, key, None) is not None:
             data[key] = getattr(a, key)
     if a.check is not None:
-        data["check"] = bool(a.check)
+        data["check"] = a.check
     if a.name:
         data["name"] = a.name
     return S.validate(data, a.suite or "command line")

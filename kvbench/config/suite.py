@@ -142,6 +142,21 @@ class Workload(BaseModel):
         return v
 
 
+CHECK_LEVELS = "0 (none), 1 (one checked transfer after timing, the default) or all (every timed iteration too)"
+
+
+def check_level(v):
+    """-c / check: 0, 1, all (also every, true, false) -> False, True or "all"; anything else is refused."""
+    if isinstance(v, bool):
+        return v
+    word = str(v).strip().lower()
+    if word in ("all", "every"):
+        return "all"
+    if word in ("0", "1", "false", "true", "off", "on"):
+        return word in ("1", "true", "on")
+    raise ValueError(f"check must be {CHECK_LEVELS}, not {v!r}")
+
+
 class Suite(BaseModel):
     """A whole sweep: axes plus how to run each case."""
 
@@ -153,7 +168,8 @@ class Suite(BaseModel):
     # >1: a transport's cases take turns (iters split over rounds), so noise hits every row alike;
     # 0 (default): min(5, iters); 1 for a workload and under cache warm (turns())
     rounds: int = Field(default=0, ge=0)
-    check: bool = True
+    # False (-c 0), True (-c 1: one checked transfer after timing) or "all" (-c all: every timed iteration too)
+    check: bool | Literal["all"] = True
     scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     # a pool a million requests deep is already beyond any machine's memory; far larger overflows the byte count
@@ -181,6 +197,11 @@ class Suite(BaseModel):
     @classmethod
     def _fill(cls, v):
         return check_fill(v)
+
+    @field_validator("check", mode="before")
+    @classmethod
+    def _check(cls, v):
+        return check_level(v)
 
     @field_validator("variants")
     @classmethod

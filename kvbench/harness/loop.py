@@ -20,13 +20,14 @@ from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
 from kvbench.harness import checkpass, placing, preflight, requests
 from kvbench.harness.calibrate import Calibration
-from kvbench.harness.requests import case_geometry, pool_bytes
+from kvbench.harness.preflight import device_reason
+from kvbench.harness.requests import case_geometry, case_label, pool_bytes
 from kvbench.harness.rows import Rows
 from kvbench.harness.schedule import Iteration
 from kvbench.harness.state import Measurement, Options, Record, Session, UserError
 from kvbench.job import faults
 from kvbench.job.guard import GUARD
-from kvbench.memory import cachestate, copy, device
+from kvbench.memory import cachestate, device
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.layout import Pool
 from kvbench.model.schemes import Entry, SchemeError, make_pairs, max_entries_per_rank
@@ -47,6 +48,7 @@ class Harness(Rows, Calibration):
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
         self.on_group_done = None  # rank 0: called with a transport's name once all its rows are stored
         self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
+        self.check_s = self.timed_s = 0.0  # this rank's seconds verifying (outside the timed windows), and timed
 
     def set_sink(self, sink) -> None:
         """Rank 0: where finished cases' rows go."""
@@ -84,6 +86,7 @@ class Harness(Rows, Calibration):
                 self.on_group_done(name)
         faults.hit("stall-after-last", self.rank)
         self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
+        self.check_cost = self.comm.gather((self.check_s, self.timed_s))  # rank 0: per rank (verifying, timed) s
 
     def sample(self, group: str, phase: str, case: int = 0) -> None:
         """This rank's resident memory and open files now (the soak's leak check reads them); one sample per
@@ -278,8 +281,11 @@ class Harness(Rows, Calibration):
         s.fill = fill_pools(s.pools, self.rank, s.fill, (self.opts.fill, case["dtype"]))
         t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
-        return Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
-                           cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local))
+        m = Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
+                        cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local))
+        if self.opts.check == "all" and s.pools:  # -c all: every timed iteration checked (checkpass.Every)
+            m.every = checkpass.Every(self.rank, m, s.pools, s.nbytes)
+        return m
 
     def _once(self, m: Measurement, it: int):
         if faults.armed("post", self.rank, m.no):  # inert unless KVBENCH_FAULT names this rank
@@ -308,17 +314,25 @@ class Harness(Rows, Calibration):
         try:
             for k in range(warmup + iters):
                 cache0 = m.cache.count if m.cache is not None else 0
+                every = m.every if k >= warmup else None  # -c all: this timed iteration is checked
+                if every is not None:
+                    every.before(m.next)
                 done, inside, hs, offset = self._once(m, m.next)  # from the end of a barrier
                 t0 = itr.t0
                 total = time.perf_counter() - t0
+                if every is not None:  # its last completion: the copy aside comes before any word from a peer
+                    every.landed()
                 # every rank done before any rank's bookkeeping (and --cache setting): a pull's source is done
                 # first, and its work would otherwise share the CPU caches with its peer's timed transfer
                 self.comm.barrier()
+                if every is not None:
+                    every.count()
                 stages = s.t.take_stages() if hasattr(s.t, "take_stages") else None  # staged: per-stage seconds
                 m.next += 1  # tags stay distinct across rounds
                 stats = s.codec.take_stats() if m.codec is not None else None
                 ends, took = itr.prefill_ends(offset)  # per source: its prefill's end (real: measured there)
                 if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
+                    self.timed_s += total
                     exposed = [d - ends.get(e.src, itr.prefill_s) if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
                     m.took.append(took)
@@ -348,8 +362,10 @@ class Harness(Rows, Calibration):
         self._watchdog(m.no, m.case)
         try:
             m.clock = checkpass.one_clock(self.comm, self.rank, m)
+            a = time.perf_counter()
             if self.opts.check:
                 nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
+            self.check_s += time.perf_counter() - a + (m.every.seconds if m.every is not None else 0.0)
         finally:
             GUARD.disarm()
         faults.hit("stall-between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
@@ -359,20 +375,5 @@ class Harness(Rows, Calibration):
         self.emit(case, m.g, entries, rec, nwrong, m.no, m.clock, [itr.rule.get(id(e), "") for e in entries],
                   m.codec, {entries.index(e): v for e in entries for k, v in m.errors.items() if k == id(e)},
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
-                  cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None)
-
-
-def device_reason(cls, case: dict) -> str | None:
-    """Why a transport cannot run a case's memory kind and copy engine here, or None."""
-    kind = case.get("memory", "host")
-    if kind not in cls.caps.memory:
-        if cls.name == "staged" and kind == "host":
-            return "staged: --memory host has nothing to stage (use torch-cpu, pinned or cuda)"
-        return f"{cls.name} moves {', '.join(cls.caps.memory)} memory, not {kind}"
-    return device.probe(kind) or copy.probe(case.get("copy", "batch"), "cuda" if kind == "cuda" else "cpu")
-
-
-def case_label(no: int, case: dict) -> str:
-    """How the one-line failure message names a case."""
-    what = "bulk" if case.get("variant") == "bulk" else f"{case['alloc']} {case['block_size']}-token blocks"
-    return f"case {no} ({case['transport']} {case['op']} {case['model']} {case['tokens']} tokens, {what})"
+                  cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
+                  every=m.every.wrong if m.every is not None else None)

@@ -12,7 +12,7 @@ import resource
 
 from kvbench import memory, transports
 from kvbench.job import cleanup
-from kvbench.memory import device
+from kvbench.memory import copy, device
 
 GiB, MiB = 2**30, 2**20
 SETUP_BASE_S = 120.0  # connection set-up and registration on a large cluster
@@ -120,3 +120,13 @@ def check(comm, groups: list[tuple], options: dict[str, dict], pages: str = "4k"
                         "larger /dev/shm (docker run --shm-size=8g; Kubernetes: an emptyDir with medium: Memory), "
                         "or lower --tokens or --pool-factor, or run without this transport")
     return None
+
+
+def device_reason(cls, case: dict) -> str | None:
+    """Why a transport cannot run a case's memory kind and copy engine here, or None."""
+    kind = case.get("memory", "host")
+    if kind not in cls.caps.memory:
+        if cls.name == "staged" and kind == "host":
+            return "staged: --memory host has nothing to stage (use torch-cpu, pinned or cuda)"
+        return f"{cls.name} moves {', '.join(cls.caps.memory)} memory, not {kind}"
+    return device.probe(kind) or copy.probe(case.get("copy", "batch"), "cuda" if kind == "cuda" else "cpu")

@@ -94,3 +94,9 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
                     layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
             entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
     return entries
+
+
+def case_label(no: int, case: dict) -> str:
+    """How the one-line failure message names a case."""
+    what = "bulk" if case.get("variant") == "bulk" else f"{case['alloc']} {case['block_size']}-token blocks"
+    return f"case {no} ({case['transport']} {case['op']} {case['model']} {case['tokens']} tokens, {what})"

@@ -42,7 +42,9 @@ class Rows:
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None, cost=None, took=None, cache=None) -> None:
+             errors=None, stages=None, cost=None, took=None, cache=None, every=None) -> None:
+        """A case's rows on this rank: one per (entry, timed iteration) and the check pass's; ``every`` (-c all):
+        per timed iteration the wrong elements per entry, each timed row's ``nwrong``."""
         rows = []
         nan = float("nan")
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -59,7 +61,7 @@ class Rows:
                 skew = float(skews[it]) if skews is not None else 0.0
                 rows.append(dict(base, **stage_columns(stages[it] if stages else None),
                                  iter=it, round=r.round, seconds=r.done[k] + skew, harness_seconds=r.harness_s,
-                                 nwrong=None, handshake_s=r.handshake_s if e.src == self.rank else nan,
+                                 nwrong=every[it][k] if every else None, handshake_s=r.handshake_s if e.src == self.rank else nan,
                                  exposed_s=nan if r.exposed[k] is None else r.exposed[k] + skew,
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
                                  **codec_columns(codec, it, e, case), **costs.row(cost, it, k),

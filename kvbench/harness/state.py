@@ -61,6 +61,7 @@ class Measurement:
     spent: float = 0.0  # seconds in its iterations so far, warm-ups included (--ci-budget; calibrate.py)
     ran: int = 0  # iterations so far, warm-ups included
 
+    every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)
 
 class UserError(ValueError):
     """A mistake in the request (not a failure of the machine): one line, exit 1."""
@@ -70,7 +71,7 @@ class UserError(ValueError):
 class Options:
     iters: int = 20
     warmup: int = 3
-    check: bool = True
+    check: bool | str = True  # False, True (the check pass after timing) or "all" (every timed iteration too)
     seed: int = 0
     pool_factor: float = 2.0
     timeout: float = 600.0

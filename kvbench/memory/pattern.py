@@ -49,6 +49,16 @@ def epoch_words(rank: int, word_start: int, nwords: int, epoch: int, mix) -> np.
     return words
 
 
+def epoch_words_at(rank: int, widx: np.ndarray, epoch: int, mix) -> np.ndarray:
+    """``epoch_words`` at any 32-bit word indices (int64): the check's vectorised path over many ranges."""
+    if CONTENTS is not None:
+        return CONTENTS.at(rank, widx, epoch)
+    words = pattern_at(rank, widx)
+    if epoch:
+        words ^= mix
+    return words
+
+
 def fill(array: np.ndarray, rank: int, chunk: int = 1 << 26) -> None:
     """Write ``rank``'s pattern over the whole pool (also pre-faults it)."""
     words = array[: array.nbytes // 4 * 4].view(np.uint32)

@@ -96,8 +96,12 @@ class Realistic:
         self.table = exponent_table(dtype)
 
     def words(self, rank: int, w0: int, n: int, epoch: int = 0) -> np.ndarray:
+        return self.at(rank, np.arange(w0, w0 + n, dtype=np.int64), epoch)
+
+    def at(self, rank: int, widx: np.ndarray, epoch: int = 0) -> np.ndarray:
+        """``words`` at any 32-bit word indices (the check's vectorised path over many ranges)."""
         per = 4 // ELEM[self.dtype]
-        j = np.arange(w0 * per, (w0 + n) * per, dtype=np.uint32)  # wraps past 2^32 elements, as the pattern does
+        j = (widx[:, None] * per + np.arange(per)).ravel().astype(np.uint32)  # wraps past 2^32 elements, as the pattern does
         h = _hash(rank, epoch, j)
         ebits, mbits = BITS[self.dtype]
         e = np.take(self.table, h >> np.uint32(16))
@@ -120,10 +124,14 @@ class Dump:
         self.data = load_dump(path, ELEM.get(dtype, 1))
 
     def words(self, rank: int, w0: int, n: int, epoch: int = 0) -> np.ndarray:
+        return self.at(rank, np.arange(w0, w0 + n, dtype=np.int64), epoch)
+
+    def at(self, rank: int, widx: np.ndarray, epoch: int = 0) -> np.ndarray:
+        """``words`` at any 32-bit word indices."""
         b = ELEM.get(self.dtype, 1)
         elems = self.data.view({4: np.uint32, 2: np.uint16, 1: np.uint8}[b])
         per = 4 // b
-        j = np.arange(w0 * per, (w0 + n) * per, dtype=np.int64)
+        j = (widx[:, None] * per + np.arange(per)).ravel()
         return elems[(j + 104729 * rank + 7919 * epoch) % len(elems)].view(np.uint32)
 
 

@@ -1,0 +1,138 @@
+"""Every lie, in every mode: a transport that lies in one way (tests/liars.py) is caught, in each way the harness
+moves bytes, and the same transport without the lie passes.
+
+Lies: none (the control), the wrong block, completion a few microseconds before the bytes start to land, a read
+before the layer is final (pull), a landing stamp at the header's arrival, one timed iteration skipped, one block
+written outside the ranges.  Modes: serial, streaming, handshake, in-flight 4, many-to-one on 4 ranks, a codec,
+staged device pools (torch-cpu), the hot and chunk references, pull, two-sided tcp, and each engine's own
+completion (nixl, ucx, mooncake, mpi) where installed.  Every launch runs ``-c all`` with several cases (one per
+liar and mode), tiny sizes, 2 timed iterations; a cell reads its own rows.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from conftest import ROOT, Run, _launch, leftovers_of, mpiexec
+from liars import LIARS
+
+ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
+       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), ROOT, os.environ.get("PYTHONPATH", "")]),
+       "PYTHONUNBUFFERED": "1"}
+TINY = ["--layers", "4", "--kv-heads", "8", "--head-dim", "128", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2",
+        "-w", "0", "--rounds", "1", "-c", "all", "--alloc", "random"]
+# the lies every mode meets, beside the control; early last: where its early stamp is an error (ERROR ends the run,
+# the one line names it) the other lies have run
+LIES = ["nothing", "wrong-block", "skip", "outside", "early"]
+
+
+def shm(*lies):
+    return ",".join(["shm", *(f"lie-{x}" for x in lies)])
+
+
+# launch -> (ranks, arguments)
+LAUNCHES = {
+    "push": (2, ["-t", shm(*LIES), "--op", "push", "--overlap", "serial,streaming", "--handshake", "off,serial",
+                 "--variants", "paged"]),
+    "inflight": (2, ["-t", shm(*LIES), "--op", "push", "--inflight", "4", "--variants", "paged"]),
+    "pull": (2, ["-t", shm("read-early", *LIES), "--op", "pull", "--overlap", "serial,streaming",
+                 "--prefill-ms", "4", "--variants", "paged"]),  # streaming: a layer is final well after it is read
+    "many-to-one": (4, ["-t", shm(*LIES), "--op", "push", "--scheme", "many-to-one", "--variants", "paged"]),
+    "codec": (2, ["-t", shm(*LIES), "--op", "push", "--codec", "lz4", "--variants", "paged"]),
+    "references": (2, ["-t", shm(*LIES), "--op", "push", "--variants", "hot,ceiling"]),
+    "staged": (2, ["-t", ",".join(["staged", *(f"lie-{x}-staged" for x in LIES)]), "--memory", "torch-cpu",
+                   "--op", "push", "--variants", "paged"]),
+    "tcp": (2, ["-t", ",".join(["tcp", *(f"lie-{x}-tcp" for x in LIES), "lie-stamp-header"]), "--op", "push",
+                "--variants", "paged"]),
+    "engines": (2, ["-t", "lie-early-mooncake,lie-early-mpi", "--op", "push", "--variants", "paged"]),
+}
+# mode -> (launch, rows of the mode, the transport name a lie takes there)
+MODES = {
+    "serial": ("push", "overlap == 'serial' and handshake == 'off'", "lie-{}"),
+    "streaming": ("push", "overlap == 'streaming'", "lie-{}"),
+    "handshake": ("push", "handshake == 'serial'", "lie-{}"),
+    "in-flight 4": ("inflight", "inflight == 4", "lie-{}"),
+    "pull": ("pull", "op == 'pull'", "lie-{}"),
+    "many-to-one on 4 ranks": ("many-to-one", "world_size == 4", "lie-{}"),
+    "codec lz4": ("codec", "codec == 'lz4'", "lie-{}"),
+    "hot": ("references", "variant == 'hot'", "lie-{}"),
+    "chunks": ("references", "variant.str.startswith('chunk')", "lie-{}"),
+    "staged torch-cpu": ("staged", "memory == 'torch-cpu'", "lie-{}-staged"),
+    "tcp": ("tcp", "op == 'push'", "lie-{}-tcp"),
+}
+HEADER = pytest.mark.xfail(strict=False, reason="needs the landing-time bound (item 3)")
+CELLS = [pytest.param(lie, mode, id=f"{lie}/{mode}") for mode in MODES for lie in ["none", *LIES]]
+TWO_SIDED = pytest.mark.xfail(strict=False, reason="a two-sided wait returned at once is caught only when the bytes are "
+                              "still under way then (on a loaded machine they may all be in before the wait is asked)")
+CELLS = [pytest.param(*c.values, id=c.id, marks=TWO_SIDED) if c.id == "early/tcp" else c for c in CELLS]
+CELLS += [pytest.param("read-early", "pull", id="read-early/pull"),
+          pytest.param("stamp-header", "tcp", id="stamp-header/tcp", marks=HEADER)]
+_RUNS: dict[str, Run] = {}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """launched(name) -> the Run of that launch, made once for the module."""
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec: run `make install` (installs the mpich wheel)")
+
+    def get(name: str) -> Run:
+        if name not in _RUNS:
+            n, args = LAUNCHES[name]
+            res = str(tmp_path_factory.mktemp(name.replace(" ", "-")))
+            cmd = [exe, "-n", str(n), sys.executable, "-m", "kvbench", "run", "-o", res, *TINY, *args]
+            code, out, err = _launch(cmd, 300, dict(os.environ, **ENV))
+            found = [os.path.join(d, f) for d, _, fs in os.walk(res) for f in fs if f.endswith(".parquet")]
+            _RUNS[name] = Run(code, out, err, found[0] if found else None)
+            assert not leftovers_of(_RUNS[name].results)
+        return _RUNS[name]
+
+    return get
+
+
+@pytest.mark.parametrize("lie,mode", CELLS)
+def test_each_lie_is_caught_in_each_mode_and_the_honest_transport_passes(launched, lie, mode):
+    launch, where, named = MODES[mode]
+    r = launched(launch)
+    assert r.code in (2, 4) and r.meta()["status"] in ("FAILED", "ERROR"), r.out[-3000:] + r.err[-3000:]
+    assert "Traceback" not in r.out + r.err
+    control = {"lie-{}": "shm", "lie-{}-staged": "staged", "lie-{}-tcp": "tcp"}[named]
+    name = control if lie == "none" else (f"lie-{lie}" if lie in ("read-early", "stamp-header") else named.format(lie))
+    line = r.meta().get("reason", "")
+    if r.code == 4 and f"({name} " in line:  # the lie was an error: its one line names its case and the cause
+        assert lie == "early" and "before the source posted" in line, line
+        return
+    rows = r.table().query(f"transport == '{name}' and role != 'prefill'").query(where)
+    assert len(rows) and (rows.status == "ok").all(), (name, mode, r.out[-2000:])
+    wrong = rows.groupby("case")["nwrong"].sum()
+    if lie == "none":
+        assert (wrong == 0).all(), (name, mode, wrong)
+    else:
+        assert (wrong > 0).all(), (name, mode, wrong)  # every case of the mode caught it
+
+
+def test_the_skipped_iteration_is_the_one_named(launched):
+    """The skip lie drops iteration 1 only: its rows, and no other timed row, carry wrong elements."""
+    t = launched("push").table().query("transport == 'lie-skip' and role == 'decode'")
+    bad = t[t.nwrong > 0]
+    assert set(bad["iter"]) == {1}
+
+
+ENGINE_NOT_SEEN = pytest.mark.xfail(strict=False, reason="on one host the engine's put has landed by the time its "
+                                    "completion is asked for: the early wrapper moves nothing early here")
+
+
+@pytest.mark.parametrize("engine", ["mooncake", pytest.param("mpi", marks=ENGINE_NOT_SEEN)])
+def test_an_engine_whose_completion_comes_early_is_caught(launched, engine):
+    """The engine's own completion path (Mooncake's transfer status, MPI's window sync) returned before it
+    completes: the destination's copy at completion holds what had not landed."""
+    from kvbench import transports
+
+    if transports.probe(engine) is not None:
+        pytest.skip(f"{engine}: {transports.probe(engine)}")
+    r = launched("engines")
+    rows = r.table().query(f"transport == 'lie-early-{engine}' and role != 'prefill'")
+    assert len(rows) and (rows.status == "ok").all(), r.out[-2000:] + r.err[-2000:]
+    assert rows["nwrong"].sum() > 0

@@ -24,7 +24,8 @@ def linear(layers, n, nbytes):
     return layers * 20e-6 + n * 2e-6 + nbytes / 5e9
 
 
-def write(path, seconds_of=linear, transports=("tcp", "shm"), models=("llama-3-8b",), sweep=None, faster=None):
+def write(path, seconds_of=linear, transports=("tcp", "shm"), models=("llama-3-8b",), sweep=None, faster=None,
+          **meta_extra):
     """A result file of paged rows and their bulk reference; ``faster``: (transport, block) that beats its bulk."""
     rows, case = [], 0
     for model in models:
@@ -40,7 +41,7 @@ def write(path, seconds_of=linear, transports=("tcp", "shm"), models=("llama-3-8
     df.to_parquet(path, index=False)
     meta = {"schema_version": SCHEMA_VERSION, "suite": {"name": "synth"}, "hosts": ["h1", "h1"], "world_size": 2,
             "system": {"hostname": "h1", "cpu_model": "Test CPU", "cpus": 64, "gpus": ["H100"], "nics": ["eth0"],
-                       "nic_speed_mbps": {"eth0": 100000}}}
+                       "nic_speed_mbps": {"eth0": 100000}}, **meta_extra}
     with open(str(path).replace(".parquet", ".meta.json"), "w") as fh:
         json.dump(meta, fh)
     return str(path)
@@ -78,6 +79,16 @@ def test_the_summary_reads_samples_ci_and_status_columns_when_present():
     assert new.iloc[0][["n", "p50 CI (GB/s)", "status"]].tolist() == ["40", "2.00-2.50", "SUSPECT"]
     noisy = summary.best_paged(pd.DataFrame([dict(base, gbps=2.0, noise=True)]))
     assert noisy.iloc[0]["status"] == "noise"
+
+
+def test_the_summary_marks_the_cases_a_run_called_suspect(tmp_path):
+    # tcp's 256-token case (case 4) named in the sidecar's SUSPECT lines: its row says so, shm's does not
+    f = write(tmp_path / "s.parquet", suspects=["SUSPECT: case 4 (tcp push llama-3-8b 1024 tokens, random 256-token "
+                                                "blocks, host, serial): 9.00 GB/s beyond the path's bound"])
+    page = Page("t")
+    summary.add_section(page, [load_run(f)])
+    (cap, t), = page.sections[0].tables
+    assert page.sections[0].lead and dict(zip(t["path"], t["status"])) == {"tcp": "SUSPECT", "shm": "ok"}
 
 
 def test_a_point_above_its_ceiling_is_ringed_and_explained(tmp_path):

@@ -6,11 +6,13 @@ adds (``samples``, a p50 interval, a status) are used when present; older ones f
 """
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 # a row's status, strongest first: a status column of the rows (SUSPECT and the like) wins over what bulk% says
 STATUS_COLUMNS = ("row_status", "verdict", "bound_status")
-CI_PAIRS = (("p50_ci_lo", "p50_ci_hi"), ("p50_ci_low", "p50_ci_high"), ("ci_lo", "ci_hi"))  # seconds, as p50
+CI_PAIRS = (("p50_lo", "p50_hi"), ("p50_lo_s", "p50_hi_s"), ("p50_ci_lo", "p50_ci_hi"))  # seconds, as p50
 CI_PCT = ("p50_ci_pct", "ci_pct", "ci_half_pct")  # the half-width, % of p50
 
 
@@ -40,9 +42,9 @@ def ci(r) -> str:
 
 def status(r) -> str:
     """SUSPECT (or another status the rows carry), wrong elements, noise above the ceiling, or ok."""
-    for col in ("suspect",):
-        if col in r and isinstance(r[col], (bool, int)) and not isinstance(r[col], float) and r[col]:
-            return "SUSPECT"
+    flag = r.get("suspect")
+    if flag is not None and not (isinstance(flag, float) and pd.isna(flag)) and bool(flag):
+        return "SUSPECT"
     for col in STATUS_COLUMNS:
         if col in r and isinstance(r[col], str) and r[col] and r[col] != "ok":
             return r[col]
@@ -99,6 +101,13 @@ def machine_line(meta: dict) -> str:
             f"RDMA: {', '.join(s.get('rdma_devices') or []) or 'none'}")
 
 
+def suspect_cases(meta: dict) -> set[int]:
+    """The cases a run's sidecar names in its SUSPECT lines ('SUSPECT: case N (...)'), for rows that carry no
+    status of their own."""
+    return {int(m.group(1)) for line in meta.get("suspects") or [] if isinstance(line, str)
+            for m in [re.search(r"\bcase (\d+)\b", line)] if m}
+
+
 def _one_run(table: pd.DataFrame) -> pd.DataFrame:
     """With one run, its name is said once (in the machine line's run list), not on every row."""
     return table.drop(columns=["run"]) if len(table) and table["run"].nunique() == 1 else table
@@ -106,7 +115,8 @@ def _one_run(table: pd.DataFrame) -> pd.DataFrame:
 
 def add_section(page, runs) -> None:
     """The summary, made the page's lead (rendered first, before the machines and the contents)."""
-    st = pd.concat([r.st for r in runs], ignore_index=True)
+    st = pd.concat([r.st.assign(suspect=r.st["suspect"] if "suspect" in r.st else
+                                r.st["case"].isin(suspect_cases(r.meta))) for r in runs], ignore_index=True)
     st = st[st["status"] != "skipped"]
     bw, ex = best_paged(st[st["kind"] == "bandwidth"]), exposed_per_model(st[st["kind"] == "exposed"])
     machines = list(dict.fromkeys(machine_line(r.meta) for r in runs))

@@ -52,3 +52,33 @@ def test_every_shipped_suite_runs_end_to_end_at_tiny_sizes(kvrun, name):
     skipped = df[df["status"] == "skipped"]
     assert skipped["reason"].str.startswith("unavailable: ").all(), skipped["reason"].unique()
     assert r.meta()["total_wrong"] == 0
+
+
+def test_each_skipped_case_restarts_the_deadline_between_cases(monkeypatch):
+    # make procurement on a busy 2-core machine: the unavailable transports' 36 skipped cases each, emitted one
+    # after another with no case armed, once added up to one "step between cases" past --timeout (TIMEOUT)
+    import time
+
+    from kvbench import transports
+    from kvbench.harness.loop import Harness
+    from kvbench.job.guard import GUARD
+
+    class Comm:
+        size, rank = 2, 0
+
+        def allgather(self, x):
+            return [x, x]
+
+    seen = []
+    h = Harness.__new__(Harness)
+    h.comm = Comm()
+    h.emit_skipped = lambda case, reason: (time.sleep(0.01), seen.append(GUARD._deadline))
+    monkeypatch.setattr(transports, "probe", lambda name: "no such device here")
+    monkeypatch.setattr(GUARD, "_gap", None)
+    monkeypatch.setattr(GUARD, "_deadline", None)
+    GUARD.between("the steps between cases (--timeout)", 3600)  # the watchdog thread is not running in this test
+    try:
+        h.run_transport("verbs", [{"op": "push"}] * 4, [(0, 1)])
+    finally:
+        GUARD.between(None)
+    assert len(seen) == 4 and seen == sorted(seen) and len(set(seen)) == 4  # restarted after each skipped case

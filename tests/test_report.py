@@ -154,6 +154,18 @@ def test_workload_rows_show_tails_against_arrival_rate(real, page_dir):
         assert r["queue_p50_ms"] == pytest.approx(np.percentile(dec["queue_s"], 50) * 1e3, rel=1e-9)
 
 
+def test_the_terminal_report_keeps_a_workloads_arrival(real, page_dir):
+    # rows of two arrival rates differ by their arrival alone: without it they read as duplicates
+    r = kvbench_cli("report", real["wl"])
+    assert r.returncode == 0, r.stderr
+    header = next(ln for ln in r.stdout.splitlines() if ln.startswith("#transport"))
+    assert "arrival" in header.split()
+    rows = [ln.split() for ln in r.stdout.splitlines() if not ln.startswith("#")]
+    assert sorted(ln[header.split().index("arrival")] for ln in rows) == ["poisson:20", "poisson:500"]
+    md = (page_dir / "report.md").read_text()
+    assert "| arrival |" in md[md.index("## Workload"):] and "tokens 64" in md[md.index("## Workload"):]
+
+
 def test_bandwidth_rows_carry_line_rate(page_dir):
     csv = pd.read_csv(page_dir / "report.csv")
     bw = csv[csv["kind"] == "bandwidth"]
@@ -236,7 +248,7 @@ def test_registered_sections_join_every_report(monkeypatch, tmp_path):
     monkeypatch.setattr(B, "SECTIONS", list(B.SECTIONS))
     B.register(lambda page, runs: page.add_section("Extra", f"{len(runs)} run(s), {len(runs[0].st)} cases"))
     page, _ = B.build([path])
-    assert [s.title for s in page.sections] == ["Runs", "Bandwidth", "Exposed time", "Extra"]
+    assert [s.title for s in page.sections] == ["Summary", "Runs", "Bandwidth", "Exposed time", "Extra"]
     assert page.sections[-1].text == ["1 run(s), 2 cases"]
     assert B.SECTIONS[-1] is B.skipped_section  # the reasons still close the page
 
@@ -270,7 +282,7 @@ def test_the_codec_section_joins_the_page_only_when_a_run_has_codec_rows(tmp_pat
     page, _ = B.build([synth(tmp_path / "a", "a")])
     assert "Codecs" not in [s.title for s in page.sections]
     page, _ = B.build([synth_codecs(tmp_path / "c")])
-    assert [s.title for s in page.sections] == ["Runs", "Bandwidth", "Codecs"]
+    assert [s.title for s in page.sections] == ["Summary", "Runs", "Bandwidth", "Codecs"]
     rows = page.sections[-1].tables[0][1].set_index("codec")
     assert list(rows.index) == ["exp-split", "none"] and set(rows["transport"]) == {"tcp"}
     assert rows.loc["exp-split", "ratio"] == "1.333" and rows.loc["none", "ratio"] == "1.000"
@@ -291,8 +303,11 @@ def test_html_renders_in_headless_chromium(page_dir, tmp_path):
     html = (page_dir / "report.html").read_text()
     # a probe added to a copy (the page itself has no script): after load, how each image decoded and how many
     # table rows the browser laid out
+    # the collapsed long tables are opened first, so that every table's laid-out height is measured
     probe = ("<script>window.addEventListener('load', () => { const d = document.createElement('div'); d.id = 'probe';"
-             " d.textContent = JSON.stringify({imgs: [...document.images].map(i => [i.naturalWidth, i.complete]),"
+             " const first = document.querySelector('h2').id;"
+             " document.querySelectorAll('details').forEach(x => { x.open = true; });"
+             " d.textContent = JSON.stringify({first, imgs: [...document.images].map(i => [i.naturalWidth, i.complete]),"
              " rows: document.querySelectorAll('table tbody tr').length,"
              " heights: [...document.querySelectorAll('table')].map(t => t.offsetHeight)});"
              " document.body.appendChild(d); });</script>")
@@ -303,6 +318,7 @@ def test_html_renders_in_headless_chromium(page_dir, tmp_path):
     m = re.search(r'<div id="probe">(.*?)</div>', dom.stdout)
     assert m, dom.stderr[-2000:]
     got = json.loads(m.group(1).replace("&quot;", '"'))
+    assert got["first"] == "summary"  # the page opens with the one-screen summary
     n_png = html.count("data:image/png;base64,")
     assert len(got["imgs"]) == n_png >= 5 and all(w > 300 and ok for w, ok in got["imgs"])
     csv = pd.read_csv(page_dir / "report.csv")
@@ -482,7 +498,7 @@ def test_report_marks_a_run_that_did_not_end_cleanly_on_every_table_and_the_page
     assert len(named) >= 4  # the machine, the runs, bandwidth and exposed-time tables at least
     assert all(c.count(name_bad) == c.count(mark) for c in named)  # never named without its status
     assert all(name_ok in c and f"{name_ok} [" not in c for c in named)  # the OK run looks as it did
-    runs_text = " ".join(page.sections[0].text)
+    runs_text = " ".join(next(s for s in page.sections if s.title == "Runs").text)
     assert "1 of 2 did not" in runs_text
     if status != "INCOMPLETE":
         assert "synthesized" in runs_text  # the sidecar's reason, from the one exit path's line
@@ -506,7 +522,8 @@ def test_a_run_that_ended_cleanly_looks_as_before(tmp_path, kv, status):
 
     path = synth(tmp_path, "fine", status=status)
     page, (run,) = B.build([path])
-    assert run.label == run.name and run.status is None and len(page.sections[0].text) == 1
+    runs = next(s for s in page.sections if s.title == "Runs")
+    assert run.label == run.name and run.status is None and len(runs.text) == 1
     assert page.head[0][1].set_index("machine").loc["runs", "value"] == run.name
     r = kv("report", path)
     assert "status" not in r.stdout.splitlines()[0] and "# status" not in r.stdout

@@ -8,7 +8,7 @@ import pandas as pd
 
 from kvbench.results.samples import FOOTNOTE
 
-from . import codecs, fitsection, plots
+from . import codecs, fitsection, plots, summary
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
@@ -122,7 +122,7 @@ def exposed_table(ex: pd.DataFrame) -> pd.DataFrame:
 def workload_table(wl: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{
         "run": r["run"], "transport": r["transport"], "op": r["op"], "overlap": r["overlap"], "model": r["model"],
-        "arrival": r["arrival"], "rate (req/s)": _f(r["rate_rps"], "g"), "requests": r["requests"],
+        "tokens": r["tokens"], "arrival": r["arrival"], "rate (req/s)": _f(r["rate_rps"], "g"), "requests": r["requests"],
         "admitted": r["admitted"], "dropped": r["dropped"],
         "queue p50/p95/p99 (ms)": "/".join(_f(r[f"queue_p{q}_ms"], ".2f") for q in (50, 95, 99)),
         "exposed p50/p95/p99 (ms)": "/".join(_f(r[f"exposed_p{q}_ms"], ".2f") for q in (50, 95, 99)),
@@ -216,7 +216,8 @@ def skipped_section(page: Page, runs: list[Run]) -> None:
 
 # The page's sections, in order: each a callable (page, runs) -> None that adds its section, or nothing when the
 # runs hold no rows of its kind.  ``register`` adds one before Skipped (the reasons close the page).
-SECTIONS: list = [runs_section, bandwidth_section, exposed_section, workload_section,
+SECTIONS: list = [summary.add_section,  # the first screen: the best of each path, exposed time per model, the machine
+                  runs_section, bandwidth_section, exposed_section, workload_section,
                   fitsection.add_section,  # the link model, when a run sweeps enough block sizes
                   codecs.add_section,  # codecs against none, when a run has codec rows
                   skipped_section]

@@ -111,9 +111,12 @@ def join(a: list[Run], b: list[Run], threshold: float = 5.0, alpha: float = 0.05
             verdict = "faster"
         else:
             verdict = "same" if not beyond else "slower, not significant"
+        bw = ra["metric"] == "time"  # GB/s of a request timed alone; never of times that include a prefill or queue
         rows.append({**{c: ra[c] for c in KEYS}, "kind": ra["kind"], "metric": ra["metric"],
                      "payload_bytes": ra["payload_bytes"], "n_a": len(xa), "n_b": len(xb),
                      "a_p50_ms": pa50 * 1e3, "b_p50_ms": pb50 * 1e3, "d_p50_pct": d50,
+                     "a_gbps": ra["payload_bytes"] / pa50 / 1e9 if bw and pa50 > 0 else math.nan,
+                     "b_gbps": rb["payload_bytes"] / pb50 / 1e9 if bw and pb50 > 0 else math.nan,
                      "a_p95_ms": pa95 * 1e3, "b_p95_ms": pb95 * 1e3,
                      "d_p95_pct": 100 * (pb95 / pa95 - 1) if pa95 > 0 else math.nan,
                      "p_value": p, "verdict": verdict})
@@ -173,13 +176,16 @@ def main(a_path: str, b_path: str, fail_above: str | None, alpha: float = 0.05, 
         raise ValueError(f"{a_path} and {b_path} have no case in common: nothing to compare")
     # a key that differs only between variants (bulk's allocation is 'bulk') names nothing: vary within one
     vary = [k for k in LABEL_KEYS if (table[k].astype(str).groupby(table["variant"]).nunique() > 1).any()]
-    head = (f"{'case':<52} {'metric':>7} {'n A/B':>7} {'p50 A':>9} {'p50 B':>9} {'d%':>7} {'p95 A':>9} "
-            f"{'p95 B':>9} {'d%':>7} {'p':>8}  verdict")
+    out("# GB/s = payload / p50 time (10^9 B/s), bandwidth rows only; case = the full key of the case")
+    verdicts = max(len("verdict"), int(table["verdict"].str.len().max()))
+    head = (f"{'metric':>7} {'n A/B':>7} {'p50 A':>9} {'p50 B':>9} {'d%':>7} {'GB/s A':>7} {'GB/s B':>7} "
+            f"{'p95 A':>9} {'p95 B':>9} {'d%':>7} {'p':>8}  {'verdict':<{verdicts}}  case")
     out("# " + head)
     for _, r in table.iterrows():
-        out(f"  {_case_label(r, vary)[:52]:<52} {r['metric']:>7} {r['n_a']:>3}/{r['n_b']:<3} {r['a_p50_ms']:>9.3f} "
-            f"{r['b_p50_ms']:>9.3f} {r['d_p50_pct']:>+7.1f} {r['a_p95_ms']:>9.3f} {r['b_p95_ms']:>9.3f} "
-            f"{r['d_p95_pct']:>+7.1f} {r['p_value']:>8.2g}  {r['verdict']}")
+        gb = " ".join(f"{x:>7.2f}" if not math.isnan(x) else f"{'-':>7}" for x in (r["a_gbps"], r["b_gbps"]))
+        out(f"  {r['metric']:>7} {r['n_a']:>3}/{r['n_b']:<3} {r['a_p50_ms']:>9.3f} {r['b_p50_ms']:>9.3f} "
+            f"{r['d_p50_pct']:>+7.1f} {gb} {r['a_p95_ms']:>9.3f} {r['b_p95_ms']:>9.3f} {r['d_p95_pct']:>+7.1f} "
+            f"{r['p_value']:>8.2g}  {r['verdict']:<{verdicts}}  {_case_label(r, vary)}")
     bad = int(table["verdict"].str.startswith("REGRESSION").sum())
     out(f"# {len(table)} case(s) compared: {bad} regression(s) beyond {threshold:g}%, "
         f"{int((table['verdict'] == 'faster').sum())} faster")

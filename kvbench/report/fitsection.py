@@ -1,11 +1,13 @@
 """The link model's section of the report page: per path the fitted costs, then predicted against measured."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from . import linkmodel
 from .plots import _plt
 
+MIN_R2 = 0.5  # a fit explaining less than half the variance of its times predicts nothing worth plotting
 MIN_BLOCK_SIZES = 3  # three unknowns (γ, α, β): a path needs at least three distinct paged shapes to be fitted
 
 
@@ -20,9 +22,15 @@ def add_section(page, runs) -> None:
             f, c = linkmodel.fit_cases(r.st.drop(columns=["run"]))
         except ValueError:
             continue
-        fits += [x for x in f if x.path.get("kind") == "paged" and x.separable]
+        paged = [x for x in f if x.path.get("kind") == "paged" and x.separable]
+        fits += paged
         c = c[c["kind"] == "paged"].copy()
         c.insert(0, "run", r.label)
+        c["r2"] = np.nan
+        for x in paged:  # each case carries its path's R², so that a poor fit's points can be left off the plot
+            same = np.logical_and.reduce([(c[k] == v) | (c[k].isna() & pd.isna(v)) for k, v in x.path.items()
+                                          if k in c])
+            c.loc[same, "r2"] = x.r2
         cases.append(c)
     if not fits:
         return
@@ -44,6 +52,15 @@ def add_section(page, runs) -> None:
         "(GB/s = 10^9 B/s). `kvbench fit FILE --leave-out BLOCKS` fits without some block sizes and predicts them; "
         "`kvbench plan --fabric FILE` uses these fits (docs/planning.md)."],
         tables=[("fitted link model per path", fit_rows), ("predicted against measured", shown)])
+    poor = [f.label() for f in fits if not f.r2 >= MIN_R2]
+    drawn = cases[cases["r2"] >= MIN_R2]
+    left_off = (f" Not drawn: {', '.join(poor)}: R² below {MIN_R2} (the fit explains less than half of what was "
+                "measured; its table row says so).") if poor else ""
+    if drawn.empty:
+        s.add_text(f"Plot of predicted against measured: not drawn: no path's fit reaches R² {MIN_R2}.{left_off}")
+        page.add_data("linkmodel", fit_rows)
+        return
+    cases = drawn
     plt = _plt()  # matplotlib, or one line saying how to install it
     from matplotlib import ticker
 
@@ -67,5 +84,5 @@ def add_section(page, runs) -> None:
     ax.set_ylabel("link model's prediction (ms)")
     ax.set_title("link model: predicted against measured, paged rows")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
-    s.add_figure("link model: predicted against measured request time", fig)  # png_of closes it
+    s.add_figure(f"link model: predicted against measured request time.{left_off}", fig)  # png_of closes it
     page.add_data("linkmodel", fit_rows)

@@ -31,7 +31,9 @@ class Section:
     text: list[str] = field(default_factory=list)
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     figures: list[tuple[str, bytes]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # after the figures: plots not drawn, and why
     level: int = 2
+    lead: bool = False  # the page's first screen (the summary): rendered before the machines and the contents
 
     def add_text(self, para: str) -> Section:
         self.text.append(para)
@@ -59,14 +61,24 @@ class Page:
         s = Section(title, [text] if isinstance(text, str) else list(text), level=level)
         for cap, t in tables:
             s.add_table(cap, t)
-        for cap, f in figures:
-            s.add_figure(cap, f)
+        for cap, f in figures:  # a figure of None is a plot not drawn: its caption says why, after the figures
+            if f is None:
+                s.notes.append(cap)
+            else:
+                s.add_figure(cap, f)
         self.sections.append(s)
         return s
+
+    def ordered(self) -> list[Section]:
+        """The sections as rendered: the lead ones (the summary) first, then the rest in the order added."""
+        return [s for s in self.sections if s.lead] + [s for s in self.sections if not s.lead]
 
     def add_data(self, name: str, rows: pd.DataFrame) -> None:
         """Rows written as CSV beside the page ('' = report.csv)."""
         self.data[name] = pd.concat([self.data[name], rows], ignore_index=True) if name in self.data else rows
+
+
+LONG_ROWS = 20  # a table longer than this is collapsed (HTML <details>; Markdown too) below the summary
 
 
 def slug(text: str) -> str:

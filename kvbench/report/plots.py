@@ -70,22 +70,42 @@ def _groups(d: pd.DataFrame):
             yield key, g
 
 
-def _transport_panels(d: pd.DataFrame, title: str):
-    """Per payload group (``_groups``): its key, a figure with one panel per transport, the line keys that vary,
-    and (panel, transport, that transport's rows) for each panel."""
+X_NAMES = {"block_size": "block size", "tokens": "prompt length", "rate_rps": "arrival rate (req/s)",
+           "descriptors": "descriptor count"}
+MAX_SERIES = 12  # legend entries a panel carries readably (more overlap below it and repeat colours)
+
+
+def degenerate(g: pd.DataFrame, x: str, series: int) -> str | None:
+    """Why a figure of these rows is not worth drawing (one x value, too many series for a legend), or None."""
+    xs = g[x].dropna().unique()
+    if len(xs) < 2:
+        return (f"one {X_NAMES.get(x, x)} ({xs[0] if len(xs) else '-'}): a line needs two; the table has its numbers")
+    if series > MAX_SERIES:
+        return f"{series} series in one panel, more than a legend can carry; the table has every row"
+    return None
+
+
+def _transport_panels(d: pd.DataFrame, title: str, x: str = "block_size", per_line: int = 1):
+    """Per payload group (``_groups``): its key, a figure with one panel per transport (None when ``degenerate``:
+    then the reason), the line keys that vary, and (panel, transport, that transport's rows) for each panel."""
     for key, g in _groups(d):
         transports = list(dict.fromkeys(g["transport"]))
+        lines = max(g[g["transport"] == t].groupby(LINE_KEYS, dropna=False).ngroups for t in transports)
+        why = degenerate(g, x, lines * per_line)
+        if why:
+            yield key, None, why, [], []
+            continue
         fig, axes = _panels(len(transports), f"{title}: {_group_title(key)}")
-        yield key, fig, _varying(g, LINE_KEYS), [(ax, t, g[g["transport"] == t]) for ax, t in zip(axes, transports)]
+        yield key, fig, None, _varying(g, LINE_KEYS), [(ax, t, g[g["transport"] == t]) for ax, t in zip(axes, transports)]
 
 
-def _block_panels(bw: pd.DataFrame, col: str, title: str):
-    """The paged rows that measured ``col``, per figure (``_transport_panels``): its key, the figure, and per
-    panel (panel, transport, its rows, its lines as (colour, label, the line's rows by block size))."""
+def _block_panels(bw: pd.DataFrame, col: str, title: str, per_line: int):
+    """The paged rows that measured ``col``, per figure (``_transport_panels``): its key, the figure (or None and
+    why), and per panel (panel, transport, its rows, its lines as (colour, label, the line's rows by block size))."""
     paged = bw[(bw["variant"] == "paged") & bw[col].notna()]
-    for key, fig, vary, panels in _transport_panels(paged, title):
-        yield key, fig, [(ax, t, gt, [(f"C{i}", _label(lk, vary), gl.sort_values("block_size"))
-                                      for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS))]) for ax, t, gt in panels]
+    for key, fig, why, vary, panels in _transport_panels(paged, title, per_line=per_line):
+        yield key, fig, why, [(ax, t, gt, [(f"C{i}", _label(lk, vary), gl.sort_values("block_size"))
+                                           for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS))]) for ax, t, gt in panels]
 
 
 def _n(d: pd.DataFrame, col: str = "samples") -> str:
@@ -116,8 +136,13 @@ def _finish(ax, ticks, xlabel: str, ylabel: str, title: str, zero: bool = True) 
 
 
 def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
-    """Paged GB/s against block size per transport and op, with the bulk (dashed) and ceiling (dotted) lines."""
-    for key, fig, panels in _block_panels(bw, "gbps", "Achieved bandwidth against block size"):
+    """Paged GB/s against block size per transport and op, with the bulk (dashed) and ceiling (dotted) lines; a
+    paged point above its ceiling is ringed in red and the caption says what that means."""
+    for key, fig, why, panels in _block_panels(bw, "gbps", "Achieved bandwidth against block size", per_line=3):
+        if fig is None:
+            yield f"Plot of GB/s against block size, {_group_title(key)}: not drawn: {why}.", None
+            continue
+        above = 0
         for ax, t, gt, lines in panels:
             for color, label, gl in lines:
                 ax.plot(gl["block_size"], gl["gbps"], "o-", color=color, label=f"paged {label} {_n(gl)}")
@@ -127,33 +152,57 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
                 if len(ceil) and (not len(bulk) or ceil.iloc[0] != bulk.iloc[0]):
                     ax.axhline(ceil.iloc[0], color=color, ls=":", lw=1.2,
                                label=f"ceiling {label} ({gl['ceil_name'].iloc[0]})")
+                over = gl[gl["gbps"] > gl["ceil_gbps"]]
+                if len(over):
+                    ax.plot(over["block_size"], over["gbps"], "o", ms=12, mfc="none", mec="red", mew=1.6,
+                            label="above its ceiling" if not above else None)
+                    above += len(over)
             _finish(ax, gt["block_size"], "block size (tokens)", "GB/s (10^9 B/s)", t)
+        note = (f" Red rings: {above} paged point{'s' * (above != 1)} above {'their' if above != 1 else 'its'} "
+                "ceiling. Blocks cannot truly move faster than the same bytes in one piece, so such a point is the "
+                "machine's noise: within both spreads it is left as is, beyond them its bulk% carries * (status "
+                "noise), and beyond a physical bound the run calls it SUSPECT.") if above else ""
         yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables (GB/s at p50; n = "
                "samples per point, in the legend); dashed = bulk (one descriptor per layer); dotted = ceiling (best "
-               "of bulk and contiguous chunks)", fig)
+               f"of bulk and contiguous chunks).{note}", fig)
 
 
 def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
-    """Achieved GB/s against descriptors per request, every bandwidth row, per transport and op."""
+    """Achieved GB/s against descriptors per request, every bandwidth row: colour = transport, marker = op."""
+    from matplotlib.lines import Line2D
+
     d = bw[bw["gbps"].notna() & (bw["descriptors"] > 0)]
     if d.empty:
         return
+    transports, ops = list(dict.fromkeys(d["transport"])), list(dict.fromkeys(d["op"]))
+    why = degenerate(d, "descriptors", len(transports) + len(ops))
+    if why:
+        yield f"Plot of GB/s against descriptors per request: not drawn: {why}.", None
+        return
     fig, (ax,) = _panels(1, "Descriptors per request against achieved bandwidth", w=7.5, h=4.5)
-    for i, ((t, op), g) in enumerate(d.groupby(["transport", "op"])):
-        ax.scatter(g["descriptors"], g["gbps"], color=f"C{i}", marker="os^vD<>"[i % 7], label=f"{t} {op}", s=22)
+    colors = _plt().cm.tab20.colors
+    marks = dict(zip(ops, "o^sDv<>"))
+    for (t, op), g in d.groupby(["transport", "op"], sort=False):
+        ax.scatter(g["descriptors"], g["gbps"], color=colors[transports.index(t) % 20], marker=marks[op], s=22)
+    # one legend entry per transport (colour) and per op (marker), not one per pair: it stays within a legend
+    handles = [Line2D([], [], ls="", marker="s", color=colors[i % 20], label=t) for i, t in enumerate(transports)]
+    handles += [Line2D([], [], ls="", marker=marks[op], color="grey", label=op) for op in ops]
     ax.set_xscale("log")
     ax.set_xlabel("descriptors per request (contiguous copies)")
     ax.set_ylabel("GB/s (10^9 B/s)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=.3)
-    _legend(ax)
-    yield (f"GB/s against descriptors per request (all payloads; more descriptors = smaller copies; GB/s at p50, "
-           f"{_n(d)} samples per point)", fig)
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, frameon=False)
+    yield ("GB/s against descriptors per request (all payloads; more descriptors = smaller copies; GB/s at p50, "
+           f"{_n(d)} samples per point); colour = transport, marker = op", fig)
 
 
 def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
     """p50, p95 and p99 request time (ms) against block size, per transport; colour = op."""
-    for key, fig, panels in _block_panels(bw, "p50", "Request time percentiles"):
+    for key, fig, why, panels in _block_panels(bw, "p50", "Request time percentiles", per_line=3):
+        if fig is None:
+            yield f"Plot of request time percentiles, {_group_title(key)}: not drawn: {why}.", None
+            continue
         for ax, t, gt, lines in panels:
             for color, label, gl in lines:
                 for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
@@ -171,6 +220,12 @@ def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
         return
     for (model, dtype), g in d.groupby(["model", "dtype"]):
         transports = list(dict.fromkeys(g["transport"]))
+        series = max(g[g["transport"] == t].groupby(["run", "op", "overlap", "handshake", "block_size"]).ngroups
+                     for t in transports)
+        why = degenerate(g, "tokens", 2 * series)
+        if why:
+            yield f"Plot of exposed time against prompt length, {model} {dtype}: not drawn: {why}.", None
+            continue
         fig, axes = _panels(len(transports), f"Exposed time against prompt length: {model}, {dtype}")
         multi = g["run"].nunique() > 1
         for ax, t in zip(axes, transports):
@@ -195,6 +250,12 @@ def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
     if d.empty:
         return
     keys = list(dict.fromkeys(zip(d["transport"], d["op"], d["overlap"])))
+    series = d.drop_duplicates(["transport", "op", "overlap", "run", "model", "tokens"]).groupby(
+        ["transport", "op", "overlap"]).size().max()
+    why = degenerate(d, "rate_rps", 4 * int(series))
+    if why:
+        yield f"Plot of workload tails against arrival rate: not drawn: {why}.", None
+        return
     fig, axes = _panels(len(keys), "Workload tails against arrival rate")
     for ax, k in zip(axes, keys):
         panel = d[(d["transport"] == k[0]) & (d["op"] == k[1]) & (d["overlap"] == k[2])]

@@ -54,13 +54,18 @@ VARIANT_AXES = {
     "scales": ("none", ("scales", 9, lambda r: _axis(r, "scales")), "dtype"),
     "codec": ("none", ("codec", 13, lambda r: _axis(r, "codec")), "dtype"),
     "prefill": ("clock", ("prefill", 7, lambda r: _axis(r, "prefill")), "infl"),
+    # a workload's rows differ by their arrival process: without it, rows of four arrival rates read alike
+    "arrival": ("none", ("arrival", 13, lambda r: _axis(r, "arrival")), "infl"),
 }
+STORED_AS = {"arrival": "workload"}  # a suite case's axis -> the result rows' column that holds it
 OVERLAP_ANCHORS = {"dtype": "tokens", "infl": "handshk"}  # the exposed-time table has neither dtype nor infl
 
 
 def _axis(r, key: str) -> str:
     """A case's value on a variant axis; its default when the result predates the column."""
     v = r.get(key)
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        v = r.get(STORED_AS.get(key, key))
     return VARIANT_AXES[key][0] if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
 
 
@@ -117,7 +122,8 @@ def header_lines(columns=None) -> list[str]:
 
 VARIANT_NOTES = {"mem": "mem = where the pools live", "copy": "copy = the copy engine of device bytes",
                  "scales": "scales = fp8 scale planes", "codec": "codec = the wire encoding",
-                 "prefill": "prefill = clock (a timer) or real (the model's matmuls)"}
+                 "prefill": "prefill = clock (a timer) or real (the model's matmuls)",
+                 "arrival": "arrival = the workload's arrival process (requests/s per prefill rank)"}
 
 
 def _variant_note(columns) -> list[str]:

@@ -7,7 +7,7 @@ import re
 import pandas as pd
 
 from .html import to_html
-from .page import Page, slug
+from .page import LONG_ROWS, Page, slug
 
 
 def md_table(df: pd.DataFrame) -> str:
@@ -21,28 +21,40 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join([head, rule, *rows])
 
 
-def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots") -> str:
-    """The page as Markdown; figures are written as PNG files under ``img_dir`` and linked."""
+def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots", csv: str = "") -> str:
+    """The page as Markdown; figures are written as PNG files under ``img_dir`` and linked. The lead section (the
+    summary) comes first; a long table below it is collapsed, with a link to ``csv`` (the rows' CSV) when named."""
     os.makedirs(img_dir, exist_ok=True)
     for old in os.listdir(img_dir):  # a report written here before: its numbered plots would linger unlinked
         if re.fullmatch(r"fig\d{2,}-[a-z0-9-]*\.png", old):
             os.remove(os.path.join(img_dir, old))
     out = [f"# {page.title}", ""]
-    for cap, t in page.head:
-        out += [f"**{cap}**", "", md_table(t), ""]
+    sections = page.ordered()
+    lead = [s for s in sections if s.lead]
     used: set[str] = set()
-    for s in page.sections:
+    for s in [*lead, None, *sections[len(lead):]]:
+        if s is None:  # after the summary: the machines
+            for cap, t in page.head:
+                out += [f"**{cap}**", "", md_table(t), ""]
+            continue
         out += ["#" * s.level + " " + s.title, ""]
         for para in s.text:
             out += [para, ""]
         for cap, t in s.tables:
-            out += [f"*{cap}*", "", md_table(t), ""]
+            if s.lead or len(t) <= LONG_ROWS:
+                out += [f"*{cap}*", "", md_table(t), ""]
+            else:
+                where = f"; every row also in [{csv}]({csv})" if csv else ""  # a link inside <details> is not one
+                out += [f"*{cap}*: {len(t)} rows{where}", "", "<details><summary>the table</summary>", "",
+                        md_table(t), "", "</details>", ""]
         for cap, png in s.figures:
             name = f"fig{len(used) + 1:02d}-{slug(f'{s.title}-{cap}')[:60]}"  # numbered: names stay unique
             used.add(name)
             with open(os.path.join(img_dir, name + ".png"), "wb") as fh:
                 fh.write(png)
             out += [f"![{cap}]({img_prefix}/{name}.png)", "", f"*{cap}*", ""]
+        for note in s.notes:
+            out += [f"*{note}*", ""]
     return "\n".join(out)
 
 
@@ -53,10 +65,10 @@ def write(page: Page, out_dir: str, stem: str = "report") -> list[str]:
     paths = []
     md = os.path.join(out_dir, f"{stem}.md")
     with open(md, "w") as fh:
-        fh.write(to_markdown(page, os.path.join(out_dir, "plots")))
+        fh.write(to_markdown(page, os.path.join(out_dir, "plots"), csv=f"{stem}.csv"))
     html = os.path.join(out_dir, f"{stem}.html")
     with open(html, "w") as fh:
-        fh.write(to_html(page))
+        fh.write(to_html(page, csv=f"{stem}.csv"))
     paths += [md, html]
     for name, rows in page.data.items():
         p = os.path.join(out_dir, f"{stem}.csv" if not name else f"{stem}_{slug(name)}.csv")

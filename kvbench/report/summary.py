@@ -1,0 +1,137 @@
+"""The page's first screen: per path and op the best paged GB/s and what it is worth, exposed time per model, the machine.
+
+A buyer reads this before any long table: each figure with its sample count (and its p50 confidence interval when
+the rows carry one), its share of the ceiling and of the line, and its status. Columns a newer result or statistic
+adds (``samples``, a p50 interval, a status) are used when present; older ones fall back to what they hold.
+"""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+# a row's status, strongest first: a status column of the rows (SUSPECT and the like) wins over what bulk% says
+STATUS_COLUMNS = ("row_status", "verdict", "bound_status")
+CI_PAIRS = (("p50_lo", "p50_hi"), ("p50_lo_s", "p50_hi_s"), ("p50_ci_lo", "p50_ci_hi"))  # seconds, as p50
+CI_PCT = ("p50_ci_pct", "ci_pct", "ci_half_pct")  # the half-width, % of p50
+
+
+def _f(x, spec: str) -> str:
+    return "-" if x is None or pd.isna(x) else format(x, spec)
+
+
+def samples(r) -> str:
+    """n: the timed samples behind the row's p50 (``samples``, or ``iters`` in files that counted them so)."""
+    for col in ("samples", "iters"):
+        if col in r and not pd.isna(r[col]):
+            return str(int(r[col]))
+    return "-"
+
+
+def ci(r) -> str:
+    """The p50's 95% confidence interval as GB/s low-high, or ±% when only the half-width is stored; '-' without."""
+    for lo, hi in CI_PAIRS:
+        if lo in r and hi in r and not (pd.isna(r[lo]) or pd.isna(r[hi])) and r[lo] > 0 and r[hi] > 0:
+            gb = r["payload_bytes"] / 1e9
+            return f"{gb / r[hi]:.2f}-{gb / r[lo]:.2f}"  # a longer time is a lower rate
+    for col in CI_PCT:
+        if col in r and not pd.isna(r[col]):
+            return f"±{r[col]:.1f}%"
+    return "-"
+
+
+def status(r) -> str:
+    """SUSPECT (or another status the rows carry), wrong elements, noise above the ceiling, or ok."""
+    flag = r.get("suspect")
+    if flag is not None and not (isinstance(flag, float) and pd.isna(flag)) and bool(flag):
+        return "SUSPECT"
+    for col in STATUS_COLUMNS:
+        if col in r and isinstance(r[col], str) and r[col] and r[col] != "ok":
+            return r[col]
+    if not pd.isna(r.get("nwrong_checked")) and r["nwrong_checked"] > 0:
+        return "WRONG"
+    return "noise" if bool(r.get("noise")) else "ok"
+
+
+def best_paged(bw: pd.DataFrame) -> pd.DataFrame:
+    """Per run, path (transport, memory) and op: the paged row with the highest GB/s, as the summary shows it."""
+    paged = bw[(bw["variant"] == "paged") & bw["gbps"].notna()]
+    if paged.empty:
+        return pd.DataFrame()
+    top = paged.loc[paged.groupby(["run", "transport", "memory", "op"], sort=False)["gbps"].idxmax()]
+    return pd.DataFrame([{
+        "run": r["run"], "path": r["transport"] + ("" if r["memory"] == "host" else f" ({r['memory']})"),
+        "op": r["op"], "best paged GB/s": _f(r["gbps"], ".2f"), "n": samples(r), "p50 CI (GB/s)": ci(r),
+        "at": f"{r['model']} {r['tokens']} tok {r['dtype']}, {r['block_size']}-token blocks",
+        "% of ceiling": _f(r["bulk_pct"], ".0f"), "% of line": _f(r["pct_line"], ".0f"), "status": status(r)}
+        for _, r in top.iterrows()])
+
+
+def verdict(exposed_ms: float, t_ms: float) -> str:
+    """How much of the transfer the first token still waits for."""
+    if pd.isna(exposed_ms) or pd.isna(t_ms) or t_ms <= 0:
+        return "-"
+    share = exposed_ms / t_ms
+    return ("hidden: the first token waits for under a quarter of the transfer" if share < 0.25 else
+            "partly hidden" if share < 0.75 else "exposed: the first token waits for most of the transfer")
+
+
+def exposed_per_model(ex: pd.DataFrame) -> pd.DataFrame:
+    """Per run, model and prompt length: the path with the least exposed time (p50), against its transfer time."""
+    d = ex[ex["exposed_ms"].notna()]
+    if d.empty:
+        return pd.DataFrame()
+    top = d.loc[d.groupby(["run", "model", "tokens"], sort=False)["exposed_ms"].idxmin()]
+    return pd.DataFrame([{
+        "run": r["run"], "model": r["model"], "tokens": r["tokens"],
+        "best path": f"{r['transport']} {r['op']} {r['overlap']}", "exposed p50 (ms)": _f(r["exposed_ms"], ".2f"),
+        "n": samples(r), "transfer T (ms)": _f(r["T_ms"], ".2f"), "prefill P (ms)": _f(r["prefill_s"] * 1e3, ".2f"),
+        "model (ms)": _f(r["model_ms"], ".2f"), "verdict": verdict(r["exposed_ms"], r["T_ms"])}
+        for _, r in top.iterrows()])
+
+
+def machine_line(meta: dict) -> str:
+    """The machine in one line: hosts, CPU, GPUs, NICs with speeds, RDMA."""
+    s = meta.get("system") or {}
+    speeds = s.get("nic_speed_mbps") or {}
+    nics = ", ".join(f"{n} {speeds[n]} Mb/s" for n in s.get("nics", []) if speeds.get(n)) or "no NIC speed recorded"
+    hosts = ", ".join(dict.fromkeys(meta.get("hosts") or [s.get("hostname", "?")]))
+    return (f"{hosts}: {meta.get('world_size', '?')} ranks; {s.get('cpu_model', '?')}, {s.get('cpus', '?')} cores; "
+            f"GPUs: {', '.join(s.get('gpus') or []) or 'none'}; NICs: {nics}; "
+            f"RDMA: {', '.join(s.get('rdma_devices') or []) or 'none'}")
+
+
+def suspect_cases(meta: dict) -> set[int]:
+    """The cases a run's sidecar names in its SUSPECT lines ('SUSPECT: case N (...)'), for rows that carry no
+    status of their own."""
+    return {int(m.group(1)) for line in meta.get("suspects") or [] if isinstance(line, str)
+            for m in [re.search(r"\bcase (\d+)\b", line)] if m}
+
+
+def _one_run(table: pd.DataFrame) -> pd.DataFrame:
+    """With one run, its name is said once (in the machine line's run list), not on every row."""
+    return table.drop(columns=["run"]) if len(table) and table["run"].nunique() == 1 else table
+
+
+def add_section(page, runs) -> None:
+    """The summary, made the page's lead (rendered first, before the machines and the contents)."""
+    st = pd.concat([r.st.assign(suspect=r.st["suspect"] if "suspect" in r.st else
+                                r.st["case"].isin(suspect_cases(r.meta))) for r in runs], ignore_index=True)
+    st = st[st["status"] != "skipped"]
+    bw, ex = best_paged(st[st["kind"] == "bandwidth"]), exposed_per_model(st[st["kind"] == "exposed"])
+    machines = list(dict.fromkeys(machine_line(r.meta) for r in runs))
+    text = [f"Machine{'s' * (len(machines) > 1)}: " + " | ".join(machines) + f". Runs: {', '.join(r.label for r in runs)}."]
+    tables = []
+    if len(bw):
+        text.append("Best paged GB/s per path and op (GB/s = 10^9 B/s at the p50 time; n = timed samples; % of "
+                    "ceiling = against the same bytes in one piece or in large chunks, measured alongside; % of line = "
+                    "against the link's rate; status: ok, noise = above the ceiling by more than both spreads, "
+                    "SUSPECT = beyond a physical bound, WRONG = the check found wrong bytes). Every row follows below "
+                    "and in the CSV.")
+        tables.append(("best paged GB/s per path and op", _one_run(bw)))
+    if len(ex):
+        text.append("Exposed time per model: the path whose first token waits least for its KV after prefill, "
+                    "against the transfer time T of that path alone.")
+        tables.append(("exposed-time verdict per model", _one_run(ex)))
+    s = page.add_section("Summary", text, tables=tables)
+    s.lead = True

@@ -1,0 +1,85 @@
+"""Every suite shipped in suites/ is accepted by the code shipped beside it, and runs end to end at tiny sizes.
+
+A suite that the configuration refuses (as procurement once was: staged among its transports on host pools) fails a
+buyer's `make procurement` seconds in; these tests fail first. The configuration sees each suite's full axes; the
+launches shrink what costs time (prompt length, iterations, block sizes, variants, requests, one model, and the
+transports to shm, tcp and those that need a device), so every shipped suite runs in a few seconds.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kvbench.cli.main import build_parser
+from kvbench.config import runconfig
+from kvbench.config import suite as S
+
+SUITES = S.list_suites()
+# measured here: shm and tcp, and the paths that need a GPU or an RDMA device (rows that say 'unavailable' on a
+# machine without one); the others (engines with seconds of set-up, loopback, mpi) have tests of their own
+RUN_HERE = ("shm", "tcp", "cuda_ipc", "verbs", "staged")
+TINY = ["--tokens", "16", "-n", "2", "-w", "0", "--rounds", "1", "-b", "16", "-e", "16", "--variants", "bulk,paged",
+        "--progress", "off", "--timeout", "60"]
+WORKLOAD = ["--requests", "4", "--prompt", "16", "--decode-ms", "2"]  # a workload's own sizes
+# a suite whose axis needs a longer prompt: fragmented:4 allocates runs of 4 blocks, so 4 blocks per request
+LONGER = {"coalescing": ["--tokens", "64"]}
+
+
+def test_suites_are_shipped():
+    assert {"quick", "procurement", "procurement-overlap", "load"} <= set(SUITES)
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_the_configuration_accepts_every_shipped_suite_as_written(name):
+    # the whole suite, every axis as shipped, on the 2 ranks `make bench` and `make procurement` launch
+    cfg = runconfig.build(build_parser().parse_args(["run", name]), ["run", name], world=2)
+    assert cfg.cases and set(c["transport"] for c in cfg.cases) == set(S.load(name).axes.transport)
+
+
+def tiny_args(name: str) -> list[str]:
+    suite = S.load(name)
+    keep = [t for t in suite.axes.transport if t in RUN_HERE] or ["shm"]
+    # one model of several (the configuration test above takes every one): the harness runs each shape alike
+    return [name, *TINY, "-t", ",".join(keep), "-m", suite.axes.model[0],
+            *(WORKLOAD if suite.workload is not None else []), *LONGER.get(name, [])]
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_every_shipped_suite_runs_end_to_end_at_tiny_sizes(kvrun, name):
+    r = kvrun(tiny_args(name), timeout=90)
+    assert r.code == 0, f"{name}: exit {r.code}\n{r.out[-3000:]}\n{r.err[-3000:]}"
+    df = r.table()
+    ok = df[df["status"] == "ok"]
+    assert len(ok), f"{name}: nothing measured\n{r.out[-3000:]}"
+    skipped = df[df["status"] == "skipped"]
+    assert skipped["reason"].str.startswith("unavailable: ").all(), skipped["reason"].unique()
+    assert r.meta()["total_wrong"] == 0
+
+
+def test_each_skipped_case_restarts_the_deadline_between_cases(monkeypatch):
+    # make procurement on a busy 2-core machine: the unavailable transports' 36 skipped cases each, emitted one
+    # after another with no case armed, once added up to one "step between cases" past --timeout (TIMEOUT)
+    import time
+
+    from kvbench import transports
+    from kvbench.harness.loop import Harness
+    from kvbench.job.guard import GUARD
+
+    class Comm:
+        size, rank = 2, 0
+
+        def allgather(self, x):
+            return [x, x]
+
+    seen = []
+    h = Harness.__new__(Harness)
+    h.comm = Comm()
+    h.emit_skipped = lambda case, reason: (time.sleep(0.01), seen.append(GUARD._deadline))
+    monkeypatch.setattr(transports, "probe", lambda name: "no such device here")
+    monkeypatch.setattr(GUARD, "_gap", None)
+    monkeypatch.setattr(GUARD, "_deadline", None)
+    GUARD.between("the steps between cases (--timeout)", 3600)  # the watchdog thread is not running in this test
+    try:
+        h.run_transport("verbs", [{"op": "push"}] * 4, [(0, 1)])
+    finally:
+        GUARD.between(None)
+    assert len(seen) == 4 and seen == sorted(seen) and len(set(seen)) == 4  # restarted after each skipped case

@@ -19,7 +19,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import checkpass, preflight, requests
+from kvbench.harness import bounds, checkpass, preflight, requests
 from kvbench.harness.requests import case_geometry, pool_bytes
 from kvbench.harness.rows import Rows
 from kvbench.harness.schedule import Iteration
@@ -64,6 +64,7 @@ class Harness(Rows):
         self.rank = comm.rank
         self.run_id = comm.bcast(secrets.token_hex(4) if self.rank == 0 else None)
         self.token = comm.bcast(secrets.token_bytes(16) if self.rank == 0 else None)
+        self.hosts = comm.allgather(comm.hostname)  # a pair on one host moves bytes through memory (bounds.py)
         self.case_no = 0
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
@@ -174,7 +175,8 @@ class Harness(Rows):
             GUARD.disarm()
             GUARD.retake()  # a transport's library may have taken a signal (UCX: SIGHUP)
             self.sample(name, "ready")
-            session = Session(t, pools, my_pairs, local, nbytes)
+            session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t),
+                              ifname=t.info().get("ifname") if active else None)
             if staging and active:
                 from kvbench.codecs.path import Session as CodecSession
 
@@ -295,7 +297,8 @@ class Harness(Rows):
         t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
         return Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
-                           cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local))
+                           cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local),
+                           bounds=bounds.entry_bounds(entries, self.rank, self.hosts, s.pools, s.ifname))  # and after
 
     def _once(self, m: Measurement, it: int):
         if faults.armed("post", self.rank, m.no):  # inert unless KVBENCH_FAULT names this rank
@@ -365,6 +368,7 @@ class Harness(Rows):
             m.clock = checkpass.one_clock(self.comm, self.rank, m)
             if self.opts.check:
                 nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
+            wake_and_paths = bounds.after_case(m, s, self.rank, self.hosts)  # the bounds on its times
         finally:
             GUARD.disarm()
         faults.hit("stall-between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
@@ -374,7 +378,8 @@ class Harness(Rows):
         self.emit(case, m.g, entries, rec, nwrong, m.no, m.clock, [itr.rule.get(id(e), "") for e in entries],
                   m.codec, {entries.index(e): v for e in entries for k, v in m.errors.items() if k == id(e)},
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
-                  cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None)
+                  cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
+                  bounds=wake_and_paths)
 
 
 def device_reason(cls, case: dict) -> str | None:

@@ -24,6 +24,8 @@ class Session:
     bulk: set = field(default_factory=set)  # the payloads whose references (bulk, ceiling, hot) are measured
     codec: Any = None  # the codec machinery (codecs/path.py Session) when a case carries a codec
     fill: tuple = ("pattern", None)  # what the pools hold now: (fill, dtype)
+    wake_bound: float = float("nan")  # seconds a landing stamp may precede its wait's return here (bounds.py)
+    ifname: str | None = None  # the network interface the transport says it uses (tcp), for the link-rate bound
 
 
 class Record(NamedTuple):
@@ -58,3 +60,4 @@ class Measurement:
     mid: bool = False  # half-way (resources sampled)
     clock: dict = field(default_factory=dict)  # per source: skews, error bound, offset (checkpass.one_clock)
     errors: dict = field(default_factory=dict)  # a lossy codec's check: id(entry) -> (wrong, max abs, max rel)
+    bounds: dict = field(default_factory=dict)  # id(entry) -> (GB/s its path can carry, kind) (harness/bounds.py)

@@ -79,4 +79,4 @@ def test_resume_continues_an_older_schema_run_as_this_one(kvrun, tmp_path, inter
     assert final[final.transport == "shm"].cache_bytes.isna().all()  # the older rows: not recorded
     assert (final[final.transport == "tcp"].cache_bytes == 0).all()
     meta = interrupted.meta()
-    assert meta["schema_version"] == 4 and meta["resumed"][0]["upgraded_from_schema"] == 3
+    assert meta["schema_version"] == 5 and meta["resumed"][0]["upgraded_from_schema"] == 3

@@ -37,7 +37,7 @@ def test_loopback_and_shm_quick_table_and_meta(kvrun):
     assert set(df.op) == {"push", "pull"}
     assert int(df.nwrong.fillna(0).sum()) == 0
     meta = json.load(open(r.results.replace(".parquet", ".meta.json")))
-    assert meta["schema_version"] == 4
+    assert meta["schema_version"] == 5
     assert meta["world_size"] == 2 and meta["suite"]["axes"]["transport"] == ["loopback", "shm"]
     assert meta["status"] == "OK" and "system" in meta and "libraries" in meta and "git_commit" in meta
     # table rows: 2 transports x 2 ops x (3 block sizes + bulk)

@@ -13,6 +13,7 @@ import dataclasses
 import queue
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -428,3 +429,65 @@ try:
     _codec_lies()
 except ImportError:  # no codec machinery: nothing to lie through
     pass
+# liars about the time only, for the bounds on a landing time (tests/test_bounds.py): every byte lands where it
+# must, the check passes, and only a bound measured in the run can tell
+BOUND_LIARS = {
+    "lie-stamp-half": "liars:StampsHalfway",
+    "lie-half-time": "liars:HalvesTheTime",
+}
+
+
+class StampsHalfway(TcpTransport):
+    """Moves every byte but reports, as the moment the bytes landed, the moment halfway between its receive post
+    and the real landing (the wait returns long after such a stamp: beyond the wake-up bound)."""
+
+    name = "lie-stamp-half"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._posted: dict[int, float] = {}
+        # a pull's layer-ready signal by the harness (tcp -O ready=mpi): the read is posted once the layer is final
+        self.ready_via, self.caps = "mpi", replace(self.caps, signals_ready=False)
+
+    def serve(self, op, peer, descs, tag=0):
+        job = super().serve(op, peer, descs, tag)
+        self._posted[id(job)] = time.perf_counter()
+        return job
+
+    def post_when_ready(self, peer, descs, tag=0):
+        job = super().post_when_ready(peer, descs, tag)
+        self._posted[id(job)] = time.perf_counter()
+        return job
+
+    def start(self, prepared):
+        a = time.perf_counter()
+        job = super().start(prepared)
+        if prepared[1] is not None:  # a pull's read request: its receive
+            self._posted[id(job)] = a
+        return job
+
+    def wait(self, handle):
+        landed = super().wait(handle)
+        posted = self._posted.pop(id(handle), None)
+        return landed if posted is None else (posted + landed) / 2
+
+
+class HalvesTheTime(ShmTransport):
+    """Copies every byte in its post (a pull's reads) and reports half the time since the request's first post as
+    its landing: twice the GB/s the copy made, beyond the harness's own copy of the same bytes."""
+
+    name = "lie-half-time"
+    batches = True  # a request's layers in one post (one copy): its first post is its last
+    _since: float | None = None
+
+    def start(self, prepared):
+        if self._since is None:
+            self._since = time.perf_counter()
+        super().start(prepared)
+        return self._since
+
+    def wait(self, handle):
+        if handle is None:
+            return super().wait(handle)
+        self._since = None
+        return handle + (time.perf_counter() - handle) / 2

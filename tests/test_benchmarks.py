@@ -30,7 +30,7 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
     for row in rows:  # the p50 request times agree with the GB/s beside them: payload = 16 layers x 64 KiB
         for gbps, us in ((row[5], row[7]), (row[6], row[8])):
             assert float(us) == pytest.approx(16 * 65536 / float(gbps) / 1e3, rel=0.05)
-    assert all(float(row[11]) >= 0 and row[-1] in ("ok", "noise", "not-own", "MISS") for row in rows)
+    assert all(float(row[11]) >= 0 and row[-1] in ("FAST", "ok", "noise", "not-own", "MISS") for row in rows)
     # own%: a rank's posting lies inside its request, so at most ~100% (a pull source preempted inside its signal's
     # write for the whole request reads near that on a busy machine); one repeat: no spread
     assert all(0 <= float(row[-3]) <= 110 and row[-2] == "0" for row in rows)
@@ -164,6 +164,16 @@ def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs():
     assert fidelity.judge([0.8, 0.85, 0.86, 0.87, 0.95], 0.9, own=0.0) == "not-own"  # 1 of 5: consistent
     assert fidelity.judge([0.84, 0.85, 0.86], 0.9, own=0.01) == "not-own"  # 1% own time cannot mend 6%
     assert fidelity.judge([0.84, 0.85, 0.86], 0.9, own=0.10) == "MISS"  # 10% own time would
+
+
+def test_fidelity_flags_kvbench_faster_than_the_library_alone():
+    """A ratio above 1.15 is not a success: kvbench cannot beat the plain library it wraps (a stamp too early)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import fidelity
+
+    assert fidelity.judge([1.3, 1.4, 2.6], 0.9, own=0.0) == "FAST"
+    assert fidelity.judge([1.1, 1.15, 1.2], 0.9, own=0.0) == "ok"  # the median, 1.15, is not above it
+    assert fidelity.judge([1.0, 1.16, 1.3], 0.8, own=0.0) == "FAST"
 
 
 def test_overlap_prints_a_verdict_per_row():

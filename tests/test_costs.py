@@ -66,6 +66,8 @@ def test_v2_rows_upgrade_with_empty_cost_columns_and_give_no_costs():
     up = upgrade(df, 2)
     assert set(costs.COLUMNS) <= set(up.columns) and set(ROW_COLUMNS) <= set(up.columns)
     assert up["post_s"].isna().all() and up["cache_bytes"].isna().all() and (up["cache"] == "as-is").all()
+    # schema 5's bounds: empty, so an older run is never judged against a bound it did not measure
+    assert up["stamp_lead_s"].isna().all() and up["bound_gbps"].isna().all() and (up["bound_kind"] == "").all()
     assert costs.per_case(up).empty
 
 

@@ -23,7 +23,9 @@ def test_a_lie_about_the_bytes_is_wrong_elements(kvrun, liar, op):
 
 def test_the_same_transport_honest_passes(kvrun):
     r = kvrun(["-t", "shm", "--op", "push,pull", *SMALL])
-    assert r.code == 0 and r.meta()["status"] == "OK", r.out + r.err
+    assert r.code == 0 and r.meta()["status"] == "OK", r.out + r.err  # within its bounds too: not SUSPECT
+    dec = r.table().query("iter >= 0 and role == 'decode'")
+    assert set(dec.bound_kind) == {"memory copy"} and (dec.bound_gbps > 0).all()  # one host: the harness's copy
 
 
 def test_a_lie_about_the_time_is_caught_by_the_clock(kvrun):
@@ -39,6 +41,8 @@ def test_honest_tcp_passes_the_clock_check(kvrun):
     assert set(t.completion) == {"transport"}  # tcp's receive thread stamps the landing
     dec = t[t.role == "decode"]
     assert dec.skew_s.notna().all() and (dec.clock_err_s >= 0).all()
+    assert r.meta()["status"] == "OK" and (dec.wake_bound_s > 0).all()  # its stamps within the wake-up bound
+    assert dec.stamp_lead_s.notna().all() and set(dec.bound_kind) == {"memory copy"}  # loopback: no link rate
 
 
 def test_mpi_sendrecv_pull_sends_only_when_asked():

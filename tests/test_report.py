@@ -426,6 +426,17 @@ def test_compare_warns_when_the_machines_differ(tmp_path, kv):
     assert len(warn) == 2 and "cpu_model: 'X' vs 'Y'" in warn[0] and "cpus: 2 vs 64" in warn[1]
 
 
+def test_compare_and_report_name_a_suspect_run(tmp_path, kv):
+    a = synth(tmp_path / "a", "a")
+    b = synth(tmp_path / "b", "b", status="SUSPECT")
+    r = kv("compare", a, b)
+    assert r.returncode == 0, r.stdout + r.stderr
+    warn = [ln for ln in r.stdout.splitlines() if "ended SUSPECT" in ln]
+    assert len(warn) == 1 and warn[0].startswith("# WARNING: B's ") and "kvbench: suspect: rank 1" in warn[0]
+    rep = kv("report", b)
+    assert rep.returncode == 0 and ("[SUSPECT]" in rep.stdout or "status=SUSPECT" in rep.stdout), rep.stdout
+
+
 def test_readers_refuse_an_unknown_schema_in_one_line(tmp_path, kv):
     a = synth(tmp_path / "a", "a")
     future = synth(tmp_path / "f", "f", schema=SCHEMA_VERSION + 97)

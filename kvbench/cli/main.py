@@ -33,7 +33,8 @@ vocabulary:
   hot        one layer's buffer re-sent for every layer (what perftest-style tools measure)
 
 exit codes: 0 OK or UNCHECKED, 1 a mistake in the input (nothing written), 2 FAILED (wrong elements),
-  3 NOTHING MEASURED, 4 ERROR (a rank failed), 5 TIMEOUT, 130 INTERRUPTED (docs/reliability.md)
+  3 NOTHING MEASURED, 4 ERROR (a rank failed), 5 TIMEOUT, 6 SUSPECT (a row beyond a physical bound),
+  130 INTERRUPTED (docs/reliability.md)
 
 examples:
   mpirun -np 2 kvbench run suites/quick.yaml

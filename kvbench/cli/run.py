@@ -20,6 +20,7 @@ from kvbench.memory.cachestate import SAYS
 from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
+from kvbench.results import bounds
 from kvbench.results.lock import LockHeld, ResultLock
 
 
@@ -287,9 +288,12 @@ def footer(cfg, writer, printer, h) -> int:
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
-    status = ST.verdict(cases - skipped, cfg.suite.check, wrong)
+    sus = bounds.suspects(df, st)  # a time beyond physics (results/bounds.py)
+    status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))
     for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)):
         print(line)
+    for s in sus:
+        print(f"# {bounds.line(s)}")
     print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
     print(f"# results: {writer.path}")
     cost = getattr(h, "check_cost", None)
@@ -297,7 +301,8 @@ def footer(cfg, writer, printer, h) -> int:
                   check={"level": cfg.suite.check, "verify_s": [round(c, 4) for c, _ in cost or []],
                          "timed_s": [round(t, 4) for _, t in cost or []]},
                   clocks=pair_clocks(df),
-                  reason=ST.STATUSES[status][1], harness_overhead_us=overhead_us(printer),
+                  reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
+                  suspects=[bounds.line(s) for s in sus], harness_overhead_us=overhead_us(printer),
                   layer_cost_us=layer_costs(df),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)

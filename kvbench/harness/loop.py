@@ -18,7 +18,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import checkpass, placing, preflight, requests
+from kvbench.harness import bounds, checkpass, placing, preflight, requests
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.preflight import device_reason
 from kvbench.harness.requests import case_geometry, case_label, pool_bytes
@@ -43,6 +43,7 @@ class Harness(Rows, Calibration):
         self.rank = comm.rank
         self.run_id = comm.bcast(secrets.token_hex(4) if self.rank == 0 else None)
         self.token = comm.bcast(secrets.token_bytes(16) if self.rank == 0 else None)
+        self.hosts = comm.allgather(comm.hostname)  # a pair on one host moves bytes through memory (bounds.py)
         self.case_no = 0
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
@@ -159,7 +160,8 @@ class Harness(Rows, Calibration):
             GUARD.disarm()
             GUARD.retake()  # a transport's library may have taken a signal (UCX: SIGHUP)
             self.sample(name, "ready")
-            session = Session(t, pools, my_pairs, local, nbytes)
+            session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t),
+                              ifname=t.info().get("ifname") if active else None)
             if staging and active:
                 from kvbench.codecs.path import Session as CodecSession
 
@@ -283,7 +285,8 @@ class Harness(Rows, Calibration):
         t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
         m = Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
-                        cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local))
+                        cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local),
+                        bounds=bounds.entry_bounds(entries, self.rank, self.hosts, s.pools, s.ifname))  # and after
         if self.opts.check == "all" and s.pools:  # -c all: every timed iteration checked (checkpass.Every)
             m.every = checkpass.Every(self.rank, m, s.pools, s.nbytes)
         return m
@@ -367,6 +370,7 @@ class Harness(Rows, Calibration):
             if self.opts.check:
                 nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
             self.check_s += time.perf_counter() - a + (m.every.seconds if m.every is not None else 0.0)
+            wake_and_paths = bounds.after_case(m, s, self.rank, self.hosts)  # the bounds on its times
         finally:
             GUARD.disarm()
         faults.hit("stall-between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
@@ -377,4 +381,4 @@ class Harness(Rows, Calibration):
                   m.codec, {entries.index(e): v for e in entries for k, v in m.errors.items() if k == id(e)},
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
-                  every=m.every.wrong if m.every is not None else None)
+                  every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths)

@@ -15,6 +15,8 @@ from kvbench.model.descriptors import CHUNKS
 from kvbench.model.schemes import control_bytes
 from kvbench.results import costs
 
+nan = float("nan")
+
 
 class Rows:
     """Building and delivering rows (a mixin of ``Harness``)."""
@@ -42,18 +44,20 @@ class Rows:
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None, cost=None, took=None, cache=None, every=None) -> None:
+             errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None) -> None:
         """A case's rows on this rank: one per (entry, timed iteration) and the check pass's; ``every`` (-c all):
-        per timed iteration the wrong elements per entry, each timed row's ``nwrong``."""
+        per timed iteration the wrong elements per entry, each timed row's ``nwrong``; ``bounds``: (this rank's
+        wake-up bound, per entry (GB/s bound, kind)) from harness/bounds.py."""
         rows = []
-        nan = float("nan")
+        wake_bound, per_entry = bounds or (nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
         for k, e in enumerate(entries):
             role = "both" if e.src == e.dst else ("prefill" if e.src == self.rank else "decode")
             base = dict(self.base_row(case, g, no), rank=self.rank, role=role, pair=e.pair, req=e.req,
                         payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
-                        queue_s=nan, arrival_s=nan, completion=rules[k],
+                        queue_s=nan, arrival_s=nan, completion=rules[k], wake_bound_s=wake_bound,
+                        bound_gbps=per_entry.get(k, (nan, ""))[0], bound_kind=per_entry.get(k, (nan, ""))[1],
                         **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst))
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)

@@ -52,7 +52,7 @@ class Iteration:
         # prepare/post/start/serve/signal calls (lib_s of them inside the library's data call), in the
         # harness's own notifications, and per entry in
         # `order` the gap from the transport's landing stamp to its wait's return (None: harness-stamped)
-        self.cost: dict = {"post_s": 0.0, "lib_s": 0.0, "notify_s": 0.0, "wake_s": []}
+        self.cost: dict = {"post_s": 0.0, "lib_s": 0.0, "notify_s": 0.0, "wake_s": [], "lead_s": [], "window_s": []}
         # serial: every layer at once; streaming: one layer at a time.  Per entry and group, its layers'
         # descriptor arrays and tag offsets, built once: the same list every iteration lets a transport find
         # what it derived from it (the joined arrays of one post, datatypes) without a step per layer
@@ -79,7 +79,8 @@ class Iteration:
                 ready = self._prepare(0, tag0)
         if barrier is not None:
             barrier()
-        inside, note, wake, lib0 = 0.0, 0.0, [], t.lib_s
+        inside, note, wake, lead, window, lib0 = 0.0, 0.0, [], [], [], t.lib_s
+        posted: dict[int, float] = {}  # per entry this rank posts inside the iteration: its first post
         t0 = self.t0 = time.perf_counter()
         hs = self._handshake(t0) if self.handshake != "off" else 0.0
         self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
@@ -128,6 +129,7 @@ class Iteration:
                 continue
             a = time.perf_counter()
             for e, prepared in ready:
+                posted.setdefault(id(e), a)
                 if self.on_final is not None and isinstance(prepared, list) and prepared:
                     # check pass: when the last layer was posted
                     handles[id(e)] += t.start_request(prepared[:-1])
@@ -144,6 +146,9 @@ class Iteration:
             landed, stamped = wait_landed(t, handles[id(e)])
             back = time.perf_counter()
             wake.append(back - landed if stamped else None)
+            lead.append(back - max(landed, a) if stamped else None)  # what the wake-up bound holds (bounds.py)
+            # a destination that posted: from its post to the landing, no barrier or notification in it (bounds.py)
+            window.append(landed - posted[id(e)] if id(e) in posted and e.dst == self.rank else None)
             if self.notify:  # completion the harness adds for one-sided transports: waiting, not overhead
                 if e.src == self.rank:
                     self.comm.notify(e.dst)
@@ -166,7 +171,7 @@ class Iteration:
             inside += b - a
             # done when the bytes landed, or when the message that completes them arrived
             done.append((b if self.state_msg else landed) - t0)
-        self.cost = {"post_s": post, "lib_s": lib, "notify_s": note, "wake_s": wake}
+        self.cost = {"post_s": post, "lib_s": lib, "notify_s": note, "wake_s": wake, "lead_s": lead, "window_s": window}
         return done, inside, hs, self.clock.t0 - t0
 
     def _register(self, tag0: int) -> dict[int, list]:

@@ -24,6 +24,8 @@ class Session:
     bulk: set = field(default_factory=set)  # the payloads whose references (bulk, ceiling, hot) are measured
     codec: Any = None  # the codec machinery (codecs/path.py Session) when a case carries a codec
     fill: tuple = ("pattern", None)  # what the pools hold now: (fill, dtype)
+    wake_bound: float = float("nan")  # seconds a landing stamp may precede its wait's return here (bounds.py)
+    ifname: str | None = None  # the network interface the transport says it uses (tcp), for the link-rate bound
 
 
 class Record(NamedTuple):
@@ -60,8 +62,9 @@ class Measurement:
     errors: dict = field(default_factory=dict)  # a lossy codec's check: id(entry) -> (wrong, max abs, max rel)
     spent: float = 0.0  # seconds in its iterations so far, warm-ups included (--ci-budget; calibrate.py)
     ran: int = 0  # iterations so far, warm-ups included
-
     every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)
+    bounds: dict = field(default_factory=dict)  # id(entry) -> (GB/s its path can carry, kind) (harness/bounds.py)
+
 
 class UserError(ValueError):
     """A mistake in the request (not a failure of the machine): one line, exit 1."""

@@ -16,6 +16,9 @@ STATUSES: dict[str, tuple[int | None, str]] = {
     "NOTHING MEASURED": (3, "every case was skipped (each row says why)"),
     "ERROR": (4, "a rank failed (an exception, a transport error, a refused resource); the line names it"),
     "TIMEOUT": (5, "a deadline passed (--timeout per case, --setup-timeout per transport's setup)"),
+    "SUSPECT": (6, "a case beat a physical bound of its path by more than its spread (a landing stamp earlier than "
+                   "this machine's wake-up latency allows, or GB/s above the link rate or the harness's own copy); "
+                   "the line names it"),
     "INTERRUPTED": (130, "a signal ended the run (Ctrl-C = SIGINT, SIGTERM, SIGHUP)"),
     "INCOMPLETE": (None, "the run never ended by itself: killed from outside, or still running"),
 }
@@ -27,10 +30,12 @@ def exit_code(status: str) -> int:
     return INPUT_ERROR if code is None else code
 
 
-def verdict(measured: int, checked: bool, wrong: int) -> str:
-    """The footer's word for a run that ended by itself."""
+def verdict(measured: int, checked: bool, wrong: int, suspect: int = 0) -> str:
+    """The footer's word for a run that ended by itself (wrong bytes outrank a time beyond physics)."""
     if measured == 0:
         return "NOTHING MEASURED"
     if wrong:
         return "FAILED"
+    if suspect:
+        return "SUSPECT"
     return "OK" if checked else "UNCHECKED"

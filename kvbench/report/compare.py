@@ -167,6 +167,10 @@ def main(a_path: str, b_path: str, fail_above: str | None, alpha: float = 0.05, 
     out(f"# B: {b_path} ({len(b)} file(s), commit {b[0].meta.get('git_commit', '?')})")
     for d in machine_differences(a, b):
         out(f"# WARNING: the machines differ: {d}")
+    for side, runs in (("A", a), ("B", b)):  # SUSPECT, FAILED, ...: its times or bytes are not to be trusted
+        for r in runs:
+            if r.status is not None:
+                out(f"# WARNING: {side}'s {r.name} ended {r.status}: {r.meta.get('reason', '')}")
     out("# time = request time (bandwidth rows; max over the pair's ranks), exposed = prefill end to landed")
     out("# (exposed-time and workload rows), ms; d% = B / A - 1 (positive = B slower); p = Mann-Whitney U,")
     out(f"# two-sided, over the iterations; REGRESSION = B slower at p50 by more than {threshold:g}% with p < {alpha:g}")

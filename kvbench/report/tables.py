@@ -276,8 +276,8 @@ class LivePrinter:
 
 
 # The sidecar's statuses of a run that ended cleanly (kvbench/job/status.py): any other one, INCOMPLETE, TIMEOUT,
-# ERROR, FAILED, INTERRUPTED or a status this version does not know, is said on every table the run's rows are in,
-# since its rows are what it stored before it ended, or failed the check
+# ERROR, FAILED, SUSPECT, INTERRUPTED or a status this version does not know, is said on every table the run's rows
+# are in, since its rows are what it stored before it ended, failed the check, or beat a physical bound
 ENDED_CLEANLY = ("OK", "UNCHECKED", "NOTHING MEASURED")
 
 

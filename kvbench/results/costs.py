@@ -27,13 +27,18 @@ COLUMNS = ["post_s", "lib_s", "notify_s", "wake_s"]  # result rows, schema 3 (re
 NAN = float("nan")
 
 
+# per entry, the iteration's lists -> the row's column: wake_s here, the other two for results/bounds.py
+PER_ENTRY = {"wake_s": "wake_s", "lead_s": "stamp_lead_s", "window_s": "window_s"}
+
+
 def reorder(cost: list[dict], pos: list[int]) -> list[tuple]:
-    """Per timed iteration (post_s, notify_s, wake_s per entry in the rows' order); ``pos``: row k's place
-    in the iteration's completion order."""
+    """Per timed iteration (post_s, lib_s, notify_s, {PER_ENTRY key: per entry in the rows' order}); ``pos``:
+    row k's place in the iteration's completion order."""
     out = []
     for c in cost:
-        w = c.get("wake_s") or []
-        out.append((c["post_s"], c["lib_s"], c["notify_s"], [w[p] if p < len(w) else None for p in pos]))
+        per = {key: c.get(key) or [] for key in PER_ENTRY}
+        out.append((c["post_s"], c["lib_s"], c["notify_s"],
+                    {key: [v[p] if p < len(v) else None for p in pos] for key, v in per.items()}))
     return out
 
 
@@ -41,9 +46,12 @@ def row(cost: list[tuple] | None, it: int, k: int) -> dict:
     """The cost columns of entry ``k``'s row for timed iteration ``it``."""
     if not cost or it >= len(cost):
         return {}
-    post, lib, note, wake = cost[it]
-    w = wake[k] if k < len(wake) else None
-    return {"post_s": float(post), "lib_s": float(lib), "notify_s": float(note), "wake_s": NAN if w is None else float(w)}
+    post, lib, note, per = cost[it]
+    out = {"post_s": float(post), "lib_s": float(lib), "notify_s": float(note)}
+    for key, col in PER_ENTRY.items():
+        v = per[key][k] if k < len(per[key]) else None
+        out[col] = NAN if v is None else float(v)
+    return out
 
 
 def per_case(df: pd.DataFrame) -> pd.DataFrame:

@@ -25,8 +25,8 @@ from kvbench.results.lock import ResultLock, sweep_stale
 
 SCHEMA_VERSION = 5  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
-# time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is");
-# 5: the blocks marked "schema 5" below (4 reads as 5 with each block's defaults)
+# time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
+# blocks marked "schema 5" below (1-4 read with them at their defaults)
 READS = (1, 2, 3, 4, 5)  # schema versions the readers (report, compare) upgrade to this one
 RESUMES = (3, 4, 5)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
@@ -84,6 +84,14 @@ ROW_COLUMNS += ["gpu", "nic", "same_gpu"]
 # "budget" (--ci-budget ran out first); ci_target_pct = that target, % of the p50 (empty without one)
 SAMPLES_DEFAULTS = {"ci_stop": "fixed", "ci_target_pct": np.nan}
 ROW_COLUMNS += list(SAMPLES_DEFAULTS)
+# --- schema 5, bounds (results/bounds.py; rows of 1-4 read with them empty) --------------------------------
+# stamp_lead_s: how long this request's wait ran past the later of the transport's landing stamp and the wait's
+# start (empty where the harness stamps); wake_bound_s: the most it may, a thread wake-up on this rank measured at
+# its transport's setup; bound_gbps / bound_kind: on a destination's rows, the GB/s the request's path can carry,
+# and what bounds it ("memory copy": the harness's own copy of the same descriptors in this run; "link IF" or
+# "links ...": the NIC rates across hosts; "none (...)": no bound, and why); window_s: on a destination that posts
+# the request itself (a pull's reads), seconds from its first post to the landing
+ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]
 
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
@@ -93,7 +101,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
     for col in ROW_COLUMNS:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
-                       "cache": "as-is", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

@@ -1,0 +1,190 @@
+"""A landing time bounded from two sides: a row that beats physics is SUSPECT, not noise.
+
+Two bounds, each measured or read in the run itself (the harness measures, harness/bounds.py; this module
+holds the arithmetic and reads the kernel's link rates):
+
+* the wake-up bound: a transport's landing stamp may precede the moment the harness's wait returned by at
+  most the time a thread takes to wake another on this machine.  Each rank measures that at each
+  transport's setup (a thread stamps and sets an event, the waiter notes its return; ``wake_bound`` of the
+  samples, plus a GIL switch interval).  A row's ``stamp_lead_s`` is its wait's return minus the later of the stamp and the wait's
+  start (a stamp before the wait began claims nothing the wait could contradict);
+* the path bound: a row's GB/s may not exceed what its path can carry (at p50, and where the destination
+  posted the request itself, from its post to the landing: ``measures``).  A pair on one host moves bytes
+  through memory: the bound is the harness's own copy of the same descriptors in the same run
+  (``_native.copy_batch``, the best of several, outside the transport).  A pair across hosts goes through a
+  NIC: the bound is the link rate the kernel reports for the transport's interface
+  (/sys/class/net/IF/speed), or, where the transport does not say which NIC it used, the sum over every
+  NIC and RDMA port of the host.  Device memory, or a link without a reported rate, has no bound ("none").
+
+A case is SUSPECT when its median is beyond a bound by more than its spread (and, for the path bound, a
+noise margin; its GB/s then from its p50 plus the bound on its clock correction, the slowest the transfer can
+have been): the one line names the case, the bound and the margin (``suspects``, ``line``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]  # rows, schema 5 (store.py)
+WAKE_PCT = 99  # the percentile of the wake-up samples the bound starts from
+WAKE_FACTOR = 2.0  # ... times this: a loaded machine wakes threads later in some phases than in others
+WAKE_FLOOR_S = 1e-3  # ... plus this: a scheduler's time slice the measurement may have missed
+COPY_MARGIN = 0.25  # a row may beat the harness's best copy by this much (plus its spread) before it is a lie
+NAN = float("nan")
+
+
+def wake_bound(samples, switch_s: float | None = None) -> float:
+    """Seconds a landing stamp may precede the wait's return, from wake-up samples (seconds) on this rank, plus
+    one GIL switch interval (``sys.getswitchinterval()`` unless given): a transport's thread that stamps in C
+    takes the GIL back before it wakes the waiter, and a thread holding it lets go only that often."""
+    s = np.asarray(samples, dtype=np.float64)
+    s = s[np.isfinite(s)]
+    if not len(s):
+        return NAN
+    switch = sys.getswitchinterval() if switch_s is None else switch_s
+    return float(WAKE_FACTOR * np.percentile(s, WAKE_PCT) + switch + WAKE_FLOOR_S)
+
+
+def copy_gbps(nbytes: int, best_s: float) -> float:
+    """GB/s (10^9 B/s) of the harness's best copy of ``nbytes``."""
+    return nbytes / best_s / 1e9 if best_s > 0 else NAN
+
+
+def link_gbps(speed_mbps: float | None) -> float | None:
+    """A NIC's link rate in GB/s (10^9 B/s) from the kernel's Mb/s; None without one."""
+    return speed_mbps * 1e6 / 8 / 1e9 if speed_mbps and speed_mbps > 0 else None
+
+
+def rdma_gbps(rate: str | None) -> float | None:
+    """An RDMA port's rate ('400 Gb/sec (4X NDR)') in GB/s; None when unreadable."""
+    m = re.match(r"\s*([\d.]+)\s*Gb/sec", rate or "")
+    return float(m.group(1)) / 8 if m else None
+
+
+def _speed(root: str, ifname: str) -> float | None:
+    try:
+        with open(os.path.join(root, "class", "net", ifname, "speed")) as fh:
+            return link_gbps(int(fh.read().strip()))
+    except (OSError, ValueError):  # loopback answers EINVAL; a link that is down, -1
+        return None
+
+
+def network_bound(ifname: str | None = None, root: str = "/sys") -> tuple[float, str]:
+    """(GB/s, kind) of a path across hosts: the link rate of ``ifname`` (the interface the transport used),
+    else the sum over the host's NICs and RDMA ports (the most any path out of it can carry)."""
+    if ifname and ifname != "lo" and (g := _speed(root, ifname)) is not None:
+        return g, f"link {ifname}"
+    total, names = 0.0, []
+    net = os.path.join(root, "class", "net")
+    for n in sorted(os.listdir(net)) if os.path.isdir(net) else []:
+        if n != "lo" and (g := _speed(root, n)) is not None:
+            total, names = total + g, names + [n]
+    ib = os.path.join(root, "class", "infiniband")
+    for dev in sorted(os.listdir(ib)) if os.path.isdir(ib) else []:
+        ports = os.path.join(ib, dev, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            try:
+                with open(os.path.join(ports, port, "rate")) as fh:
+                    g = rdma_gbps(fh.read())
+            except OSError:
+                g = None
+            if g:
+                total, names = total + g, names + [f"{dev}/{port}"]
+    if not names:
+        return NAN, "none (no NIC reports a link rate)"
+    return total, "links " + "+".join(names)
+
+
+def spread(x: pd.Series) -> float:
+    """Half the interquartile range of ``x``, relative to its median (0 with fewer than 2 values)."""
+    x = x.dropna()
+    if len(x) < 2:
+        return 0.0
+    q25, q50, q75 = np.percentile(x, [25, 50, 75])
+    return float((q75 - q25) / 2 / q50) if q50 > 0 else 0.0
+
+
+def suspects(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
+    """Per case beyond a bound: {case, key, what, value, bound, margin_pct, spread_pct}.
+
+    ``df``: the rows; ``st``: their case statistics (store.case_stats: gbps and the keys).  A case's spread is
+    half the interquartile range of its per-iteration values, relative to their median."""
+    if df is None or st is None or not {"stamp_lead_s", "wake_bound_s", "bound_gbps"} <= set(df.columns):
+        return []  # an older schema: nothing measured to judge against
+    out = []
+    timed = df[(df["status"] == "ok") & (df["iter"] >= 0)]
+    keys = st.set_index("case")
+    # the landing stamp: the median lead of each (case, rank, pair, request) this rank received, against its
+    # rank's wake-up bound (a source's stamp of its own send is no landing, and never the pair's time)
+    lead = timed[timed["stamp_lead_s"].notna() & timed["wake_bound_s"].notna() & (timed["role"] != "prefill")]
+    for (case, rank, pair, req), g in lead.groupby(["case", "rank", "pair", "req"]):
+        med, bound = float(g["stamp_lead_s"].median()), float(g["wake_bound_s"].max())
+        sp = spread(g["stamp_lead_s"])
+        if med > bound * (1 + sp) and case in keys.index:
+            out.append(dict(case=int(case), key=key(keys.loc[case]), what="wake", value=med, bound=bound,
+                            margin_pct=100 * (med / bound - 1), spread_pct=100 * sp, rank=int(rank),
+                            pair=int(pair), req=int(req)))
+    # GB/s: the case's headline against the lowest bound its destinations measured
+    # hot re-sends one cache-resident buffer by design (it beats the ceiling too): no copy of memory bounds it
+    bounds = timed[timed["bound_gbps"].notna() & (timed["variant"] != "hot")].groupby("case")
+    for case, g in bounds:
+        if case not in keys.index:
+            continue
+        r = keys.loc[case]
+        rows = timed[timed["case"] == case]
+        i = g["bound_gbps"].idxmin()
+        bound, kind = float(g.loc[i, "bound_gbps"]), str(g.loc[i, "bound_kind"])
+        for measure, gbps, sp in measures(r, rows):
+            if gbps > bound * (1 + COPY_MARGIN + sp):
+                out.append(dict(case=int(case), key=key(r), what=kind, value=gbps, bound=bound, measure=measure,
+                                margin_pct=100 * (gbps / bound - 1), spread_pct=100 * sp))
+                break
+    return out
+
+
+def measures(r, rows: pd.DataFrame) -> list[tuple[str, float, float]]:
+    """A case's GB/s as the path bound judges it, with its spread: (what, GB/s, spread).
+
+    Its headline at p50 plus the bound on its clock correction (the slowest it can have been: the destination's
+    clock is matched within clock_err_s of its source's); and, where a destination posted the request itself,
+    the median from its post to the landing (on one clock): no barrier or notification in it, so a loaded
+    machine's wake-ups, which slow every iteration, do not hide a time that beats the copy."""
+    err = float(rows["clock_err_s"].max()) if "clock_err_s" in rows and rows["clock_err_s"].notna().any() else 0.0
+    out = [("p50", float(r["payload_bytes"]) / (float(r["p50"]) + err) / 1e9, spread(pair_gbps(rows)))]
+    if "window_s" in rows and rows["window_s"].notna().any():
+        w = rows[rows["window_s"] > 0]
+        g = w["payload_bytes"] / w["window_s"] / 1e9
+        out.append(("post to landing", float(g.median()), spread(g)))
+    return out
+
+
+def pair_gbps(rows: pd.DataFrame) -> pd.Series:
+    """Per (pair, request, iteration): payload / the later of the pair's two times."""
+    g = rows.groupby(["pair", "req", "iter"]).agg(t=("seconds", "max"), b=("payload_bytes", "first"))
+    return g["b"] / g["t"] / 1e9
+
+
+def key(r) -> str:
+    """A case's full key, as the one line names it."""
+    what = "bulk" if r["variant"] == "bulk" else (r["variant"] if r["variant"] != "paged" else
+                                                  f"{r['allocation']} {int(r['block_size'])}-token blocks")
+    return (f"case {int(r.name) if not isinstance(r.name, tuple) else r.name} ({r['transport']} {r['op']} "
+            f"{r['model']} {int(r['tokens'])} tokens, {what}, {r['memory']}, {r['overlap']})")
+
+
+def line(s: dict) -> str:
+    """The one line of a SUSPECT case."""
+    if s["what"] == "wake":
+        return (f"SUSPECT: {s['key']}: rank {s['rank']}'s landing stamp (pair {s['pair']}, request {s['req']}) "
+                f"precedes its wait's return by "
+                f"{s['value'] * 1e6:.0f} us (median), beyond the wake-up bound {s['bound'] * 1e6:.0f} us measured "
+                f"on this machine by {s['margin_pct']:.0f}% (spread {s['spread_pct']:.0f}%): the stamp is not when "
+                "the bytes landed")
+    return (f"SUSPECT: {s['key']}: {s['value']:.2f} GB/s ({s.get('measure', 'p50')}) beyond the path's bound "
+            f"{s['bound']:.2f} GB/s "
+            f"({s['what']}) by {s['margin_pct']:.0f}% (spread {s['spread_pct']:.0f}%, noise margin "
+            f"{100 * COPY_MARGIN:.0f}%): faster than the bytes can move")

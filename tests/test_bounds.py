@@ -1,0 +1,159 @@
+"""A landing time bounded from two sides (results/bounds.py, harness/bounds.py): a stamp earlier than this
+machine's wake-up latency allows, or GB/s above what the path can carry, ends the run SUSPECT (exit 6) with one
+line naming the case, the bound and the margin; honest runs stay OK (tests/test_honesty.py)."""
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from liars import BOUND_LIARS
+
+from kvbench.harness import bounds as HB
+from kvbench.job import status as ST
+from kvbench.results import bounds as B
+
+# 128 MiB requests: a half of tcp's transfer is far beyond a wake-up on a loaded machine (several ms), and the
+# request is larger than the last-level cache, so the harness's copy of it comes from memory as the transport's
+# does (one the cache holds copies faster for the harness than for the transport)
+BIG = ["-m", "llama-3-8b", "--tokens", "1024", "-n", "6", "-w", "1", "--variants", "bulk"]
+ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in BOUND_LIARS.items()),
+       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+
+
+def suspect_line(r) -> str:
+    lines = [ln for ln in r.out.splitlines() if "SUSPECT:" in ln]
+    assert lines, r.out + r.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("op,check", [("pull", "1"), ("push", "0")])
+def test_a_stamp_halfway_to_the_landing_is_suspect(kvrun, op, check):
+    """tcp stamping halfway between its receive post and the real landing.  A push posts its receives before
+    the barrier: with -c 1 the check pass's ordering check sees that stamp first (ERROR, test_honesty), so
+    the push runs -c 0; a pull posts its read once the layer is final, and the check pass cannot see it."""
+    r = kvrun(["-t", "lie-stamp-half", "--op", op, "-c", check, *BIG], env=ENV, timeout=120)
+    assert r.code == ST.exit_code("SUSPECT") == 6, r.out + r.err
+    line = suspect_line(r)
+    assert f"case 1 (lie-stamp-half {op} llama-3-8b 1024 tokens, bulk" in line, line
+    assert "wake-up bound" in line and "% (spread" in line, line
+    meta = r.meta()
+    assert meta["status"] == "SUSPECT" and meta["reason"] == line[2:] and line[2:] in meta["suspects"]
+    assert r.out.rstrip().splitlines()[-2].endswith("SUSPECT")
+    assert (r.table().query("iter >= 0 and role == 'decode'").wake_bound_s > 0).all()
+
+
+def test_half_the_real_time_on_shm_is_suspect(kvrun):
+    r = kvrun(["-t", "lie-half-time", "--op", "pull", *BIG], env=ENV, timeout=120)
+    assert r.code == 6, r.out + r.err
+    line = suspect_line(r)
+    assert "case 1 (lie-half-time pull llama-3-8b 1024 tokens, bulk" in line and "(memory copy)" in line, line
+    assert "beyond the path's bound" in line and "noise margin" in line and "by " in line, line
+    assert r.meta()["status"] == "SUSPECT"
+    assert int(r.table().query("iter == -1 and role == 'decode'").nwrong.sum()) == 0  # every byte is right
+
+
+# ----- the arithmetic -------------------------------------------------------------------------------------
+def test_wake_bound_is_a_high_percentile_with_a_margin():
+    s = np.full(100, 20e-6)
+    s[-2:] = 5e-3  # two late wake-ups in a hundred: the 99th percentile
+    want = B.WAKE_FACTOR * np.percentile(s, B.WAKE_PCT) + sys.getswitchinterval() + B.WAKE_FLOOR_S
+    assert B.wake_bound(s) == pytest.approx(want)
+    assert B.wake_bound(s, switch_s=0.005) == pytest.approx(2 * 5e-3 + 0.005 + 1e-3)
+    assert np.isnan(B.wake_bound([]))
+    got = HB.wake_samples(n=30, budget_s=0.05)  # a real measurement on this machine
+    assert len(got) >= 20 and (got > 0).all() and (got < 1).all()
+
+
+def test_link_rates_from_the_kernel(tmp_path):
+    assert B.link_gbps(100_000) == 12.5 and B.link_gbps(None) is None and B.link_gbps(-1) is None
+    assert B.rdma_gbps("400 Gb/sec (4X NDR)") == 50.0 and B.rdma_gbps("") is None
+    assert B.network_bound(root=str(tmp_path))[1].startswith("none")
+    for name, speed in (("eth0", "25000"), ("lo", "x"), ("eth1", "-1")):
+        os.makedirs(tmp_path / "class" / "net" / name)
+        (tmp_path / "class" / "net" / name / "speed").write_text(speed)
+    port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    os.makedirs(port)
+    (port / "rate").write_text("200 Gb/sec (4X HDR)")
+    assert B.network_bound("eth0", str(tmp_path)) == (3.125, "link eth0")  # the NIC the transport used
+    assert B.network_bound(None, str(tmp_path)) == (3.125 + 25.0, "links eth0+mlx5_0/1")  # any NIC
+
+
+def test_the_harness_copy_moves_the_same_bytes():
+    pool = np.arange(1 << 16, dtype=np.uint32).view(np.uint8).copy()
+    layers = [np.array([[0, 4096, 1000], [0, 9000, 24]], np.int64), np.array([[0, 100, 77]], np.int64)]
+    scratch, src, d = HB.packed(pool, layers)
+    from kvbench import _native
+
+    _native.copy_batch(scratch, src, d)
+    want = np.concatenate([pool[4096:5096], pool[9000:9024], pool[100:177]])
+    assert (scratch[:len(want)] == want).all()
+    assert HB.best_copy_s(scratch, src, d) > 0
+
+
+def rows(case, seconds, bound, kind="memory copy", lead=np.nan, wake=np.nan, payload=1e9, rank=1):
+    n = len(seconds)
+    return pd.DataFrame({"case": case, "variant": "bulk", "transport": "shm", "op": "pull", "model": "m",
+                         "tokens": 256, "memory": "host", "overlap": "serial", "allocation": "bulk", "block_size": 0,
+                         "rank": rank, "role": "decode", "pair": 0, "req": 0, "iter": range(n), "status": "ok",
+                         "seconds": seconds, "payload_bytes": payload, "clock_err_s": 0.0, "stamp_lead_s": lead,
+                         "wake_bound_s": wake, "bound_gbps": bound, "bound_kind": kind})
+
+
+def stats(df):
+    t = df.groupby("case").agg(**{c: (c, "first") for c in ("variant", "transport", "op", "model", "tokens",
+                                                             "memory", "overlap", "allocation", "block_size",
+                                                             "payload_bytes")}, p50=("seconds", "median"))
+    t["gbps"] = t["payload_bytes"] / t["p50"] / 1e9
+    return t.reset_index()
+
+
+def test_a_case_beyond_its_path_is_suspect_by_more_than_its_spread():
+    honest = rows(1, [0.1, 0.11, 0.1, 0.12], bound=10.0)  # 10 GB/s under a 10 GB/s copy
+    near = rows(2, [0.09, 0.085, 0.09, 0.095], bound=10.0)  # 11 GB/s: within the noise margin
+    liar = rows(3, [0.05, 0.05, 0.055, 0.05], bound=10.0)  # 20 GB/s
+    noisy = rows(4, [0.03, 0.07, 0.07, 0.3], bound=10.0)  # 14 GB/s, but its spread covers it
+    df = pd.concat([honest, near, liar, noisy], ignore_index=True)
+    got = B.suspects(df, stats(df))
+    assert [s["case"] for s in got] == [3]
+    s = got[0]
+    assert s["value"] == pytest.approx(20.0) and s["bound"] == 10.0 and s["margin_pct"] == pytest.approx(100.0)
+    line = B.line(s)
+    assert line.startswith("SUSPECT: case 3 (shm pull m 256 tokens, bulk, host, serial): 20.00 GB/s (p50) beyond")
+    assert "bound 10.00 GB/s (memory copy) by 100%" in line
+    # the clock's error bound counts for the row: 0.05 s matched within 0.05 s could have taken 0.1 s
+    liar["clock_err_s"] = 0.05
+    assert B.suspects(liar, stats(liar)) == []
+    unbound = rows(5, [0.01] * 3, bound=np.nan, kind="none (device memory)")
+    assert B.suspects(unbound, stats(unbound)) == []
+
+
+def test_a_destination_that_posts_is_judged_from_its_post_to_the_landing():
+    """A pull's wait for the layer-ready word (a wake-up on a loaded machine) hides half a copy in its p50; from
+    the destination's own post to its landing it does not."""
+    slow = rows(1, [0.1] * 4, bound=10.0)  # 10 GB/s at p50: within the bound
+    slow["window_s"] = [0.05, 0.05, 0.05, 0.05]  # but 20 GB/s from the post
+    (s,) = B.suspects(slow, stats(slow))
+    assert s["measure"] == "post to landing" and s["value"] == pytest.approx(20.0)
+    assert "20.00 GB/s (post to landing) beyond the path's bound 10.00 GB/s (memory copy)" in B.line(s)
+    hot = slow.assign(variant="hot", window_s=0.05)  # one cache-resident buffer again and again: no bound
+    assert B.suspects(hot, stats(hot)) == []
+    slow["window_s"] = 0.1
+    assert B.suspects(slow, stats(slow)) == []
+
+
+def test_a_stamp_that_precedes_its_wait_by_more_than_a_wake_up_is_suspect():
+    honest = rows(1, [0.1] * 4, bound=np.nan, lead=[1e-4, 2e-4, 1e-4, 3e-3], wake=2e-3)  # one late wake-up
+    liar = rows(2, [0.1] * 4, bound=np.nan, lead=[0.04, 0.05, 0.045, 0.05], wake=2e-3)
+    df = pd.concat([honest, liar], ignore_index=True)
+    (s,) = B.suspects(df, stats(df))
+    assert s["case"] == 2 and s["what"] == "wake" and s["rank"] == 1
+    assert "rank 1's landing stamp (pair 0, request 0) precedes its wait's return by 47500 us (median), beyond " \
+           "the wake-up bound 2000 us" in B.line(s)
+    assert B.suspects(df.drop(columns=["stamp_lead_s"]), stats(df)) == []  # an older schema: nothing to judge
+
+
+def test_suspect_has_its_own_exit_code_and_yields_to_wrong_bytes():
+    assert ST.exit_code("SUSPECT") == 6 and [s for s, (c, _) in ST.STATUSES.items() if c == 6] == ["SUSPECT"]
+    assert ST.verdict(3, True, 0, 1) == "SUSPECT" and ST.verdict(3, False, 0, 2) == "SUSPECT"
+    assert ST.verdict(3, True, 5, 1) == "FAILED" and ST.verdict(3, True, 0) == "OK"

@@ -350,12 +350,12 @@ def test_a_dmabuf_pool_registers_with_pyverbs_signature_and_addresses_from_zero(
     gpu = np.zeros(LAY.nbytes, np.uint8)  # the device memory the dma-buf exports
     fds = []
 
-    def export(addr, nbytes):
+    def export(addr, nbytes, dev):
         fd = os.open(os.devnull, os.O_RDONLY)
         fds.append(fd)
         wire.dmabufs[fd] = gpu
-        assert addr == int(gpu.ctypes.data) and nbytes == gpu.nbytes
-        return fd
+        assert addr == int(gpu.ctypes.data) and nbytes == gpu.nbytes and dev == 0
+        return fd, 0
 
     monkeypatch.setattr(link, "dmabuf_fd", export)
     ts, pools = ranks(LAY.nbytes, pools=[Pool(np.zeros(LAY.nbytes, np.uint8)), Pool(gpu, kind="cuda")])
@@ -426,3 +426,26 @@ def test_the_fake_device_holds_kvbench_to_the_rules(pv, monkeypatch):
         d.post_send(wr(IBV_WR_RDMA_WRITE, no_read, at))  # eight completions for a CQ of four
     with pytest.raises(PyverbsRDMAError, match="overrun"):
         cq.poll(1)
+
+
+def test_a_dmabuf_covers_whole_pages_and_the_mr_starts_at_the_pools_offset(monkeypatch):
+    """The driver exports whole pages only (cuMemGetHandleForAddressRange); a pool that starts inside a page gets
+    the pages around it, and its first byte sits at its offset in the dma-buf (pyverbs: iova = offset)."""
+    from kvbench.memory import driver
+    from kvbench.transports.verbs import link
+
+    asked = []
+
+    def export(ptr, size, dev):
+        asked.append((ptr, size, dev))
+        return 77
+
+    monkeypatch.setattr(driver, "dmabuf_fd", export)
+    assert link.dmabuf_fd(3 * 4096 + 100, 5000, 1) == (77, 100)
+    assert asked == [(3 * 4096, 8192, 1)]
+
+    def refuse(ptr, size, dev):
+        raise driver.DriverError("cuMemGetHandleForAddressRange", 801)
+
+    monkeypatch.setattr(driver, "dmabuf_fd", refuse)
+    assert link.dmabuf_fd(4096, 4096, 0) is None  # then nvidia-peermem, or the one line saying neither is there

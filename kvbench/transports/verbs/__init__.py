@@ -82,7 +82,7 @@ class VerbsTransport(Transport):
         from pyverbs.device import get_device_list
         from pyverbs.pd import PD
 
-        name = ctx.options.get("device") or get_device_list()[0].name.decode()
+        name = ctx.options.get("device") or ctx.nic or get_device_list()[0].name.decode()  # nic: nearest its GPU
         self.qps_per_peer = int(ctx.options.get("qps", 1))
         self.port = int(ctx.options.get("port", 1))
         gid = ctx.options.get("gid")
@@ -112,7 +112,7 @@ class VerbsTransport(Transport):
         access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
         self.pool = pool
         try:
-            self.mr, self.reg, self.base = link.register(self.pd, pool, access)
+            self.mr, self.reg, self.base = link.register(self.pd, pool, access, max(self.ctx.gpu, 0))
         except TransportError:
             raise
         except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from kvbench.memory import driver
 from kvbench.transports.base import TransportError
 
 from .plan import IBV_LINK_LAYER_INFINIBAND, peermem, pick_gid
@@ -79,18 +80,19 @@ def rts_attr(port: int, me: dict, peer: dict, qpn: int, my_psn: int, peer_psn: i
     return a
 
 
-def register(pd, pool, access) -> tuple[object, str, int]:
+def register(pd, pool, access, gpu: int = 0) -> tuple[object, str, int]:
     """(MR, what kind, the address of the pool's first byte in the MR's address space)."""
     from pyverbs.mr import MR
 
     if pool.kind != "cuda":
         return MR(pd, pool.nbytes, access, address=pool.addr), "host MR", pool.addr
-    fd = dmabuf_fd(pool.addr, pool.nbytes)
-    if fd is not None:
+    got = dmabuf_fd(pool.addr, pool.nbytes, gpu)
+    if got is not None:
         from pyverbs.mr import DmaBufMR
 
-        try:  # pyverbs registers with iova = offset: the MR's addresses start at 0, not at the device pointer
-            return DmaBufMR(pd, pool.nbytes, access, dmabuf=fd, offset=0), "dma-buf", 0
+        fd, offset = got
+        try:  # pyverbs registers with iova = offset: the MR's addresses start at the pool's offset in the dma-buf
+            return DmaBufMR(pd, pool.nbytes, access, dmabuf=fd, offset=offset), "dma-buf", offset
         finally:
             os.close(fd)
     if peermem() is None:
@@ -99,20 +101,15 @@ def register(pd, pool, access) -> tuple[object, str, int]:
     return MR(pd, pool.nbytes, access, address=pool.addr), "nvidia-peermem MR", pool.addr
 
 
-def dmabuf_fd(addr: int, nbytes: int) -> int | None:
-    """cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) for the pool, or None."""
-    import ctypes
-
+def dmabuf_fd(addr: int, nbytes: int, gpu: int) -> tuple[int, int] | None:
+    """(a dma-buf fd over the whole pages that hold the pool, the pool's offset in it), through the driver's one
+    door (memory/driver.py); None where the driver cannot export one (then nvidia-peermem is the way)."""
+    start = addr - addr % driver.PAGE
+    end = -(-(addr + nbytes) // driver.PAGE) * driver.PAGE
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+        return driver.dmabuf_fd(start, end - start, gpu), addr - start
+    except driver.DriverError:
         return None
-    fn = getattr(lib, "cuMemGetHandleForAddressRange", None)
-    if fn is None:
-        return None
-    fd = ctypes.c_int(-1)
-    rc = fn(ctypes.byref(fd), ctypes.c_uint64(addr), ctypes.c_size_t(nbytes), ctypes.c_int(1), ctypes.c_ulonglong(0))
-    return fd.value if rc == 0 and fd.value >= 0 else None
 
 
 def memlock_hint() -> str:

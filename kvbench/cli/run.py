@@ -175,19 +175,22 @@ def run(a, argv: list[str]) -> int:
     except Exception as exc:  # a failed rank ends the job, with its error printed once
         GUARD.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
     code = 0
-    if c.rank == 0:
-        if bar:
-            bar.close()
-        GUARD.case = "the footer and the sidecar's last write"
-        try:
-            with GUARD.deadline("the footer and the sidecar's end", FINISH_S):
+    end_s = max(FINISH_MIN_S, min(FINISH_S, opts.timeout))  # the footer, and the steps after it
+    try:
+        if c.rank == 0:
+            if bar:
+                bar.close()
+            GUARD.case = "the footer and the sidecar's last write"
+            with GUARD.deadline("the footer and the sidecar's end", end_s):
                 code = footer(cfg, writer, printer, h)
-        except Exception as exc:
-            GUARD.fail("ERROR", describe(exc), exc)
-        GUARD.case = ""
-    with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
-        code = c.bcast(code)
-    return finish(c, code, seconds=max(FINISH_MIN_S, min(FINISH_S, opts.timeout)))
+            GUARD.case = ""
+        with GUARD.deadline("the end of the run (last barrier)", end_s):
+            if c.rank:  # the other ranks wait here while rank 0 writes the footer
+                faults.at("sidecar-finish", c.rank)
+            code = c.bcast(code)
+    except Exception as exc:
+        GUARD.fail("ERROR", describe(exc), exc)
+    return finish(c, code, seconds=end_s)
 
 
 def lock_resumed(path: str):
@@ -238,7 +241,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
         print(f"# resuming {cfg.resume}: transports done {', '.join(done) or 'none'}; the rest run now")
     else:
         writer, done = ResultWriter(cfg.results, cfg.name, meta), []
-        GUARD.cleanups.append(writer.close)
+    GUARD.cleanups.append(writer.close)  # the exit path: no write after it, no .tmp left, the lock released
     print(f"# run id: {h.run_id}   results: {writer.path}")
     if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
         print(f"# cache {cfg.suite.cache}: {SAYS[cfg.suite.cache]}")

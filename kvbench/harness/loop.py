@@ -94,15 +94,16 @@ class Harness(Rows):
             pairs = make_pairs(scheme, self.comm.size)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
+        faults.at("before-setup", self.rank)
         for i, (name, group) in enumerate(groupby(cases, key=lambda c: c["transport"])):
             if i:
-                faults.hit("stall-between-transports", self.rank)
+                faults.at("between-transports", self.rank)
             # one pool and one transport per (memory kind, copy engine): the pool's kind is fixed at allocation
             for _, sub in groupby(group, key=lambda c: (c.get("memory", "host"), c.get("copy", "batch"))):
                 self.run_transport(name, list(sub), pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
-        faults.hit("stall-after-last", self.rank)
+        faults.at("after-last", self.rank)
         self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
 
     def sample(self, group: str, phase: str, case: int = 0) -> None:
@@ -160,6 +161,7 @@ class Harness(Rows):
                     if self.rank in (s, d):
                         other = d if s == self.rank else s
                         peers[other] = allm[other]
+                faults.at("connect", self.rank)
                 t.connect(peers)
             elif active:
                 t.connect({})
@@ -232,7 +234,7 @@ class Harness(Rows):
             pool.own_pages = True
         else:
             pool = Pool(memory.alloc_host(nbytes, pages=self.opts.pages))
-        faults.hit("stall-setup", self.rank)
+        faults.at("fill", self.rank)
         memory.fill(pool.array, self.rank)
         return pool
 
@@ -306,9 +308,11 @@ class Harness(Rows):
                 m.cache.apply()
             self.comm.barrier()
             if it >= 0:  # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
-                faults.hit("stall-case", self.rank, m.no)
+                faults.at("case", self.rank, m.no)
                 if it >= 1:  # the peer is in the middle of this case's transfers
                     faults.hit("kill", self.rank, m.no)
+            else:
+                faults.at("check", self.rank, m.no)
 
         # timed iterations and the check pass (it -1) alike: the same calls in the same order
         return m.itr.run((((m.no << 8) + it) & 0xFFFF) << 16, start)
@@ -367,7 +371,7 @@ class Harness(Rows):
                 nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
         finally:
             GUARD.disarm()
-        faults.hit("stall-between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
+        faults.at("between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [r._replace(done=[r.done[p] for p in pos], exposed=[r.exposed[p] for p in pos]) for r in m.rec]

@@ -181,7 +181,7 @@ class Guard:
         """Write the failure into the sidecar; what to add to the line when that failed (one line still)."""
         if self.writer is not None:
             try:
-                self.writer.finish(status=status, reason=line, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                self.writer.finish(final=True, status=status, reason=line, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             except Exception as exc:  # the line still goes out, saying the sidecar does not hold it
                 return f" (not recorded in {self.writer.meta_path}: {exc})"
         return ""

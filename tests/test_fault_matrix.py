@@ -4,9 +4,8 @@
 Each combination ends within its deadline plus MARGIN_S after the fault fired, with the exit code and the
 sidecar's status of docs/reliability.md, exactly one ``kvbench:`` line naming it (none for a SIGKILL: the
 launcher kills the other ranks at once, and its own banner names the dead rank), every case stored before the
-fault kept, and none of the run's files left in /dev/shm or beside the results -- but for a SIGKILL, which
-leaves its segments, its result set's ``.lock`` and a write's ``.tmp`` for the next run to sweep (checked
-here by doing that sweep).
+fault kept, and none of the run's files left in /dev/shm or beside the results (after a SIGKILL the ranks'
+reapers remove them: kvbench/job/reaper.py).
 
 The 60 runs are launched together, a few at a time, by one module fixture (each with its own output folder
 and run id); the parametrised tests then read their own.  ``KVBENCH_MATRIX_DOC=1`` rewrites the table in
@@ -28,9 +27,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pytest
 from conftest import ROOT, leftovers_of, mpiexec
-
-from kvbench.job import cleanup
-from kvbench.results.lock import sweep_stale
 
 TIMEOUT_S, SETUP_S = 3, 3  # --timeout and --setup-timeout of every run
 FINISH_S = 10  # the footer's and the last barrier's deadline: --timeout, but at least 10 s (cli/run.py)
@@ -92,7 +88,6 @@ class Outcome:
     kept: list[int]
     shm_left: list[str]
     beside: list[str]  # files beside the results other than the table and the sidecar
-    swept_ok: bool = True  # after the next run's sweeps, nothing of the run is left
     lines: list[str] = field(default_factory=list)
 
 
@@ -140,14 +135,6 @@ def matrix(request, tmp_path_factory):
     slow_first = sorted(chosen, key=lambda c: -deadline(*c))  # the long waits overlap the short runs
     with ThreadPoolExecutor(PARALLEL) as pool:
         done = dict(zip(slow_first, pool.map(lambda c: _run(*c, base), slow_first)))
-    cleanup.sweep_orphans()  # what the next run on this host does first
-    for (phase, action, rank), o in done.items():
-        folder = os.path.join(base, f"{phase}-{action}-{rank}", "res")
-        for sub in glob.glob(os.path.join(folder, "*")):
-            sweep_stale(sub)  # what the next run into that folder does
-        parquet = glob.glob(os.path.join(folder, "*", "*.meta.json"))
-        o.swept_ok = not glob.glob(os.path.join(folder, "*", "*.tmp")) + glob.glob(os.path.join(folder, "*", "*.lock")) \
-            and not (parquet and leftovers_of(parquet[0].replace(".meta.json", ".parquet")))
     if os.environ.get("KVBENCH_MATRIX_DOC") and len(done) == len(COMBOS):
         write_doc(done)
     return done
@@ -167,8 +154,6 @@ def write_doc(done: dict) -> None:
         line = short(o.lines[0]) if o.lines else "(none: the launcher's BAD TERMINATION banner)"
         left = ", ".join(sorted({re.sub(r"^\d{8}-\d{6}_cli", "", f) for f in o.beside}
                                 | ({"/dev/shm segments"} if o.shm_left else set()))) or "nothing"
-        if left != "nothing":
-            left += " (swept by the next run)" if o.swept_ok else " (NOT swept)"
         rows.append(f"| {phase} | {action} | {rank} | {o.code} | {o.meta.get('status', '-')} | `{line}` | "
                     f"{','.join(map(str, o.kept)) or '-'} | {left} | {o.wall:.1f} |")
     path = os.path.join(ROOT, "docs", "reliability.md")
@@ -194,14 +179,20 @@ def test_fault(matrix, phase, action, rank):
     assert "Traceback" not in o.err + o.out, what
     if action == "kill":  # nobody of kvbench is left to say it: the launcher's banner names the dead rank
         assert o.lines == [] and "BAD TERMINATION" in o.out + o.err and "EXIT CODE: 9" in o.out + o.err, what
-        assert o.swept_ok, what
-        return
-    assert len(o.lines) == 1, what
+        if o.meta.get("status") == "INCOMPLETE":  # rank 0's reaper says why
+            assert "was killed from outside" in o.meta.get("reason", ""), (o.meta.get("reason"), what)
+    else:
+        assert len(o.lines) == 1, what
+        check_line(o, phase, action, rank)
+    assert o.shm_left == [], (o.shm_left, what)
+    assert o.beside == [], (o.beside, what)
+
+
+def check_line(o: Outcome, phase: str, action: str, rank: int) -> None:
+    what = f"{action}@{phase}:{rank}\n{o.err}"
     line = o.lines[0]
     assert o.meta.get("reason") == line, (o.meta.get("reason"), what)
     if action == "raise":
         assert line.startswith(f"kvbench: error: rank {rank} on ") and f"raise@{phase} (KVBENCH_FAULT)" in line, what
     else:  # the peer that waited in vain says it
         assert line.startswith(f"kvbench: timeout: rank {1 - rank} on ") and "did not end within" in line, what
-    assert o.shm_left == [], (o.shm_left, what)
-    assert o.beside == [], (o.beside, what)

@@ -11,9 +11,9 @@ from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
 from kvbench.harness.loop import Harness, UserError
-from kvbench.job import cleanup, comm, faults
+from kvbench.job import cleanup, comm, faults, reaper
 from kvbench.job import status as ST
-from kvbench.job.guard import GUARD, describe
+from kvbench.job.guard import GUARD, describe, env_rank
 from kvbench.memory.cachestate import SAYS
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
@@ -84,6 +84,7 @@ FINISH_MIN_S = 10.0  # ... or --timeout when shorter, but never less than this
 def run(a, argv: list[str]) -> int:
     """Entry point of `kvbench run` on every rank."""
     GUARD.install()  # signals and the watchdog, before MPI or any library starts a thread
+    GUARD.reaper = reaper.start(env_rank())  # before MPI: cleans up after a kill from outside (the launcher's SIGHUP)
     names = list(a.transport or [])
     if a.suite:
         try:
@@ -118,6 +119,7 @@ def run(a, argv: list[str]) -> int:
         else:
             h = Harness(c, opts)
         GUARD.run_id = h.run_id
+        GUARD.reaper.tell("run", h.run_id)
         GUARD.cleanups += [lambda: cleanup.unlink_mpich(cleanup.mapped_mpich()), lambda: cleanup.unlink_run(h.run_id)]
         swept = cleanup.sweep_orphans()
         cleanup.record_mpich(h.run_id, c.rank)
@@ -149,6 +151,7 @@ def run(a, argv: list[str]) -> int:
         except Exception as exc:  # rank 0's own file error ends the job like any rank's failure
             GUARD.fail("ERROR", describe(exc), exc)
         GUARD.writer, GUARD.case = writer, ""
+        GUARD.reaper.tell("meta", writer.meta_path)
         bar = progress.start(cfg.progress, [k for k in cases if k["transport"] not in done], suite.variants)
         if bar:  # table lines go above the bar
             printer.out = bar.write
@@ -341,6 +344,7 @@ def finish(c, code: int, err: str | None = None, seconds: float = FINISH_S) -> i
             GUARD.writer.close()
         if GUARD.run_id:
             cleanup.unlink_run(GUARD.run_id)
+        GUARD.reaper.done()
         GUARD.detach()
         c.finalize()
     return code

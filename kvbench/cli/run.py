@@ -176,7 +176,7 @@ def run(a, argv: list[str]) -> int:
     try:
         h.run([k for k in cases if k["transport"] not in done], suite.scheme)
     except Exception as exc:  # a failed rank ends the job, with its error printed once
-        GUARD.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
+        GUARD.fail_from(exc)
     code = 0
     end_s = max(FINISH_MIN_S, min(FINISH_S, opts.timeout))  # the footer, and the steps after it
     try:

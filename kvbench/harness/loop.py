@@ -197,6 +197,9 @@ class Harness(Rows):
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
+        except Exception as exc:  # the exit path before this rank's pools go: a peer opening them would be named instead
+            GUARD.fail_early(exc)
+            raise
         finally:
             if "session" in locals() and session.codec is not None:
                 session.codec.close()
@@ -307,12 +310,10 @@ class Harness(Rows):
             if m.cache is not None:  # --cache warm/cold: the request's bytes where asked, last thing before it
                 m.cache.apply()
             self.comm.barrier()
-            if it >= 0:  # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
-                faults.at("case", self.rank, m.no)
-                if it >= 1:  # the peer is in the middle of this case's transfers
-                    faults.hit("kill", self.rank, m.no)
-            else:
-                faults.at("check", self.rank, m.no)
+            # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
+            faults.at("case" if it >= 0 else "check", self.rank, m.no)
+            if it >= 1:  # the peer is in the middle of this case's transfers
+                faults.hit("kill", self.rank, m.no)
 
         # timed iterations and the check pass (it -1) alike: the same calls in the same order
         return m.itr.run((((m.no << 8) + it) & 0xFFFF) << 16, start)

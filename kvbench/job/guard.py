@@ -172,6 +172,16 @@ class Guard:
                     pass
         self._end(code)
 
+    def fail_from(self, exc: BaseException) -> None:
+        """``fail`` for an exception: TIMEOUT for a TimeoutError, else ERROR.  Never returns."""
+        self.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
+
+    def fail_early(self, exc: BaseException) -> None:
+        """In a process that installed the guard (``kvbench run``), ``fail_from`` now, before the exception
+        unwinds through cleanups that would let a peer fail first on what they removed; elsewhere, nothing."""
+        if self._installed:
+            self.fail_from(exc)
+
     def _claim(self) -> bool:
         with self._lock:
             first = not self._failing

@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -141,37 +140,43 @@ def record(meta_path: str, launcher_first: bool, launcher: int, rank_pid: int) -
     return line
 
 
+def launcher_ended_first(pid: int) -> bool:
+    """Whether the launcher was ended from outside before the rank died.  After a rank's SIGKILL hydra reports
+    it and exits with a code (9), so at the rank's death the launcher still lives, or is a zombie that exited;
+    after the launcher's SIGHUP it is a zombie killed by a signal, or already reaped (gone)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    if fields[0] != "Z":
+        return False
+    try:  # a zombie's wait status (field 52): killed by a signal, or exited with a code
+        return bool(int(fields[49]) & 0x7F)
+    except (IndexError, ValueError):
+        return True
+
+
 def main(argv: list[str]) -> int:
     rank_pid, rank, launcher = int(argv[0]), int(argv[1]), int(argv[2])
-    watch = None
-    if launcher:
-        try:
-            watch = os.pidfd_open(launcher)
-        except (OSError, AttributeError):
-            watch = None
     facts: dict[str, str] = {}
-    launcher_first, buf = False, b""
-    fds = [0] + ([watch] if watch is not None else [])
+    buf = b""
     while True:
-        ready, _, _ = select.select(fds, [], [])
-        if watch in ready:
-            launcher_first = True
-            fds.remove(watch)
-        if 0 in ready:
-            data = os.read(0, 4096)
-            if not data:
-                break
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for ln in lines:
-                key, _, value = ln.decode().partition(" ")
-                facts[key] = value
+        data = os.read(0, 4096)
+        if not data:
+            break
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for ln in lines:
+            key, _, value = ln.decode().partition(" ")
+            facts[key] = value
     if "done" in facts:
         return 0
-    if watch is not None and not launcher_first:  # both at once: did the launcher end, or does it still report?
-        launcher_first = bool(select.select([watch], [], [], 0)[0])
+    first = launcher_ended_first(launcher)
     if facts.get("meta") and rank == 0:
-        line = record(facts["meta"], launcher_first, launcher, rank_pid)
+        line = record(facts["meta"], first, launcher, rank_pid)
         if line:
             try:
                 print(line, file=sys.stderr, flush=True)

@@ -199,3 +199,20 @@ def test_list_says_how_much_the_leftovers_hold_and_what_removes_them(shm, dead_p
     assert "leftovers  2 file(s) of ended kvbench runs (run dead1), 4.0 MiB" in text
     assert "kvbench list --sweep" in text and "next `kvbench run`" in text
     assert "leftovers  1 MPICH segment(s) no live process maps" in text and f"rm {shm}/mpich_shm_*" in text
+
+
+def test_a_zombie_counts_as_gone():
+    """A rank killed and not yet reaped (its proxy gone, init slow to reap) maps nothing: its files are leftovers."""
+    import time
+
+    p = subprocess.Popen(["true"])
+    try:
+        for _ in range(100):  # exited, not waited for: a zombie
+            with open(f"/proc/{p.pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.02)
+        assert not cleanup._alive(p.pid)
+        assert cleanup._alive(os.getpid())
+    finally:
+        p.wait()

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import pandas as pd
 import pytest
 from conftest import leftovers_of
 from test_faults import SHM, assert_failed, cases_kept, launch_then
@@ -104,3 +105,25 @@ def test_sighup_to_a_rank_is_interrupted(tmp_path, rank):
         meta = json.load(fh)
     assert meta["status"] == "INTERRUPTED" and meta["reason"] == lines[0]
     assert leftovers_of(meta_path.replace(".meta.json", ".parquet")) == []
+
+
+@pytest.mark.timeout(90)
+def test_sighup_to_the_launcher_is_interrupted_said_and_cleaned_by_the_reapers(tmp_path):
+    """hydra's mpiexec dies of a SIGHUP and its proxy SIGKILLs every rank's process group at once: no code of a
+    rank runs.  Each rank's reaper (job/reaper.py, a session of its own) sees its rank gone after the launcher:
+    rank 0's says the one line on the launcher's stderr and INTERRUPTED in the sidecar, and they remove the
+    run's /dev/shm files and the result set's lock.  The launcher's own exit status is hydra's (SIGHUP: 129)."""
+    args = [*SHM[:-4], "-n", "150", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]  # 3 cases
+    code, out, err, res = launch_then(args, tmp_path, lambda proc: os.kill(proc.pid, signal.SIGHUP), timeout=40)
+    assert code in (-signal.SIGHUP, 128 + signal.SIGHUP), (code, err)
+    lines = [ln for ln in err.splitlines() if ln.startswith("kvbench: ")]
+    assert len(lines) == 1 and lines[0].startswith("kvbench: interrupted: rank 0 on "), err
+    assert "the launcher (pid " in lines[0] and "ended before the run" in lines[0]
+    meta_path = glob.glob(str(res / "*" / "*.meta.json"))[0]
+    with open(meta_path) as fh:
+        meta = json.load(fh)
+    assert meta["status"] == "INTERRUPTED" and meta["reason"] == lines[0]
+    parquet = meta_path.replace(".meta.json", ".parquet")
+    assert leftovers_of(parquet) == []
+    assert [f for f in os.listdir(os.path.dirname(parquet)) if f.endswith((".tmp", ".lock"))] == []
+    assert 1 in set(pd.read_parquet(parquet).case)  # the first row was on the screen: its case is kept

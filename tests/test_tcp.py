@@ -304,3 +304,52 @@ def test_crossed_pushes_larger_than_the_socket_buffers_do_not_deadlock():
     finally:
         for t in ts:
             t.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_flood_while_the_peer_fills_its_pool_is_refused_on_time(capfd, monkeypatch):
+    """Silent callers that come once rank 0 listens but before it connects (its peer still fills its pool)
+    are refused HANDSHAKE_S after they connect, not left in the kernel's accept queue until connect starts
+    (issue 32: a flood of 300 held the 10 s deadline to 47-54 s); the real peer then connects."""
+    from kvbench.transports import sockets as net
+
+    monkeypatch.setattr(net, "HANDSHAKE_S", 2.0)
+    fill_s = 6.0  # the peer's pool fill: rank 0 waits this long before its connect
+    a, b, pa, pb, ma, mb = pair()
+    meta = json.loads(ma)
+    flood, began = [], time.monotonic()
+    for _ in range(300):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex((meta["addr"], meta["port"]))
+        flood.append(s)
+    closed: dict[socket.socket, float] = {}
+    while len(closed) < len(flood) and time.monotonic() - began < fill_s:
+        for s in flood:
+            if s in closed:
+                continue
+            try:
+                if s.recv(1) == b"":
+                    closed[s] = time.monotonic() - began
+            except BlockingIOError:
+                pass
+            except OSError:  # reset
+                closed[s] = time.monotonic() - began
+        time.sleep(0.05)
+    for s in flood:
+        s.close()
+    try:
+        assert len(closed) == len(flood), f"{len(flood) - len(closed)} of {len(flood)} silent callers still open " \
+                                          f"after {fill_s} s"
+        assert max(closed.values()) < net.HANDSHAKE_S + 2.5, sorted(closed.values())[-5:]  # + a SYN's retry
+        th = threading.Thread(target=a.connect, args=({1: mb},))
+        th.start()
+        b.connect({0: ma})
+        th.join(15)
+        assert not th.is_alive() and a.conns and b.conns
+        assert "no handshake within 2 s" in capfd.readouterr().err
+    finally:
+        a.close()
+        b.close()
+        pa.release()
+        pb.release()

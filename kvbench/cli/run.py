@@ -13,9 +13,9 @@ from kvbench.config import suite as S
 from kvbench.harness import placing
 from kvbench.harness.loop import Harness
 from kvbench.harness.state import UserError
-from kvbench.job import cleanup, comm, faults
+from kvbench.job import cleanup, comm, faults, reaper
 from kvbench.job import status as ST
-from kvbench.job.guard import GUARD, describe
+from kvbench.job.guard import GUARD, describe, env_rank
 from kvbench.memory.cachestate import SAYS
 from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
@@ -93,6 +93,7 @@ FINISH_MIN_S = 10.0  # ... or --timeout when shorter, but never less than this
 def run(a, argv: list[str]) -> int:
     """Entry point of `kvbench run` on every rank."""
     GUARD.install()  # signals and the watchdog, before MPI or any library starts a thread
+    GUARD.reaper = reaper.start(env_rank())  # before MPI: cleans up after a kill from outside (the launcher's SIGHUP)
     names = list(a.transport or [])
     if a.suite:
         try:
@@ -127,6 +128,7 @@ def run(a, argv: list[str]) -> int:
         else:
             h = Harness(c, opts)
         GUARD.run_id = h.run_id
+        GUARD.reaper.tell("run", h.run_id)
         GUARD.cleanups += [lambda: cleanup.unlink_mpich(cleanup.mapped_mpich()), lambda: cleanup.unlink_run(h.run_id)]
         swept = cleanup.sweep_orphans()
         cleanup.record_mpich(h.run_id, c.rank)
@@ -159,6 +161,7 @@ def run(a, argv: list[str]) -> int:
         except Exception as exc:  # rank 0's own file error ends the job like any rank's failure
             GUARD.fail("ERROR", describe(exc), exc)
         GUARD.writer, GUARD.case = writer, ""
+        GUARD.reaper.tell("meta", writer.meta_path)
         bar = progress.start(cfg.progress, [k for k in cases if k["transport"] not in done], suite.variants)
         if bar:  # table lines go above the bar
             printer.out = bar.write
@@ -183,21 +186,24 @@ def run(a, argv: list[str]) -> int:
     try:
         h.run([k for k in cases if k["transport"] not in done], suite.scheme)
     except Exception as exc:  # a failed rank ends the job, with its error printed once
-        GUARD.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
+        GUARD.fail_from(exc)
     code = 0
-    if c.rank == 0:
-        if bar:
-            bar.close()
-        GUARD.case = "the footer and the sidecar's last write"
-        try:
-            with GUARD.deadline("the footer and the sidecar's end", FINISH_S):
+    end_s = max(FINISH_MIN_S, min(FINISH_S, opts.timeout))  # the footer, and the steps after it
+    try:
+        if c.rank == 0:
+            if bar:
+                bar.close()
+            GUARD.case = "the footer and the sidecar's last write"
+            with GUARD.deadline("the footer and the sidecar's end", end_s):
                 code = footer(cfg, writer, printer, h)
-        except Exception as exc:
-            GUARD.fail("ERROR", describe(exc), exc)
-        GUARD.case = ""
-    with GUARD.deadline("the end of the run (last barrier)", FINISH_S):
-        code = c.bcast(code)
-    return finish(c, code, seconds=max(FINISH_MIN_S, min(FINISH_S, opts.timeout)))
+            GUARD.case = ""
+        with GUARD.deadline("the end of the run (last barrier)", end_s):
+            if c.rank:  # the other ranks wait here while rank 0 writes the footer
+                faults.at("sidecar-finish", c.rank)
+            code = c.bcast(code)
+    except Exception as exc:
+        GUARD.fail("ERROR", describe(exc), exc)
+    return finish(c, code, seconds=end_s)
 
 
 def lock_resumed(path: str):
@@ -250,7 +256,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
         print(f"# resuming {cfg.resume}: transports done {', '.join(done) or 'none'}; the rest run now")
     else:
         writer, done = ResultWriter(cfg.results, cfg.name, meta), []
-        GUARD.cleanups.append(writer.close)
+    GUARD.cleanups.append(writer.close)  # the exit path: no write after it, no .tmp left, the lock released
     print(f"# run id: {h.run_id}   results: {writer.path}")
     if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
         print(f"# cache {cfg.suite.cache}: {SAYS[cfg.suite.cache]}")
@@ -382,6 +388,7 @@ def finish(c, code: int, err: str | None = None, seconds: float = FINISH_S) -> i
             GUARD.writer.close()
         if GUARD.run_id:
             cleanup.unlink_run(GUARD.run_id)
+        GUARD.reaper.done()
         GUARD.detach()
         c.finalize()
     return code

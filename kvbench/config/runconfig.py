@@ -140,14 +140,38 @@ def merge(a) -> S.Suite:
     return S.validate(data, a.suite or "command line")
 
 
-def results_dir(path: str) -> str:
-    """Refuse a results directory that cannot be created or written, without creating anything."""
+# a result set's files are <stamp>_<name>[-N]<suffix> (results/store.py); the longest suffix is the sidecar's
+# temporary written by a rank standing in for rank 0, .meta.json.<pid>.tmp
+FILE_NAME_EXTRA = len("20261203-224900_") + len("-999") + len(".meta.json.4194304.tmp")
+
+
+def existing_parent(path: str) -> str:
+    """``path`` or its nearest ancestor that exists."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         parent = os.path.dirname(probe)
         if parent == probe:
             break
         probe = parent
+    return probe
+
+
+def name_fits(name: str, results: str) -> str:
+    """Refuse a run name too long for its result files' names on the results' file system (NAME_MAX)."""
+    probe = existing_parent(results)
+    try:
+        limit = os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(name) + FILE_NAME_EXTRA > limit:  # (the file name has one ASCII character per character of the name)
+        raise ConfigError(f"--name: '{name[:24]}...' ({len(name)} characters) is too long for a result file's name "
+                          f"on {probe}: at most {limit - FILE_NAME_EXTRA}")
+    return name
+
+
+def results_dir(path: str) -> str:
+    """Refuse a results directory that cannot be created or written, without creating anything."""
+    probe = existing_parent(path)
     if not os.path.isdir(probe):
         raise ConfigError(f"-o {path}: {probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
@@ -188,7 +212,8 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map,
-                     results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), name=a.name or suite.name, bind=a.bind,
+                     results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), bind=a.bind,
+                     name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
 

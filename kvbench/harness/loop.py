@@ -77,15 +77,16 @@ class Harness(Rows, Calibration):
             pairs = make_pairs(scheme, self.comm.size)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
+        faults.at("before-setup", self.rank)
         for i, (name, group) in enumerate(groupby(cases, key=lambda c: c["transport"])):
             if i:
-                faults.hit("stall-between-transports", self.rank)
+                faults.at("between-transports", self.rank)
             # one pool and one transport per (memory kind, copy engine): the pool's kind is fixed at allocation
             for _, sub in groupby(group, key=lambda c: (c.get("memory", "host"), c.get("copy", "batch"))):
                 self.run_transport(name, list(sub), pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
-        faults.hit("stall-after-last", self.rank)
+        faults.at("after-last", self.rank)
         self.resources = [x for part in self.comm.gather(self.resources) or [] for x in part]
         self.check_cost = self.comm.gather((self.check_s, self.timed_s))  # rank 0: per rank (verifying, timed) s
 
@@ -146,6 +147,7 @@ class Harness(Rows, Calibration):
                     if self.rank in (s, d):
                         other = d if s == self.rank else s
                         peers[other] = allm[other]
+                faults.at("connect", self.rank)
                 t.connect(peers)
             elif active:
                 t.connect({})
@@ -182,6 +184,9 @@ class Harness(Rows, Calibration):
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
+        except Exception as exc:  # the exit path before this rank's pools go: a peer opening them would be named instead
+            GUARD.fail_early(exc)
+            raise
         finally:
             if "session" in locals() and session.codec is not None:
                 session.codec.close()
@@ -220,7 +225,7 @@ class Harness(Rows, Calibration):
             pool.own_pages = True
         else:
             pool = Pool(memory.alloc_host(nbytes, pages=self.opts.pages))
-        faults.hit("stall-setup", self.rank)
+        faults.at("fill", self.rank)
         memory.fill(pool.array, self.rank)
         return pool
 
@@ -299,10 +304,10 @@ class Harness(Rows, Calibration):
             if m.cache is not None:  # --cache warm/cold: the request's bytes where asked, last thing before it
                 m.cache.apply()
             self.comm.barrier()
-            if it >= 0:  # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
-                faults.hit("stall-case", self.rank, m.no)
-                if it >= 1:  # the peer is in the middle of this case's transfers
-                    faults.hit("kill", self.rank, m.no)
+            # faults armed for a case strike as its transfers start (inert unless KVBENCH_FAULT is set)
+            faults.at("case" if it >= 0 else "check", self.rank, m.no)
+            if it >= 1:  # the peer is in the middle of this case's transfers
+                faults.hit("kill", self.rank, m.no)
 
         # timed iterations and the check pass (it -1) alike: the same calls in the same order
         return m.itr.run((((m.no << 8) + it) & 0xFFFF) << 16, start)
@@ -373,7 +378,7 @@ class Harness(Rows, Calibration):
             wake_and_paths = bounds.after_case(m, s, self.rank, self.hosts)  # the bounds on its times
         finally:
             GUARD.disarm()
-        faults.hit("stall-between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
+        faults.at("between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [r._replace(done=[r.done[p] for p in pos], exposed=[r.exposed[p] for p in pos]) for r in m.rec]

@@ -11,6 +11,7 @@ from kvbench.codecs.path import codec_columns, lossy_columns
 from kvbench.harness import placing
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
+from kvbench.job import faults
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.schemes import control_bytes
 from kvbench.results import costs
@@ -89,6 +90,8 @@ class Rows:
 
     def deliver(self, rows: list[dict]) -> None:
         everything = self.comm.gather(rows)
+        if self.rank:  # rank 0 writes them now (its own point is inside the write: results/store.py)
+            faults.at("table-write", self.rank, self.case_no)
         if self.rank == 0:
             flat = [r for part in everything for r in part]
             if self.sink:

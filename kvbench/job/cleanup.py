@@ -127,7 +127,11 @@ def _alive(pid: int) -> bool:
         return False
     except (PermissionError, OverflowError):
         return True  # exists but belongs to someone else / not a pid we can judge: keep its files
-    return True
+    try:  # a zombie (killed, not yet reaped) maps nothing and will write nothing: its files are leftovers
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _mapped_anywhere() -> set[str]:
@@ -159,8 +163,9 @@ def _listed(registry: str) -> list[str] | None:
     return [seg for seg in listed if _is_mpich(seg) and os.path.exists(seg)]
 
 
-def sweep_orphans() -> list[str]:
-    """Remove the kvbench files in SHM_DIR whose owning process is gone; returns what was removed.
+def sweep_orphans(run_id: str | None = None) -> list[str]:
+    """Remove the kvbench files in SHM_DIR whose owning process is gone (of run ``run_id`` alone, when given:
+    a killed rank's reaper); returns what was removed.
 
     A dead process's registry first takes the MPICH segments it lists with it, each one only if it
     still exists and no live process maps it.  Nothing else is touched: live processes' files,
@@ -169,7 +174,7 @@ def sweep_orphans() -> list[str]:
     removed: list[str] = []
     used = None
     for path, m, alive in _owned():
-        if alive:
+        if alive or (run_id is not None and m["run"] != run_id):
             continue
         if m["registry"]:
             listed = _listed(path)

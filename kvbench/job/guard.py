@@ -60,6 +60,7 @@ class Guard:
         self._what, self._limit = "", 0.0
         self._gap: tuple[str, float] | None = None  # the deadline between two armed steps (``between``)
         self.stand_in = None  # ranks but 0: (status, line) -> None, records a failure rank 0 did not take over
+        self.reaper = _NoReaper()  # kvbench run's: what cleans up after a kill from outside (job/reaper.py)
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._installed = False
@@ -171,6 +172,16 @@ class Guard:
                     pass
         self._end(code)
 
+    def fail_from(self, exc: BaseException) -> None:
+        """``fail`` for an exception: TIMEOUT for a TimeoutError, else ERROR.  Never returns."""
+        self.fail("TIMEOUT" if isinstance(exc, TimeoutError) else "ERROR", describe(exc), exc)
+
+    def fail_early(self, exc: BaseException) -> None:
+        """In a process that installed the guard (``kvbench run``), ``fail_from`` now, before the exception
+        unwinds through cleanups that would let a peer fail first on what they removed; elsewhere, nothing."""
+        if self._installed:
+            self.fail_from(exc)
+
     def _claim(self) -> bool:
         with self._lock:
             first = not self._failing
@@ -181,7 +192,7 @@ class Guard:
         """Write the failure into the sidecar; what to add to the line when that failed (one line still)."""
         if self.writer is not None:
             try:
-                self.writer.finish(status=status, reason=line, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                self.writer.finish(final=True, status=status, reason=line, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             except Exception as exc:  # the line still goes out, saying the sidecar does not hold it
                 return f" (not recorded in {self.writer.meta_path}: {exc})"
         return ""
@@ -232,6 +243,7 @@ class Guard:
 
     def _end(self, code: int) -> None:
         self._cleanup()
+        self.reaper.done()  # this exit path did the cleaning: the reaper leaves everything as it is
         sys.stdout.flush()
         sys.stderr.flush()
         if self.comm is not None and self.size > 1:
@@ -240,6 +252,14 @@ class Guard:
             except Exception:
                 pass
         os._exit(code)  # Abort can return (docs/pitfalls.md#abort-returns)
+
+
+class _NoReaper:
+    def tell(self, key: str, value: str) -> None:
+        pass
+
+    def done(self) -> None:
+        pass
 
 
 def describe(exc: BaseException) -> str:

@@ -15,13 +15,15 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pandas as pd
 
+from kvbench.job import faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
-from kvbench.results.lock import ResultLock, sweep_stale
+from kvbench.results.lock import ResultLock, lock_path, sweep_stale
 
 SCHEMA_VERSION = 5  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
@@ -113,6 +115,9 @@ def machine_name() -> str:
 class ResultWriter:
     """Writes ``<dir>/<machine>/<timestamp>_<suite>.parquet`` plus ``.meta.json``."""
 
+    _sealed = False  # the exit path recorded the run's end: a later footer write (another thread) may not undo it
+    _closed = False  # the run is over (or ending): no more writes, so none leaves a .tmp behind
+
     def __init__(self, root: str, suite_name: str, meta: dict):
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         folder = os.path.join(root, machine_name())
@@ -136,6 +141,7 @@ class ResultWriter:
         self.meta = dict(meta, schema_version=SCHEMA_VERSION, results=os.path.basename(self.path),
                          status="INCOMPLETE", reason=INCOMPLETE_REASON, groups_done=[])
         self.frames: list[pd.DataFrame] = []
+        self._mu = threading.Lock()
         try:
             self._write_meta()
         except BaseException:  # (a full disk) the claimed name and its lock go: nothing of this run stays
@@ -149,6 +155,7 @@ class ResultWriter:
         finished, drop a half-done one's rows."""
         self = cls.__new__(cls)
         self.path, self.meta_path, self.lock = path, path[: -len(".parquet")] + ".meta.json", lock
+        self._mu = threading.Lock()
         for tmp in (self.path + ".tmp", self.meta_path + ".tmp"):  # a write the kill interrupted
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -186,42 +193,57 @@ class ResultWriter:
     def add(self, rows: list[dict]) -> None:
         """Append one case's rows and rewrite the table atomically."""
         self.frames.append(pd.DataFrame(rows, columns=ROW_COLUMNS))
-        self._write_table()
+        case = int(rows[0]["case"]) if rows else None
+        self._write_frame(pd.concat(self.frames, ignore_index=True), lambda: faults.at("table-write", 0, case))
 
-    def _write_table(self) -> None:
-        if self.frames:
-            self._write_frame(pd.concat(self.frames, ignore_index=True))
+    def _write_frame(self, df: pd.DataFrame, midway=None) -> None:
+        with self._mu:  # (the exit path's close, on another thread, waits for a write under way)
+            if not self._closed:
+                _replace(self.path, lambda tmp: df.to_parquet(tmp, index=False), midway=midway)
 
-    def _write_frame(self, df: pd.DataFrame) -> None:
-        _replace(self.path, lambda tmp: df.to_parquet(tmp, index=False))
-
-    def finish(self, **extra) -> None:
-        """Record end-of-run facts (status, totals) in the sidecar."""
-        self.meta.update(extra)
-        self._write_meta()
+    def finish(self, final: bool = False, **extra) -> None:
+        """Record end-of-run facts (status, totals) in the sidecar; ``final`` (the exit path's record) seals it."""
+        with self._mu:
+            if self._sealed or self._closed:
+                return
+            self.meta.update(extra)
+            _write_json(self.meta_path, self.meta, midway=None if final else lambda: faults.at("sidecar-finish", 0))
+            self._sealed = final
 
     def close(self) -> None:
-        """The run is over: let another run (a resume) have the result set."""
+        """The run is over: no more writes, no .tmp left (the exit path may come while the main thread writes),
+        and another run (a resume) may have the result set."""
+        with self._mu:
+            self._closed = True
+            for tmp in (self.path + ".tmp", self.meta_path + ".tmp"):
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
         self.lock.release()
 
     def _write_meta(self) -> None:
-        _write_json(self.meta_path, self.meta)
+        with self._mu:
+            if not self._closed:
+                _write_json(self.meta_path, self.meta)
 
 
-def _write_json(path: str, obj: dict, tmp: str | None = None) -> None:
+def _write_json(path: str, obj: dict, tmp: str | None = None, midway=None) -> None:
     def write(t):
         with open(t, "w") as fh:
             json.dump(obj, fh, indent=2, default=str)
 
-    _replace(path, write, tmp)
+    _replace(path, write, tmp, midway)
 
 
-def _replace(path: str, write, tmp: str | None = None) -> None:
+def _replace(path: str, write, tmp: str | None = None, midway=None) -> None:
     """Write ``path`` whole or not at all: into ``tmp`` (``path.tmp``), then renamed over it; a failed write (a
-    full disk) leaves no temporary file behind."""
+    full disk) leaves no temporary file behind.  ``midway`` runs between the two (the fault matrix's point)."""
     tmp = tmp or path + ".tmp"
     try:
         write(tmp)
+        if midway is not None:
+            midway()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -234,17 +256,27 @@ def _replace(path: str, write, tmp: str | None = None) -> None:
 def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
     """Another rank records a failure in the sidecar when rank 0, its writer, is stopped or hung: only while
     the sidecar still says INCOMPLETE (rank 0's own word wins), and only where the file is (a shared file
-    system or rank 0's host).  True when written."""
+    system or rank 0's host).  Rank 0's lock and half-written files go too: the job's abort ends it, stopped
+    as it is, and nobody else would remove them.  True when written."""
     try:
         with open(meta_path) as fh:
             meta = json.load(fh)
     except (OSError, ValueError):
         return False
-    if meta.get("status") != "INCOMPLETE":
-        return False
-    meta.update(status=status, reason=reason, finished=dt.datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"))
-    _write_json(meta_path, meta, tmp=f"{meta_path}.{os.getpid()}.tmp")  # not rank 0's .tmp: it may be mid-write
-    return True
+    try:
+        if meta.get("status") != "INCOMPLETE":
+            return False
+        meta.update(status=status, reason=reason,
+                    finished=dt.datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"))
+        _write_json(meta_path, meta, tmp=f"{meta_path}.{os.getpid()}.tmp")  # not rank 0's .tmp: it may be mid-write
+        return True
+    finally:
+        parquet = meta_path[: -len(".meta.json")] + ".parquet"
+        for path in (meta_path + ".tmp", parquet + ".tmp", lock_path(parquet)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def git_commit() -> str:

@@ -17,6 +17,7 @@ import selectors
 import socket
 import struct
 import sys
+import threading
 import time
 
 import numpy as np
@@ -165,75 +166,169 @@ def _hello_rank(buf: bytearray, token: bytes) -> int | str | None:
 
 def accept_peers(listener: socket.socket, want: set[int], me: int, token: bytes, deadline: float,
                  timeout: float, what: str = "tcp", channels: int = 1) -> dict[int, list[socket.socket]]:
-    """Accept ``channels`` connections from each rank in ``want``, in the order that rank dialled them
-    (a dialler waits for each ack before its next dial); refuse (and log) any other caller.
+    """Accept ``channels`` connections from each rank in ``want`` on ``listener`` (see ``Acceptor``)."""
+    return Acceptor(listener, me, token, what).take(want, deadline, timeout, channels)
 
-    One selector loop keeps accepting while every accepted caller's hello arrives on its own: a caller
-    gets HANDSHAKE_S in all to complete it, so a slow or silent one is refused then and never holds
-    up a real peer."""
-    got: dict[int, list[socket.socket]] = {}
-    pending: dict[socket.socket, tuple[tuple, float, bytearray]] = {}  # caller, its handshake deadline, bytes so far
-    sel = selectors.DefaultSelector()
 
-    def refuse(s: socket.socket, why: str) -> None:
-        who = pending.pop(s)[0]
-        sel.unregister(s)
-        s.close()
-        print(f"kvbench {what}: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
+class Acceptor:
+    """Accepts on a listener from the moment it listens, on a thread of its own, until ``take`` has the peers.
 
-    listener.setblocking(False)
-    sel.register(listener, selectors.EVENT_READ)
-    try:
-        while sum(map(len, got.values())) < channels * len(want):
-            now = time.monotonic()
-            for s in [s for s, (_, until, _) in pending.items() if until <= now]:
-                refuse(s, f"no handshake within {HANDSHAKE_S:g} s")
-            if now >= deadline:
-                host, port = listener.getsockname()[:2]
-                raise TransportError(f"{what}: rank {me} waited {timeout:g} s at {host}:{port} for ranks "
-                                     f"{sorted(r for r in want if len(got.get(r, ())) < channels)}")
-            for key, _ in sel.select(min([deadline, *(until for _, until, _ in pending.values())]) - now):
-                if key.fileobj is listener:
-                    try:
-                        s, who = listener.accept()
-                    except BlockingIOError:  # the caller hung up before we got to it
-                        continue
-                    s.setblocking(False)
-                    pending[s] = (who, time.monotonic() + HANDSHAKE_S, bytearray())
-                    sel.register(s, selectors.EVENT_READ)
-                    continue
-                s, buf = key.fileobj, pending[key.fileobj][2]
-                need = _HELLO.size + (_HELLO.unpack_from(buf)[2] if len(buf) >= _HELLO.size else 0) - len(buf)
-                try:
-                    data = s.recv(need)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    refuse(s, "no handshake")
-                    continue
-                buf += data
-                if (rank := _hello_rank(buf, token)) is None:
-                    continue
-                if isinstance(rank, str) or rank not in want or len(got.get(rank, ())) == channels:
-                    refuse(s, rank if isinstance(rank, str) else f"unexpected rank {rank}")
-                    continue
-                try:
-                    s.setblocking(True)
-                    s.sendall(_ACK.pack(ACK, me))
-                except OSError:
-                    refuse(s, "hung up before the ack")
-                    continue
-                del pending[s]
-                sel.unregister(s)
-                got.setdefault(rank, []).append(s)
-    except BaseException:
-        for s in (s for ss in got.values() for s in ss):
+    A caller that connects before this rank knows its peers (they are still filling their pools) is
+    accepted at once, not left in the kernel's accept queue: its HANDSHAKE_S run from its connect, so a
+    flood of silent callers is refused on time and never fills the queue against a real peer.  A caller
+    whose hello is complete and carries the run's token waits for ``take`` to say whether its rank is
+    wanted; ``take`` acks ``channels`` connections of each wanted rank, in the order it dialled them (a
+    dialler waits for each ack before its next dial), and refuses (and logs) every other caller."""
+
+    def __init__(self, listener: socket.socket, me: int, token: bytes, what: str = "tcp"):
+        self.listener, self.me, self.token, self.what = listener, me, token, what
+        self._cond = threading.Condition()
+        self._want: set[int] | None = None
+        self._channels = 1
+        self._stop = False
+        self._done = False
+        self._failed: BaseException | None = None
+        self.got: dict[int, list[socket.socket]] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+        listener.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name=f"kvbench-{what}-accept", daemon=True)
+        self._thread.start()
+
+    def take(self, want: set[int], deadline: float, timeout: float, channels: int = 1) -> dict[int, list[socket.socket]]:
+        """The wanted ranks' connections, once all arrived; TransportError at ``deadline``.  Closes the listener."""
+        try:
+            with self._cond:
+                self._want, self._channels = set(want), channels
+                self._wake()
+                while not self._done and self._failed is None and time.monotonic() < deadline:
+                    self._cond.wait(max(0.0, deadline - time.monotonic()))
+                if self._failed is not None:
+                    raise self._failed
+                if not self._done:
+                    host, port = self.listener.getsockname()[:2]
+                    raise TransportError(f"{self.what}: rank {self.me} waited {timeout:g} s at {host}:{port} for "
+                                         f"ranks {sorted(r for r in want if len(self.got.get(r, ())) < channels)}")
+                got, self.got = self.got, {}
+            return got
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop accepting: the thread ends (refusing callers in their handshake), the listener closes."""
+        with self._cond:
+            self._stop = True
+            self._wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        for s in (s for ss in self.got.values() for s in ss):
             s.close()
-        raise
-    finally:
-        for s in list(pending):
-            refuse(s, "setup ended before its handshake")
-        sel.close()
-    return got
+        self.got = {}
+        for s in (self._wake_r, self._wake_w, self.listener):
+            s.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        pending: dict[socket.socket, tuple[tuple, float, bytearray]] = {}  # caller, its hello's deadline, bytes
+        held: list[tuple[int, socket.socket, tuple]] = []  # complete hellos, in arrival order, until want is known
+        sel = selectors.DefaultSelector()
+
+        def refuse(s: socket.socket, who: tuple, why: str) -> None:
+            try:
+                sel.unregister(s)
+            except (KeyError, ValueError):
+                pass
+            s.close()
+            print(f"kvbench {self.what}: refused connection from {who[0]}:{who[1]}: {why}", file=sys.stderr, flush=True)
+
+        sel.register(self.listener, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        try:
+            while True:
+                with self._cond:
+                    if self._stop:
+                        break
+                    if self._want is not None:
+                        self._settle(held, refuse)
+                        if self._done:
+                            break
+                now = time.monotonic()
+                for s in [s for s, (_, until, _) in pending.items() if until <= now]:
+                    refuse(s, pending.pop(s)[0], f"no handshake within {HANDSHAKE_S:g} s")
+                wait = min((until for _, until, _ in pending.values()), default=None)
+                for key, _ in sel.select(None if wait is None else max(0.0, wait - now)):
+                    if key.fileobj is self._wake_r:
+                        self._wake_r.recv(4096)
+                    elif key.fileobj is self.listener:
+                        self._accept(pending, sel)
+                    else:
+                        s = key.fileobj
+                        who, _, buf = pending[s]
+                        rank = self._read(s, buf)
+                        if rank is None:
+                            continue
+                        del pending[s]
+                        if isinstance(rank, str):
+                            refuse(s, who, rank)
+                        else:
+                            sel.unregister(s)
+                            held.append((rank, s, who))
+        except BaseException as exc:  # the waiting take() raises it
+            with self._cond:
+                self._failed = TransportError(f"{self.what}: rank {self.me}: accepting peers failed: {exc}")
+        finally:
+            for s, (who, _, _) in list(pending.items()):
+                refuse(s, who, "setup ended before its handshake")
+            for _, s, who in held:
+                refuse(s, who, "setup ended before its rank was wanted")
+            sel.close()
+            with self._cond:
+                self._cond.notify_all()
+
+    def _accept(self, pending: dict, sel) -> None:
+        while True:  # everything the kernel queued: a flood does not wait in the queue for its deadline
+            try:
+                s, who = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, a caller that reset: the next one may fit
+                return
+            s.setblocking(False)
+            pending[s] = (who, time.monotonic() + HANDSHAKE_S, bytearray())
+            sel.register(s, selectors.EVENT_READ)
+
+    def _read(self, s: socket.socket, buf: bytearray) -> int | str | None:
+        """The rank a now complete hello presents, why it is refused, or None while bytes are missing."""
+        need = _HELLO.size + (_HELLO.unpack_from(buf)[2] if len(buf) >= _HELLO.size else 0) - len(buf)
+        try:
+            data = s.recv(max(1, need))
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            return "no handshake"
+        buf += data
+        return _hello_rank(buf, self.token)
+
+    def _settle(self, held: list, refuse) -> None:
+        """(Under the lock, once want is known) ack the held callers of wanted ranks, refuse the others."""
+        for rank, s, who in held:
+            if rank not in self._want or len(self.got.get(rank, ())) == self._channels:
+                refuse(s, who, f"unexpected rank {rank}")
+                continue
+            try:
+                s.setblocking(True)
+                s.sendall(_ACK.pack(ACK, self.me))
+            except OSError:
+                refuse(s, who, "hung up before the ack")
+                continue
+            self.got.setdefault(rank, []).append(s)
+        held.clear()
+        if sum(map(len, self.got.values())) >= self._channels * len(self._want):
+            self._done = True
+            self._cond.notify_all()

@@ -7,6 +7,9 @@
   downwards: no cycle of waits) and presents its rank and the run's token; a
   wrong one, or one not complete within a few seconds (``net.HANDSHAKE_S``), is
   closed and logged while the acceptor keeps accepting, up to connect_timeout.
+  The acceptor runs from the moment the listener listens (``register``), so a
+  caller that comes while the peers still fill their pools gets its few seconds
+  from its connect, not from ``connect``.
   Once every peer is connected the listener is closed: a later caller is
   refused by the kernel.
 * Wire and concurrency: tcp_conn.py (one connection per peer, its receive
@@ -48,7 +51,7 @@ from dataclasses import replace
 import numpy as np
 
 from kvbench.job import faults
-from kvbench.transports.sockets import accept_peers, dial, select_addr, tune
+from kvbench.transports.sockets import Acceptor, dial, select_addr, tune
 
 from .base import DST, SRC, Caps, Transport, TransportError, check_descs
 from .tcp_conn import HDR, MAGIC, PUSH, READY, REPLY, REQUEST, Conn, Job, headers
@@ -82,6 +85,7 @@ class TcpTransport(Transport):
         if self.ready_via == "mpi":
             self.caps = replace(self.caps, signals_ready=False)
         self.listener = self.pool = self.addr = self.ifname = None
+        self.acceptor: Acceptor | None = None
         self.conns: dict[int, Conn] = {}
         self.peer_nbytes: dict[int, int] = {}
         # the receive threads need the GIL for a few microseconds per layer; at the default 5 ms switch
@@ -100,8 +104,9 @@ class TcpTransport(Transport):
         except OSError as exc:
             ls.close()
             raise TransportError(f"tcp: cannot listen on {self.addr}: {exc.strerror}") from None
-        ls.listen(max(16, 2 * self.ctx.world_size))
+        ls.listen(4096)  # the kernel caps it (somaxconn); the acceptor drains it from now on, a flood included
         self.listener = ls
+        self.acceptor = Acceptor(ls, self.ctx.rank, self.ctx.token)  # accepting from now on, not from connect
         c, port = self.ctx, ls.getsockname()[1]
         return json.dumps(dict(host=c.hostname, addr=self.addr, port=port, rank=c.rank, nbytes=pool.nbytes)).encode()
 
@@ -121,11 +126,10 @@ class TcpTransport(Transport):
         try:
             socks = {p: [dial(metas[p]["addr"], metas[p]["port"], p, c.rank, c.token, deadline, self.sockbuf)
                          for _ in range(n)] for p in sorted(metas) if p < me}
-            socks.update(accept_peers(self.listener, {p for p in metas if p > me}, c.rank, c.token, deadline,
-                                      self.timeout, channels=n))
+            socks.update(self.acceptor.take({p for p in metas if p > me}, deadline, self.timeout, channels=n))
         finally:  # nobody accepts after setup: a later caller is refused by the kernel, not left waiting
-            self.listener.close()
-            self.listener = None
+            self.acceptor.close()
+            self.listener = self.acceptor = None
         for p, ss in socks.items():
             for s in ss:
                 s.settimeout(None)  # a blocking fd, as the native writev/readv expect
@@ -223,6 +227,6 @@ class TcpTransport(Transport):
         if self._switch is not None:
             sys.setswitchinterval(self._switch)
             self._switch = None
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
+        if self.acceptor is not None:
+            self.acceptor.close()
+        self.listener = self.acceptor = None

@@ -327,8 +327,9 @@ def case_stats(df: pd.DataFrame) -> pd.DataFrame:
         p99=lambda s: sample_stats.percentile(s, 99),
         samples="count",
     )
-    ci = t.groupby("case")["t"].apply(lambda s: sample_stats.p50_ci(s.to_numpy()))
-    agg["p50_lo"], agg["p50_hi"] = ci.str[0], ci.str[1]
+    ci = {case: sample_stats.p50_ci(s.to_numpy()) for case, s in t.groupby("case")["t"]}  # none: no ok row yet
+    agg["p50_lo"] = pd.Series({case: lo for case, (lo, _) in ci.items()}, dtype=float)
+    agg["p50_hi"] = pd.Series({case: hi for case, (_, hi) in ci.items()}, dtype=float)
     agg["ci_pct"] = 100 * (agg["p50_hi"] - agg["p50_lo"]) / 2 / agg["p50"]
     keys = df.groupby("case").agg(
         **{c: (c, "first") for c in CASE_COLUMNS if c != "case"},

@@ -40,7 +40,9 @@ CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival",
            "--kv-lora-rank": ["--layers", "2", "--attention", "mla", "--head-dim", "64"],
            "--rope-dim": ["--layers", "2", "--attention", "mla", "--head-dim", "64", "--kv-lora-rank", "64"],
            "-b": ["-e", "1024"], "-e": ["-b", "16"], "-f": ["-b", "16", "-e", "64"]}
-SKIP = {"-h", "--resume"}  # --resume is a file of an earlier run (test_resume.py owns its refusals)
+# --resume is a file of an earlier run (test_resume.py owns its refusals); --gpu-map names GPUs, and a machine with
+# none has no valid value (test_placement.py owns its refusals, test_gpu_map_values below the values')
+SKIP = {"-h", "--resume", "--gpu-map"}
 
 # (flag, kind) -> why the value is accepted at the door; anything not here must be refused
 ACCEPTED = {
@@ -232,3 +234,11 @@ def test_flag_values_end_in_one_line_or_a_bounded_run(tmp_path_factory, flag, v)
     assert 0 < s.timeout <= 7 * 86400 and 0 <= s.seed < 2**32 and math.isfinite(s.pool_factor)
     for case in cfg.cases:
         assert math.isfinite(float(case["prefill_ms"]))
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf", "huge", "negative", "empty"])
+def test_gpu_map_values(tmp_path, kind):
+    """--gpu-map's bad values are refused at the door in one line, whatever GPUs the machine has."""
+    v = {"huge": HUGE_INT, "empty": ""}.get(kind, VALUES.get(kind))
+    line = door([*BASE, "--gpu-map", v], str(tmp_path / "r"))
+    assert line is not None and "\n" not in line and "--gpu-map" in line, line

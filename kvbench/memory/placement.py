@@ -17,8 +17,10 @@ class PlacementError(ValueError):
 
 def parse_gpu_map(text: str | None) -> list[int] | None:
     """``--gpu-map 0,1,..`` as a list of GPU ordinals (None when not given); PlacementError for a bad one."""
-    if text is None or text == "":
+    if text is None:
         return None
+    if not str(text).strip():
+        raise PlacementError("--gpu-map: empty (give 0,1,.. one GPU index per local rank)")
     out = []
     for item in str(text).split(","):
         item = item.strip()

@@ -48,10 +48,10 @@ LAUNCHES = {
     "references": (2, ["-t", shm(*LIES), "--op", "push", "--variants", "hot,ceiling"]),
     "staged": (2, ["-t", ",".join(["staged", *(f"lie-{x}-staged" for x in REST)]), "--memory", "torch-cpu",
                    "--op", "push", "--variants", "paged"]),
-    "staged-nothing": (2, ["-t", "lie-nothing-staged", "--memory", "torch-cpu", "--op", "push", "--variants", "paged"]),
+    "staged-nothing": (2, ["-t", "staged,lie-nothing-staged", "--memory", "torch-cpu", "--op", "push", "--variants", "paged"]),
     "tcp": (2, ["-t", ",".join(["tcp", *(f"lie-{x}-tcp" for x in REST), "lie-stamp-header"]), "--op", "push",
                 "--variants", "paged"]),
-    "tcp-nothing": (2, ["-t", "lie-nothing-tcp", "--op", "push", "--variants", "paged"]),
+    "tcp-nothing": (2, ["-t", "tcp,lie-nothing-tcp", "--op", "push", "--variants", "paged"]),
     "engines": (2, ["-t", "lie-early-mooncake,lie-early-mpi", "--op", "push", "--variants", "paged"]),
 }
 # mode -> (launch, rows of the mode, the transport name a lie takes there)

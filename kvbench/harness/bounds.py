@@ -8,6 +8,7 @@ Both run outside the timed iterations.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -25,9 +26,18 @@ COPIES, MIN_COPIES, COPY_BUDGET_S = 12, 5, 0.25  # the best of up to 12 copies, 
 SCRATCH = 256 << 20  # the most bytes the copy's target holds: a larger request's bytes wrap around in it
 
 
-def setup_wake(t) -> float:
-    """At a transport's setup, on every rank: its wake-up bound (results/bounds.py), NaN where it never stamps."""
-    return B.wake_bound(wake_samples()) if t.caps.stamps else B.NAN
+def setup_wake(t, rank: int, hosts: list[str]) -> float:
+    """At a transport's setup, on every rank: its wake-up bound (results/bounds.py); NaN where it never stamps, or
+    where more ranks share this host than it has CPUs (a woken thread may then wait for a CPU another rank holds,
+    for as long as the scheduler likes: no bound measured in one process holds for that)."""
+    if not t.caps.stamps or oversubscribed(rank, hosts):
+        return B.NAN
+    return B.wake_bound(wake_samples())
+
+
+def oversubscribed(rank: int, hosts: list[str]) -> bool:
+    """More ranks on this rank's host than CPUs it may run on."""
+    return hosts.count(hosts[rank]) > len(os.sched_getaffinity(0))
 
 
 def wake_samples(n: int = WAKE_SAMPLES, budget_s: float = WAKE_BUDGET_S) -> np.ndarray:

@@ -162,7 +162,7 @@ class Harness(Rows, Calibration):
             GUARD.disarm()
             GUARD.retake()  # a transport's library may have taken a signal (UCX: SIGHUP)
             self.sample(name, "ready")
-            session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t),
+            session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t, self.rank, self.hosts),
                               ifname=t.info().get("ifname") if active else None)
             if staging and active:
                 from kvbench.codecs.path import Session as CodecSession

@@ -437,7 +437,7 @@ BOUND_LIARS = {
 }
 
 
-class StampsHalfway(TcpTransport):
+class StampsHalfway(StampsSendersTime):
     """Moves every byte but reports, as the moment the bytes landed, the moment halfway between its receive post
     and the real landing (the wait returns long after such a stamp: beyond the wake-up bound)."""
 
@@ -445,19 +445,8 @@ class StampsHalfway(TcpTransport):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self._posted: dict[int, float] = {}
         # a pull's layer-ready signal by the harness (tcp -O ready=mpi): the read is posted once the layer is final
         self.ready_via, self.caps = "mpi", replace(self.caps, signals_ready=False)
-
-    def serve(self, op, peer, descs, tag=0):
-        job = super().serve(op, peer, descs, tag)
-        self._posted[id(job)] = time.perf_counter()
-        return job
-
-    def post_when_ready(self, peer, descs, tag=0):
-        job = super().post_when_ready(peer, descs, tag)
-        self._posted[id(job)] = time.perf_counter()
-        return job
 
     def start(self, prepared):
         a = time.perf_counter()
@@ -467,7 +456,7 @@ class StampsHalfway(TcpTransport):
         return job
 
     def wait(self, handle):
-        landed = super().wait(handle)
+        landed = TcpTransport.wait(self, handle)  # the real landing, not StampsSendersTime's lie
         posted = self._posted.pop(id(handle), None)
         return landed if posted is None else (posted + landed) / 2
 

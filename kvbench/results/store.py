@@ -369,44 +369,9 @@ def system_description() -> dict:
         pass
     info["rdma_devices"] = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
     info["nics"] = sorted(n for n in os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
-    info["nic_speed_mbps"] = {n: nic_speed_mbps(n) for n in info["nics"]}  # the line rate %line divides by
-    info["rdma_rates"] = rdma_rates()
-    info["gpus"] = gpu_names()
+    info["nic_speed_mbps"] = {n: hwfacts.nic_speed_mbps(n) for n in info["nics"]}  # the line rate %line divides by
+    info["rdma_rates"] = hwfacts.rdma_rates()
+    info["gpus"] = hwfacts.gpu_names()
     info["gpu_rdma"] = hwfacts.facts()  # GPUs, RDMA ports, GPUDirect, memlock, topology
     info["argv0"] = os.path.basename(sys.argv[0])
     return info
-
-
-def gpu_names() -> list[str]:
-    """GPU names from nvidia-smi when it exists and answers (no CUDA import)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-        return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError):
-        return []
-
-
-def nic_speed_mbps(ifname: str) -> int | None:
-    """The NIC's reported link speed (Mb/s), or None when it has none (loopback, virtual, link down)."""
-    try:
-        with open(f"/sys/class/net/{ifname}/speed") as fh:
-            v = int(fh.read().strip())
-        return v if v > 0 else None
-    except (OSError, ValueError):  # loopback answers EINVAL; a link that is down, -1
-        return None
-
-
-def rdma_rates() -> dict[str, str]:
-    """Per RDMA device port, the rate the kernel reports (e.g. '400 Gb/sec (4X NDR)')."""
-    out = {}
-    root = "/sys/class/infiniband"
-    for dev in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        ports = os.path.join(root, dev, "ports")
-        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
-            try:
-                with open(os.path.join(ports, port, "rate")) as fh:
-                    out[f"{dev}/{port}"] = fh.read().strip()
-            except OSError:
-                pass
-    return out

@@ -59,7 +59,7 @@ def test_wake_bound_is_a_high_percentile_with_a_margin():
     s[-2:] = 5e-3  # two late wake-ups in a hundred: the 99th percentile
     want = B.WAKE_FACTOR * np.percentile(s, B.WAKE_PCT) + sys.getswitchinterval() + B.WAKE_FLOOR_S
     assert B.wake_bound(s) == pytest.approx(want)
-    assert B.wake_bound(s, switch_s=0.005) == pytest.approx(2 * 5e-3 + 0.005 + 1e-3)
+    assert B.wake_bound(s, switch_s=0.005) == pytest.approx(B.WAKE_FACTOR * 5e-3 + 0.005 + B.WAKE_FLOOR_S)
     assert np.isnan(B.wake_bound([]))
     got = HB.wake_samples(n=30, budget_s=0.05)  # a real measurement on this machine
     assert len(got) >= 20 and (got > 0).all() and (got < 1).all()

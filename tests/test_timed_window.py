@@ -136,8 +136,13 @@ def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_settin
     log: list = []
 
     class HarnessComm(Comm):
+        hostname = "here"
+
         def bcast(self, obj, root=0):
             return obj
+
+        def allgather(self, obj):
+            return [obj] * self.size
 
     class Itr:  # the iteration's transfer and the bookkeeping the harness asks of it afterwards
         t0, order, cost, prefill_s = 0.0, [], {}, 0.0

@@ -31,8 +31,8 @@ import pandas as pd
 
 COLUMNS = ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]  # rows, schema 5 (store.py)
 WAKE_PCT = 99  # the percentile of the wake-up samples the bound starts from
-WAKE_FACTOR = 2.0  # ... times this: a loaded machine wakes threads later in some phases than in others
-WAKE_FLOOR_S = 1e-3  # ... plus this: a scheduler's time slice the measurement may have missed
+WAKE_FACTOR = 3.0  # ... times this: a loaded machine wakes threads later in some phases than in others
+WAKE_FLOOR_S = 5e-3  # ... plus this: scheduler time slices the measurement may have missed (a busy machine)
 COPY_MARGIN = 0.25  # a row may beat the harness's best copy by this much (plus its spread) before it is a lie
 NAN = float("nan")
 

@@ -412,9 +412,13 @@ def main() -> int:
     try:
         for ref in refs:
             rows += run_ref(comm, ref, a, a.ops.split(","), a.variants.split(","), engines)
-    except BaseException:  # the peer would wait for this rank in its next call until the launch's timeout
-        traceback.print_exc()
+    except BaseException as e:  # the peer would wait for this rank in its next call until the launch's timeout
+        # one write, the error's line first, and a moment for the launcher to forward it: Abort tears the job
+        # down at once and may drop what the launcher has not read yet
         sys.stderr.flush()
+        os.write(2, (f"fidelity_ref: rank {comm.rank}: {type(e).__name__}: {e}\n"
+                     + traceback.format_exc()).encode())
+        time.sleep(0.5)
         comm.Abort(1)
         os._exit(1)  # Abort can return with the mpich wheel (docs/pitfalls.md#abort-returns)
     if comm.rank == 0:

@@ -180,7 +180,7 @@ def test_overlap_prints_a_verdict_per_row():
     r = bench("overlap.py", "-t", "shm", "--tokens", "128", "--ratios", "2", "-n", "3", "--repeats", "2")
     assert r.returncode in (0, 1), r.stdout + r.stderr  # 1 = a row outside the tolerance; still a table
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip().startswith("shm ")]
-    assert len(rows) == 4 and {row[-1] for row in rows} <= {"PASS", "FAIL"}  # push/pull x serial/streaming
+    assert len(rows) == 4 and {row[-1] for row in rows} <= {"PASS", "FAIL"}, r.stdout + r.stderr  # push/pull x serial/streaming
     for row in rows:  # exp p50 is the median of the two launches' p50s, so it lies within their range
         lo, hi = map(float, row[7].split(".."))
         assert lo <= float(row[6]) <= hi

@@ -4,6 +4,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from conftest import device_matches_host
 
 torch = pytest.importorskip("torch")
 
@@ -34,12 +35,7 @@ def test_torch_cpu_pool_is_page_aligned_and_filled_like_a_host_pool():
 def test_the_check_on_the_device_matches_verify_byte_for_byte_and_catches_a_flipped_byte():
     host, dev = pools()
     a, t = host.copy(), dev.tensor.clone()
-    verify.poison(a, DESCS, 3, 7)
-    D.poison(t, DESCS, 3, 7)
-    assert np.array_equal(a, t.numpy())
-    verify.write_epoch(a, DESCS, 5, 7)
-    D.write_epoch(t, DESCS, 5, 7)
-    assert np.array_equal(a, t.numpy())
+    device_matches_host(a, t, DESCS, 3, 7, writer=5)
     ca, wa = verify.snapshot(a, [DESCS[:2], DESCS[2:]])
     ct, wt = D.snapshot(t, [DESCS[:2], DESCS[2:]])
     assert np.array_equal(ca, ct.numpy()) and np.array_equal(wa, wt)

@@ -121,3 +121,18 @@ def table_rows(out: str) -> list[dict]:
             else:
                 rows.append(dict(zip(head, ln.split(), strict=True)))  # a row that does not fit its header fails
     return rows
+
+
+def device_matches_host(a, t, descs, src_rank: int, epoch: int, writer: int | None = None) -> None:
+    """The check's two steps on one pool's bytes twice over, a host array (memory/verify.py) and a torch CPU
+    tensor (memory/device.py): the destination ranges poisoned, then ``epoch`` written at the source ranges by
+    ``writer`` (default ``src_rank``); after each step both hold the same bytes."""
+    import numpy as np
+
+    from kvbench.memory import device, verify
+
+    for host_step, device_step, rank in ((verify.poison, device.poison, src_rank),
+                                         (verify.write_epoch, device.write_epoch, src_rank if writer is None else writer)):
+        host_step(a, descs, rank, epoch)
+        device_step(t, descs, rank, epoch)
+        assert np.array_equal(a, t.numpy())

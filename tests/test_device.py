@@ -4,13 +4,14 @@ import ctypes
 
 import numpy as np
 import pytest
+from conftest import device_matches_host
 
 torch = pytest.importorskip("torch")
 
 from kvbench import _native, memory  # noqa: E402
 from kvbench.memory import copy as C  # noqa: E402
 from kvbench.memory import device as D  # noqa: E402
-from kvbench.memory import verify  # noqa: E402
+from kvbench.memory import driver, verify  # noqa: E402
 
 # source ranges (upper half) apart from destination ranges (lower half): one buffer plays both in these tests
 DESCS = np.array([[500000, 8192, 1000], [505003, 100, 777], [570001, 300000, 4096], [631072, 40960, 32768]], np.int64)
@@ -34,12 +35,7 @@ def test_torch_cpu_pool_is_page_aligned_and_filled_like_a_host_pool():
 def test_the_check_on_the_device_matches_verify_byte_for_byte_and_catches_a_flipped_byte():
     host, dev = pools()
     a, t = host.copy(), dev.tensor.clone()
-    verify.poison(a, DESCS, 3, 7)
-    D.poison(t, DESCS, 3, 7)
-    assert np.array_equal(a, t.numpy())
-    verify.write_epoch(a, DESCS, 5, 7)
-    D.write_epoch(t, DESCS, 5, 7)
-    assert np.array_equal(a, t.numpy())
+    device_matches_host(a, t, DESCS, 3, 7, writer=5)
     ca, wa = verify.snapshot(a, [DESCS[:2], DESCS[2:]])
     ct, wt = D.snapshot(t, [DESCS[:2], DESCS[2:]])
     assert np.array_equal(ca, ct.numpy()) and np.array_equal(wa, wt)
@@ -118,7 +114,7 @@ def test_the_per_descriptor_driver_loop_calls_the_function_once_per_row_and_stop
 
 
 def test_device_engines_say_why_they_cannot_run_without_a_driver():
-    if C._libcuda() is not None:
+    if driver.reason() is None:
         pytest.skip("a CUDA driver is present")
     for e in C.ENGINES:
         assert C.probe(e, "cuda") == "no CUDA driver (libcuda.so.1 does not load)"

@@ -28,9 +28,13 @@ import pandas as pd
 import pytest
 from conftest import ROOT, leftovers_of, mpiexec
 
+from kvbench.cli.run import FINISH_MIN_S
+from kvbench.cli.run import FINISH_S as FINISH_MAX_S
+from kvbench.job.guard import ACK_WAIT_S as ACK_S
+from kvbench.job.guard import GRACE_S  # ranks but 0 fire this much later; a rank waits ACK_S for rank 0's ack
+
 TIMEOUT_S, SETUP_S = 3, 3  # --timeout and --setup-timeout of every run
-FINISH_S = 10  # the footer's and the last barrier's deadline: --timeout, but at least 10 s (cli/run.py)
-ACK_S, GRACE_S = 3, 2  # a rank waits this long for rank 0's ack; ranks but 0 fire this much later (guard.py)
+FINISH_S = max(FINISH_MIN_S, min(FINISH_MAX_S, TIMEOUT_S))  # the footer's and the last barrier's deadline (cli/run.py)
 MARGIN_S = 15  # beyond the deadline, from the fault to the job's end: the exit path on a loaded 2-core machine
 PARALLEL = 6  # runs at once (most of a run is a stopped rank and its peer waiting)
 BASE = ["-n", "2", "-w", "0", "--tokens", "64", "-b", "16", "-e", "32", "--variants", "bulk,paged", "--rounds", "1",

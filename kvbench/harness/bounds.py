@@ -18,11 +18,11 @@ from kvbench import _native, memory
 from kvbench.model.descriptors import DST, LEN
 from kvbench.results import bounds as B
 
-WAKE_SAMPLES = 100  # wake-ups measured per setup of a transport that stamps (about 0.05 s on an idle core)
+WAKE_SAMPLES = 100  # wake-ups measured per setup of a transport that stamps
 WAKE_BUDGET_S = 0.3  # ... or fewer when a loaded machine makes them slower
 CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S = 30, 0.05  # again after each case: a shared machine's load comes and goes
 WORK = 1 << 20  # bytes the stamping thread copies before each stamp, as a receive thread reads before its own
-COPIES, MIN_COPIES, COPY_BUDGET_S = 12, 5, 0.25  # the best of up to 12 copies, at least 5, until 0.25 s are spent
+COPIES, MIN_COPIES, COPY_BUDGET_S = 12, 5, 0.25  # the best of up to COPIES copies, at least MIN_COPIES, until COPY_BUDGET_S are spent
 SCRATCH = 256 << 20  # the most bytes the copy's target holds: a larger request's bytes wrap around in it
 
 

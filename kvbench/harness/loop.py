@@ -51,6 +51,10 @@ class Harness(Rows, Calibration):
         self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
         self.check_s = self.timed_s = 0.0  # this rank's seconds verifying (outside the timed windows), and timed
 
+    def my_place(self) -> dict:
+        """This rank's placement (placing.place), or NO_GPU before it or without one."""
+        return self.placement[self.rank] if self.placement else placing.NO_GPU
+
     def set_sink(self, sink) -> None:
         """Rank 0: where finished cases' rows go."""
         self.sink = sink
@@ -67,8 +71,7 @@ class Harness(Rows, Calibration):
             g = list(g)
             layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
             groups.append((name, self.pool_size(g, entries), layer, kind))
-        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages,
-                              self.placement[self.rank] if self.placement else None)
+        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages, self.my_place())
         if why:
             raise UserError(why)
 
@@ -121,7 +124,7 @@ class Harness(Rows, Calibration):
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
                       memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
-                      **{k: (self.placement or [placing.NO_GPU] * (self.rank + 1))[self.rank][k] for k in ("gpu", "nic")})
+                      gpu=self.my_place()["gpu"], nic=self.my_place()["nic"])
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
@@ -212,8 +215,8 @@ class Harness(Rows, Calibration):
     def _alloc(self, t, nbytes: int, kind: str = "host") -> Pool:
         if kind != "host":  # a device pool, filled where it lives (memory/device.py)
             try:
-                gpu = self.placement[self.rank]["gpu"] if self.placement and kind == "cuda" else None
-                pool = device.alloc(nbytes, kind, pages=self.opts.pages, device=gpu if gpu is not None and gpu >= 0 else None)
+                gpu = self.my_place()["gpu"] if kind == "cuda" else -1
+                pool = device.alloc(nbytes, kind, pages=self.opts.pages, device=gpu if gpu >= 0 else None)
             except device.DeviceMemoryError as exc:
                 raise UserError(str(exc)) from None
             device.fill(pool.tensor, self.rank)

@@ -120,6 +120,7 @@ class Comm:
             return node.Get_rank()
         finally:
             node.Free()
+
     def agree(self, mine, decide, tag: int = TAG_CI):
         """Every rank sends ``mine`` to rank 0, which calls ``decide`` on all of them (in rank order); every rank
         returns rank 0's word, so no two ranks can take different turns (one loops on while another stops)."""

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 from kvbench.job import status as ST
 from kvbench.job.comm import TAG_ACK, TAG_FAIL, _mpi
+from kvbench.job.reaper import Reaper
 
 SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 ACK_WAIT_S = 3.0  # how long a rank waits for rank 0 to take over its failure before it prints it itself
@@ -60,7 +61,7 @@ class Guard:
         self._what, self._limit = "", 0.0
         self._gap: tuple[str, float] | None = None  # the deadline between two armed steps (``between``)
         self.stand_in = None  # ranks but 0: (status, line) -> None, records a failure rank 0 did not take over
-        self.reaper = _NoReaper()  # kvbench run's: what cleans up after a kill from outside (job/reaper.py)
+        self.reaper = Reaper(None)  # kvbench run's: what cleans up after a kill from outside (job/reaper.py)
         self._listener: threading.Thread | None = None
         self._stop = threading.Event()
         self._installed = False
@@ -252,14 +253,6 @@ class Guard:
             except Exception:
                 pass
         os._exit(code)  # Abort can return (docs/pitfalls.md#abort-returns)
-
-
-class _NoReaper:
-    def tell(self, key: str, value: str) -> None:
-        pass
-
-    def done(self) -> None:
-        pass
 
 
 def describe(exc: BaseException) -> str:

@@ -73,11 +73,6 @@ def _nbytes(buf) -> int:
     return int(buf.nbytes) if isinstance(buf, np.ndarray) else int(buf.numel())
 
 
-def _libcuda():
-    """None where no CUDA driver can be called here (the reason: driver.reason())."""
-    return None if driver.reason() else driver
-
-
 def probe(engine: str, device: str = "cpu") -> str | None:
     """Why ``engine`` cannot copy on ``device`` ("cpu" or "cuda") here, or None."""
     if engine not in ENGINES:

@@ -236,8 +236,7 @@ def _positions(torch, descs: np.ndarray, col: int, device):
 def expected(torch, rank: int, descs: np.ndarray, epoch: int, device):
     """What ``rank``'s pool holds at the SRC ranges of ``descs`` (one piece) in ``epoch``, back to back, as uint8."""
     if pattern.CONTENTS is not None:  # values other than the check pattern: verify.py's, moved to the device
-        host = [verify.expected(rank, s, n, epoch) for s, _, n in descs.tolist()]
-        return torch.from_numpy(np.concatenate(host) if host else np.zeros(0, np.uint8)).to(device)
+        return torch.from_numpy(verify.expected_ranges(rank, descs, epoch)).to(device)
     pos = _positions(torch, descs, 0, device)
     w = _words(torch, pos >> 2, rank, epoch)
     return ((w >> ((pos & 3) * 8).to(torch.int32)) & 0xFF).to(torch.uint8)

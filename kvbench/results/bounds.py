@@ -29,6 +29,8 @@ import sys
 import numpy as np
 import pandas as pd
 
+from kvbench.results import machine
+
 COLUMNS = ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]  # rows, schema 5 (store.py)
 WAKE_PCT = 99  # the percentile of the wake-up samples the bound starts from
 WAKE_FACTOR = 3.0  # ... times this: a loaded machine wakes threads later in some phases than in others
@@ -66,11 +68,7 @@ def rdma_gbps(rate: str | None) -> float | None:
 
 
 def _speed(root: str, ifname: str) -> float | None:
-    try:
-        with open(os.path.join(root, "class", "net", ifname, "speed")) as fh:
-            return link_gbps(int(fh.read().strip()))
-    except (OSError, ValueError):  # loopback answers EINVAL; a link that is down, -1
-        return None
+    return link_gbps(machine.nic_speed_mbps(ifname, root))
 
 
 def network_bound(ifname: str | None = None, root: str = "/sys") -> tuple[float, str]:
@@ -83,17 +81,9 @@ def network_bound(ifname: str | None = None, root: str = "/sys") -> tuple[float,
     for n in sorted(os.listdir(net)) if os.path.isdir(net) else []:
         if n != "lo" and (g := _speed(root, n)) is not None:
             total, names = total + g, names + [n]
-    ib = os.path.join(root, "class", "infiniband")
-    for dev in sorted(os.listdir(ib)) if os.path.isdir(ib) else []:
-        ports = os.path.join(ib, dev, "ports")
-        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
-            try:
-                with open(os.path.join(ports, port, "rate")) as fh:
-                    g = rdma_gbps(fh.read())
-            except OSError:
-                g = None
-            if g:
-                total, names = total + g, names + [f"{dev}/{port}"]
+    for port, rate in machine.rdma_rates(root).items():
+        if g := rdma_gbps(rate):
+            total, names = total + g, names + [port]
     if not names:
         return NAN, "none (no NIC reports a link rate)"
     return total, "links " + "+".join(names)

@@ -130,30 +130,26 @@ def lines(f: dict) -> list[str]:
 
 def gpu_names() -> list[str]:
     """GPU names from nvidia-smi when it exists and answers (no CUDA import)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-        return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
-    except (OSError, subprocess.SubprocessError):
-        return []
+    text = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    return [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
 
 
-def nic_speed_mbps(ifname: str) -> int | None:
+def nic_speed_mbps(ifname: str, root: str = SYS) -> int | None:
     """The NIC's reported link speed (Mb/s), or None when it has none (loopback, virtual, link down)."""
     try:
-        with open(f"/sys/class/net/{ifname}/speed") as fh:
+        with open(os.path.join(root, "class", "net", ifname, "speed")) as fh:
             v = int(fh.read().strip())
         return v if v > 0 else None
     except (OSError, ValueError):  # loopback answers EINVAL; a link that is down, -1
         return None
 
 
-def rdma_rates() -> dict[str, str]:
+def rdma_rates(root: str = SYS) -> dict[str, str]:
     """Per RDMA device port, the rate the kernel reports (e.g. '400 Gb/sec (4X NDR)')."""
     out = {}
-    root = "/sys/class/infiniband"
-    for dev in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        ports = os.path.join(root, dev, "ports")
+    base = os.path.join(root, "class", "infiniband")
+    for dev in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        ports = os.path.join(base, dev, "ports")
         for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
             try:
                 with open(os.path.join(ports, port, "rate")) as fh:

@@ -26,27 +26,17 @@ SUCCESS, INVALID_VALUE, INVALID_DEVICE, INVALID_CONTEXT, INVALID_HANDLE = 0, 1, 
 LEGACY = (0, 1)  # the NULL stream and CU_STREAM_LEGACY: the same legacy default stream
 
 
-class CUresult(enum.IntEnum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_INVALID_VALUE = 1
-    CUDA_ERROR_INVALID_CONTEXT = 201
+def _enum(name: str, prefix: str, **members: int) -> type[enum.IntEnum]:
+    """An IntEnum as the bindings spell it: class ``name``, each member ``prefix`` + its key."""
+    return enum.IntEnum(name, {prefix + k: v for k, v in members.items()})
 
 
-class CUmemcpySrcAccessOrder(enum.IntEnum):
-    CU_MEMCPY_SRC_ACCESS_ORDER_INVALID = 0
-    CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
-    CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL = 2
-    CU_MEMCPY_SRC_ACCESS_ORDER_ANY = 3
-
-
-class CUmemLocationType(enum.IntEnum):
-    CU_MEM_LOCATION_TYPE_INVALID = 0
-    CU_MEM_LOCATION_TYPE_DEVICE = 1
-    CU_MEM_LOCATION_TYPE_HOST = 2
-
-
-class CUmemRangeHandleType(enum.IntEnum):
-    CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1
+CUresult = _enum("CUresult", "CUDA_", SUCCESS=SUCCESS, ERROR_INVALID_VALUE=INVALID_VALUE,
+                 ERROR_INVALID_CONTEXT=INVALID_CONTEXT)
+CUmemcpySrcAccessOrder = _enum("CUmemcpySrcAccessOrder", "CU_MEMCPY_SRC_ACCESS_ORDER_", INVALID=0, STREAM=1,
+                               DURING_API_CALL=2, ANY=3)
+CUmemLocationType = _enum("CUmemLocationType", "CU_MEM_LOCATION_TYPE_", INVALID=0, DEVICE=1, HOST=2)
+CUmemRangeHandleType = _enum("CUmemRangeHandleType", "CU_MEM_RANGE_HANDLE_TYPE_", DMA_BUF_FD=1)
 
 
 class CUmemLocation(ctypes.Structure):

@@ -1,6 +1,7 @@
 """The CUDA driver door (kvbench/memory/driver.py) and the copy engines' CUDA paths, held to the driver's rules by
 tests/fakes/cuda_driver.py: batched copies refuse the legacy NULL stream, a fresh thread has no context, dma-buf
 handles cover whole pages.  The fake's memory is CPU tensors, so the bytes really move."""
+import os
 import sys
 import threading
 import types
@@ -115,6 +116,7 @@ def test_dmabuf_handles_need_whole_pages(monkeypatch):
         driver.dmabuf_fd(base + 512, 4096, 0)
     fd = driver.dmabuf_fd(base, 8192, 0)
     assert fd >= 0
+    os.close(fd)  # the fake opens a real descriptor, as the driver does
 
 
 def test_kernel_engine_uploads_descriptors_once_per_array(monkeypatch):

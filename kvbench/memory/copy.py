@@ -131,8 +131,16 @@ def _stream(stream, dev: int) -> int:
     """The stream handle a copy goes on: the caller's, or this thread's copy stream (driver.stream) in place of
     none or the legacy NULL stream (cuMemcpyBatchAsync refuses it).  Binds ``dev``'s context to the thread."""
     driver.ensure_context(dev)  # a fresh thread (staged's) has no current context: driver calls would fail (201)
-    handle = int(getattr(stream, "cuda_stream", stream) or 0) if stream is not None else 0
-    return handle if handle not in (0, 1) else driver.stream(dev)  # 1: CU_STREAM_LEGACY, the same stream
+    handle = _handle(stream)
+    return handle if handle not in LEGACY else driver.stream(dev)
+
+
+LEGACY = (0, 1)  # the NULL stream and CU_STREAM_LEGACY: one stream, which cuMemcpyBatchAsync refuses
+
+
+def _handle(stream) -> int:
+    """A stream's driver handle (a torch or cupy stream's ``cuda_stream``, or the integer itself; None is 0)."""
+    return int(getattr(stream, "cuda_stream", stream) or 0) if stream is not None else 0
 
 
 def _memcpy_cuda(dst, src, descs, stream, dev) -> None:
@@ -223,8 +231,8 @@ def sync(*bufs, stream=None) -> None:
     cuda = [b for b in bufs if _is_cuda(b)]
     if not cuda:
         return
-    if stream is not None and int(getattr(stream, "cuda_stream", stream) or 0) not in (0, 1):
-        return stream.synchronize() if hasattr(stream, "synchronize") else driver.synchronize(int(stream))
+    if _handle(stream) not in LEGACY:
+        return stream.synchronize() if hasattr(stream, "synchronize") else driver.synchronize(_handle(stream))
     driver.synchronize(_stream(None, _dev(cuda[0])))
 
 

@@ -116,10 +116,9 @@ def ensure_context(dev: int) -> None:
 def stream(dev: int) -> int:
     """This thread's copy stream on ``dev`` (created once): never the legacy NULL stream."""
     streams = _state.local.__dict__.setdefault("streams", {})
-    if dev not in streams:
-        ensure_context(dev)
-        streams[dev] = call("cuStreamCreate", api().cuStreamCreate(0))  # 0: blocking, ordered after legacy work
     ensure_context(dev)
+    if dev not in streams:
+        streams[dev] = call("cuStreamCreate", api().cuStreamCreate(0))  # 0: blocking, ordered after legacy work
     return int(streams[dev])
 
 

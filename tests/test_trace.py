@@ -101,8 +101,9 @@ def test_help_says_what_each_number_means(capsys):
     with pytest.raises(SystemExit):
         main(["trace", "--help"])
     out = capsys.readouterr().out
-    for word in ("requests", "duration", "arrival rate", "p50/p90/p99", "block hit %", "token hit %",
-                 "min(hit blocks x block", "tokens moved", "B moved", "mooncake-conversation"):
+    for word in ("requests", "duration", "arrival rate", "p50/p90/p99", "hit blocks", "block hit %", "hit tokens",
+                 "token hit %", "min(hit blocks x block", "tokens moved", "B/token", "B moved", "GB/s",
+                 "mooncake-conversation"):
         assert word in out, word
 
 

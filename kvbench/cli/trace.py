@@ -18,12 +18,12 @@ what each number means:
                   evicted) or an LRU of N blocks.  A request's hit is its longest run of leading blocks already
                   cached; then all its blocks are cached, touched from the last to the first (a prompt's tail
                   is evicted before its head)
-  block hit %     hit blocks / all blocks of all requests
-  token hit %     hit tokens / all prompt tokens; a request's hit tokens are min(hit blocks x block,
-                  input length), as its last block may be partial
+  hit blocks      the requests' hit blocks, summed; block hit % = hit blocks / all blocks of all requests
+  hit tokens      the requests' hit tokens, summed: a request's are min(hit blocks x block, input length),
+                  as its last block may be partial; token hit % = hit tokens / all prompt tokens
   tokens moved    prompt tokens not cached at decode: their KV must move from prefill
-  B moved         tokens moved x the model's KV bytes per token (-m, --dtype; as `kvbench size` prints it),
-                  exact, and in GB (10^9 B)
+  B/token         the model's KV bytes per token over all layers (-m, --dtype; as `kvbench size` prints it)
+  B moved         tokens moved x B/token, exact, and in GB (10^9 B)
   GB/s            B moved / duration: the average KV egress the trace asks of the prefill side
 
 named traces (shipped with kvbench, Apache-2.0, Mooncake FAST'25; NOTICE in kvbench/model/traces/):

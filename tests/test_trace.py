@@ -128,6 +128,16 @@ def test_a_bad_trace_line_is_one_line_and_exit_1(tmp_path, capsys, case):
     assert out == "" and err.count("\n") == 1 and said in err, err
 
 
+def test_a_damaged_gzip_trace_is_one_line_and_exit_1(tmp_path, capsys):
+    data = bytearray(T.resolve("mooncake-synthetic").read_bytes()[:4000])
+    data[2000:2100] = bytes(100)  # a hole in the deflate stream, and the end cut off
+    path = tmp_path / "damaged.jsonl.gz"
+    path.write_bytes(bytes(data))
+    assert main(["trace", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "unreadable" in err, err
+
+
 @pytest.mark.parametrize("args, said", [
     (["no/such/trace.jsonl"], "no such file"),
     (["mooncake-synthetic", "--cache-blocks", "0"], "'0' is not a positive number of blocks"),

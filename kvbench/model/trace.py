@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,7 @@ def read(source: str, block: int = BLOCK) -> Trace:
                 n_out.append(b)
                 flat.extend(ids)
                 lens.append(len(ids))
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise TraceError(f"trace '{source}': unreadable ({exc})") from None
     if not ts:
         raise TraceError(f"trace '{source}': no requests in it")

@@ -1,4 +1,4 @@
-"""kvbench command line: run, size, list, env, report.
+"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan.
 
 A user mistake is one line on rank 0 and exit code 1 from every rank; a
 failed rank aborts the whole job; only rank 0 prints tables.
@@ -11,6 +11,8 @@ import sys
 from kvbench import __version__, transports
 from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error, target_pct, text
 from kvbench.cli.info import cmd_env, cmd_list, cmd_size
+from kvbench.cli.trace import add_parser as add_trace_parser
+from kvbench.cli.trace import cmd_trace
 from kvbench.config import suite as S
 from kvbench.memory.cachestate import HELP as CACHE_HELP
 from kvbench.memory.cachestate import MODES
@@ -158,6 +160,7 @@ def build_parser() -> Parser:
     s.add_argument("--scales", default="none", help="fp8 scale planes: none (default), tensor, block:<n>; "
                    "dtype nvfp4 has its own (docs/codecs.md)")
     add_model_flags(s)
+    add_trace_parser(sub)
 
     lst = sub.add_parser("list", help="transports (with availability), models, suites, and the leftovers of ended "
                          "runs in /dev/shm")
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             from kvbench.cli.plan import COMMANDS
 
             return COMMANDS[a.cmd](a)
-        return {"size": cmd_size, "list": cmd_list, "env": cmd_env, "report": cmd_report,
+        return {"size": cmd_size, "trace": cmd_trace, "list": cmd_list, "env": cmd_env, "report": cmd_report,
                 "compare": cmd_compare}[a.cmd](a)
     except (ValueError, S.SuiteError, OSError) as exc:
         return say_error(str(exc))

@@ -23,7 +23,9 @@ events of the decode rank's loop, during the ``decode_ms`` hold (a freed
 block is reusable only once poisoned again, so a slow check shows up as
 occupancy, never as a hidden gap).  The one inline check, that granted
 blocks still hold poison, runs before the grant is sent; its cost is the
-decode row's harness_seconds.
+decode row's harness_seconds.  Under ``-c all`` each request's source layers take
+its own epoch when final, and the decode rank copies its ranges aside the moment
+its completion is reported and checks that copy (docs/methodology.md, Workloads).
 
 This file holds the harness (sizing, one case, the prefill rank's loop, rows
 and the summary); the decode rank's loop is load_decode.py, and the case both
@@ -40,20 +42,21 @@ import numpy as np
 from kvbench import memory, transports
 from kvbench.harness import clocks
 from kvbench.harness.load_decode import decode_rank
-from kvbench.harness.loadcase import NAN, POLL_S, LoadCase
+from kvbench.harness.loadcase import NAN, POLL_S, SLOTS, LoadCase
 from kvbench.harness.loop import Harness, case_geometry
 from kvbench.harness.prefill import PrefillClock
 from kvbench.harness.state import Session, UserError
 from kvbench.job import faults
 from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
 from kvbench.job.guard import GUARD
+from kvbench.memory import verify
 from kvbench.model import shapes as M
 from kvbench.model import workload as W
-from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.descriptors import SRC
+from kvbench.model.layout import Layout
 from kvbench.model.schemes import REQUEST_BYTES, STATE_BYTES, SchemeError, make_pairs
 from kvbench.transports.base import TransportError
 
-SLOTS = 4  # source-side request slots: a prefill rank's pool holds this many of its largest request
 DROPPED = "dropped: no decode blocks within alloc_timeout_ms"
 
 
@@ -151,9 +154,12 @@ class LoadHarness(Harness):
         x = LoadCase(case=case, g=g, t=s.t, cap=cap, plans=plans, srcs=srcs, dests=dests,
                      lay=Layout.fit(case["layout"], sh.layers, sh.regions, g["block_bytes"], s.nbytes),
                      pool=s.pools[0].array, elem=M.dtype_bytes(case["dtype"]), n=self.wl.requests,
-                     bpt=M.bytes_per_token(sh, case["dtype"]), seed=self.opts.seed * 1_000_003 + self.case_no)
+                     bpt=M.bytes_per_token(sh, case["dtype"]), seed=self.opts.seed * 1_000_003 + self.case_no,
+                     no=self.case_no)
         self._watchdog(self.case_no, case)
         rows, info = [], {}
+        if self.opts.check == "all":  # what each request's slot holds, computed before any clock runs
+            x.prime([r for r in srcs if r == self.rank or self.rank in dests[r]])
         try:
             self.comm.barrier()
             x.t0 = t0 = time.perf_counter()  # the workload's clock: clk() = perf_counter() - t0
@@ -164,6 +170,7 @@ class LoadHarness(Harness):
                 rows = self._prefill(x)
             elif any(self.rank in d for d in dests.values()):
                 rows, info = self._decode(x, clock)
+                self.check_s += info.get("check_s") or 0.0  # verifying between events: the footer's check cost
         finally:
             GUARD.disarm()
         self.deliver(rows)
@@ -186,22 +193,37 @@ class LoadHarness(Harness):
 
     # ----- prefill rank --------------------------------------------------------------
     def _prefill(self, x: LoadCase) -> list[dict]:
-        case, t, lay, clk, w = x.case, x.t, x.lay, x.clk, self.comm.world
+        case, t, clk, w = x.case, x.t, x.clk, self.comm.world
         me, n, L, op = self.rank, x.n, x.lay.layers, case["op"]
         p, dests = x.plans[me], x.dests[me]
         rid0 = x.srcs.index(me) * n
         streaming, hs_serial = case["overlap"] == "streaming", case["handshake"] == "serial"
+        every = self.opts.check == "all"  # each request's layers take its own epoch when final
         notify = op == "push" and not t.caps.notifies
         nb, ntok = p["nblocks"], p["ntok"]
         P = np.broadcast_to(p["prefill_s"], (n,)).astype(float)
         cum = PrefillClock(1.0, L).cum
-        slots_alloc = BlockAllocator(lay.nblocks, seed=x.seed * 7919 + me * 2)
-        slots = [slots_alloc.allocate(int(nb.max()), case["alloc"]) for _ in range(SLOTS)]
+        slots = x.slots(me)
         if any(sl is None for sl in slots):
             raise TransportError("source pool too small for the workload's requests")
         start = clk()
         arr = start + p["arrival"]
         sent, grant, pstart, done, q = (np.full(n, NAN) for _ in range(5))
+        fin, made, wrote = np.zeros(n, bool), np.zeros(n, int), np.zeros(n)  # resolved; -c all: layers holding
+        # its epoch, seconds writing them on its path
+
+        mine = {}
+
+        def make(k, upto):  # -c all: request k's layers up to ``upto`` take its epoch (its slot is free)
+            if upto > made[k]:
+                if k not in mine:
+                    ids = slots[k % SLOTS][: nb[k]]
+                    mine[k] = x.pats[me].layers(ids, x.last(len(ids), int(ntok[k])), x.epoch(rid0 + k))
+                verify.scatter(x.pool, mine[k][made[k]: upto].ravel(), np.concatenate(descs[k][made[k]: upto]), SRC)
+                made[k] = upto
+                if upto == L:
+                    del mine[k]
+
         status, descs, handles, posted = ["ok"] * n, [None] * n, [[] for _ in range(n)], [0] * n
         sends, granted, resolved, k_next, waiting, free_at = [], [], 0, 0, None, start
         while resolved < n:
@@ -226,11 +248,14 @@ class LoadHarness(Harness):
                         pstart[k] = now if ids is not None else NAN
                         free_at = now + (P[k] if ids is not None else 0.0)
                     if ids is None:
-                        status[k], resolved = "dropped", resolved + 1
+                        status[k], resolved, fin[k] = "dropped", resolved + 1, True
                     else:
                         descs[k] = x.descs(slots[k % SLOTS][: nb[k]], ids, int(ntok[k]))
                         heapq.heappush(granted, k)
-            if granted:  # one request streams at a time, oldest first
+            # one request streams at a time, oldest first; under -c all not while its source slot still holds an
+            # earlier request's bytes (that one is not granted yet: its epoch must not overwrite them)
+            ready = granted and not (every and granted[0] >= SLOTS and not fin[granted[0] - SLOTS])
+            if ready:
                 k = granted[0]
                 d = dests[k % len(dests)]
                 el = clk() - pstart[k]
@@ -239,6 +264,10 @@ class LoadHarness(Harness):
                     idle = False
                     if faults.armed("post", self.rank, self.case_no):
                         raise TransportError("injected fault (KVBENCH_FAULT)")
+                    if every:  # final now: what idle steps did not write ahead is written on the request's path
+                        a = time.perf_counter()
+                        make(k, upto)
+                        wrote[k] += time.perf_counter() - a
                     fn = t.post if op == "push" else t.serve
                     handles[k] += [fn(op, d, descs[k][i], (((rid0 + k) & 0xFFFF) << 16) | i)
                                    for i in range(posted[k], upto)]
@@ -248,11 +277,14 @@ class LoadHarness(Harness):
                 if posted[k] == L:
                     for h in handles[k]:
                         t.wait(h)
-                    done[k] = clk()
+                    done[k], fin[k] = clk(), True
                     if notify:
                         sends.append(w.isend(("done", rid0 + k), dest=d, tag=TAG_P2D))
                     resolved += 1
                     heapq.heappop(granted)
+            if idle and every and ready and op == "push" and made[granted[0]] < L:
+                make(granted[0], made[granted[0]] + 1)  # ahead, one layer a step (a pull's read must find a
+                idle = False  # layer's epoch only once final: it writes none ahead)
             if idle:
                 time.sleep(POLL_S)
         for r in sends:
@@ -263,7 +295,8 @@ class LoadHarness(Harness):
             w.send({r: f for r, f in facts.items() if dests[f[0] % len(dests)] == d}, dest=d, tag=TAG_FACTS)
         return [self._row(x, "prefill", k, self._pairs.index((me, dests[k % len(dests)])), status[k], int(ntok[k]),
                           seconds=done[k] - arr[k], prefill_s=P[k], handshake_s=grant[k] - sent[k], queue_s=q[k],
-                          descriptors=sum(len(a) for a in descs[k]) if descs[k] else 0, arrival_s=arr[k] - start)
+                          descriptors=sum(len(a) for a in descs[k]) if descs[k] else 0, arrival_s=arr[k] - start,
+                          harness_seconds=wrote[k] if every else NAN)
                 for k in range(n)]
 
     # ----- decode rank ---------------------------------------------------------------

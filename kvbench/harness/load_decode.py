@@ -22,6 +22,7 @@ import numpy as np
 from kvbench import memory
 from kvbench.harness.loadcase import NAN, POLL_S, LoadCase
 from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
+from kvbench.memory import verify
 from kvbench.memory.verify import layer_is_right
 from kvbench.model.descriptors import DST, LEN
 from kvbench.model.layout import BlockAllocator, block_array
@@ -29,19 +30,21 @@ from kvbench.transports.base import wait_landed
 
 
 class _Waiter(threading.Thread):
-    """Waits on two-sided receives off the decode loop (the contract has no non-blocking test)."""
+    """Waits on two-sided receives off the decode loop (the contract has no non-blocking test); under ``-c all``
+    copies the request's ranges aside the moment its wait returns (``snap``)."""
 
-    def __init__(self, t, t0: float):
+    def __init__(self, t, t0: float, snap=None):
         super().__init__(daemon=True)
-        self.t, self.t0, self.jobs, self.done = t, t0, queue.Queue(), queue.Queue()
+        self.t, self.t0, self.snap, self.jobs, self.done = t, t0, snap, queue.Queue(), queue.Queue()
 
     def run(self) -> None:
         while (job := self.jobs.get()) is not None:
-            rid, handles = job
+            rid, handles, descs = job
             try:
-                self.done.put((rid, wait_landed(self.t, handles)[0] - self.t0, None))
+                when = wait_landed(self.t, handles)[0] - self.t0
+                self.done.put((rid, when, self.snap(descs) if self.snap else None, None))
             except Exception as exc:  # re-raised in the event loop, which fails the rank
-                self.done.put((rid, NAN, exc))
+                self.done.put((rid, NAN, None, exc))
 
 
 def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bool, corrupt: int, timeout_s: float,
@@ -51,7 +54,11 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
     ``clock``: per prefill rank (this clock minus the prefill's, round trip); ``pairs``: the scheme's (prefill,
     decode) pairs, whose index is a row's pair; ``corrupt``: bytes to flip in the first landed request (fault
     injection: proves the check catches it); ``timeout_s``, ``hold_s``: alloc_timeout_ms and decode_ms in
-    seconds; ``make_row(role, k, pair, status, ntok, **columns)``: one result row."""
+    seconds; ``make_row(role, k, pair, status, ntok, **columns)``: one result row.
+
+    ``check``: False, True (-c 1: each admitted request verified during its hold) or "all" (each request's ranges
+    copied aside when its completion is reported, verified against its own epoch, and compared again before its
+    blocks are freed; the whole pool, not only the granted blocks, must hold poison when free)."""
     case, t, lay, clk, w, cap, pool = x.case, x.t, x.lay, x.clk, world, x.cap, x.pool
     n, L = x.n, x.lay.layers
     srcs = [s for s in x.srcs if me in x.dests[s]]
@@ -62,25 +69,47 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
     words = block_array(pool, lay, wide)
     poison8 = wide(int.from_bytes(bytes([memory.POISON]) * np.dtype(wide).itemsize, "little"))
     bs, row = case["block_size"], x.g["shape"].row_elems * x.elem
-    if check:
+    every = check == "all"
+
+    def timed_snapshot(descs):  # a request's ranges copied aside in one native call (every layer the same size)
+        return verify.snapshot(pool, descs)[0]
+
+    if every:  # every byte of the pool, the blocks past cap and the tail included: a canary for stray writes
+        pool[:] = memory.POISON
+    elif check:
         blocks[:, :, :cap] = memory.POISON
     fifo, holds, live, rec, sends, tasks = deque(), [], {}, {}, [], deque()
     occ, resolved, busy = [(clk(), 0)], 0, [0.0]
-    waiter = _Waiter(t, x.t0) if case["op"] == "push" and t.caps.notifies else None
+    snap = timed_snapshot if every else None
+    waiter = _Waiter(t, x.t0, snap) if case["op"] == "push" and t.caps.notifies else None
     if waiter:
         waiter.start()
 
-    def verify(rid, r):  # one layer per step, between events
+    def check_held(rid, r):  # -c 1: the pool's blocks during the hold, one layer per step, between events
         last, r["nwrong"] = (r["ntok"] - (len(r["ids"]) - 1) * bs) * row, 0
         for i in range(L):  # the vectorized check reads 4-byte words; anything else takes the reference
             if (last | lay.block_bytes) % 4 or not layer_is_right(pool, lay, i, r["src_ids"], r["ids"], last, r["src"]):
                 r["nwrong"] += memory.count_wrong(pool, r["descs"][i], r["src"], x.elem)
             yield
 
+    def verify_copy(rid, r):  # -c all: the copy taken at completion, against this request's epoch
+        copy, r["nwrong"] = r["snap"].reshape(L, -1), 0
+        src_ids = r["src_ids"]
+        exp = x.pats[r["src"]].layers(src_ids, x.last(len(src_ids), r["ntok"]), x.epoch(rid))
+        yield
+        for i, d in enumerate(r["descs"]):
+            r["nwrong"] += verify.count_diff(exp[i], copy[i], d[:, LEN], x.elem)
+            yield
+
     def release(rid, r):
         for i in range(L):
+            if every:  # held bytes that changed after the completion (a write by another transfer) are wrong
+                d = r["descs"][i]
+                r["nwrong"] += verify.count_diff(verify.snapshot(pool, [d])[0], r["snap"].reshape(L, -1)[i],
+                                                 d[:, LEN], x.elem)
             blocks[i][:, r["ids"]] = memory.POISON
             yield
+        r.pop("snap", None)
         free(rid)
 
     def free(rid):
@@ -89,17 +118,24 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
         occ.append((clk(), cap - alloc.nfree))
         r.update(status="ok", ndesc=sum(len(d) for d in r.pop("descs")))
 
-    def landed(rid, when):
+    def landed(rid, when, copy=None):
         nonlocal resolved, corrupt
         r, resolved = live[rid], resolved + 1
+        if every:  # copied aside now, before anything else (the waiter copied it as its wait returned)
+            a = time.perf_counter()
+            r["snap"] = copy if copy is not None else timed_snapshot(r["descs"])
+            busy[0] += time.perf_counter() - a
         r["landed"] = when
         heapq.heappush(holds, (when + hold_s, rid))
         if check:
             if corrupt:  # fault injection: proves the check catches it
                 d0 = r["descs"][0][0]
-                pool[d0[DST]: d0[DST] + min(corrupt, int(d0[LEN]))] ^= 0xFF
+                if every:
+                    r["snap"][: min(corrupt, int(d0[LEN]))] ^= 0xFF  # the copy's first bytes are layer 0's first
+                else:
+                    pool[d0[DST]: d0[DST] + min(corrupt, int(d0[LEN]))] ^= 0xFF
                 corrupt = 0
-            tasks.append(verify(rid, r))
+            tasks.append(verify_copy(rid, r) if every else check_held(rid, r))
 
     try:
         while resolved < expect or live:
@@ -116,7 +152,7 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
                         r["h"] += [t.post("pull", s, r["descs"][i], ((msg[1] & 0xFFFF) << 16) | i)
                                    for i in range(len(r["h"]), msg[2])]
                         if msg[2] == L:
-                            landed(msg[1], wait_landed(t, r["h"])[0] - x.t0)
+                            landed(msg[1], wait_landed(t, r["h"])[0] - x.t0, None)
             while fifo:  # strict FIFO: the head blocks those behind it (no overtaking)
                 s, rid, ntok, src_ids, t_in = fifo[0]
                 ids = alloc.allocate(len(src_ids), case["alloc"])
@@ -129,7 +165,7 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
                                  "ntok": ntok, "descs": x.descs(src_ids, ids, ntok), "check_s": clk() - a}
                 if waiter:  # two-sided: receives are in place before the grant goes out
                     r["h"] = [t.serve("push", s, d, ((rid & 0xFFFF) << 16) | i) for i, d in enumerate(r["descs"])]
-                    waiter.jobs.put((rid, r["h"]))
+                    waiter.jobs.put((rid, r["h"], r["descs"]))
                 sends.append(w.isend(("grant", rid, ids, r["queue"]), dest=s, tag=TAG_D2P))
                 occ.append((a, cap - alloc.nfree))
                 idle = False
@@ -139,10 +175,10 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
                 sends.append(w.isend(("drop", rid, None, rec[rid]["queue"]), dest=s, tag=TAG_D2P))
                 resolved, idle = resolved + 1, False
             while waiter and not waiter.done.empty():
-                rid, when, exc = waiter.done.get()
+                rid, when, copy, exc = waiter.done.get()
                 if exc:
                     raise exc
-                landed(rid, when)
+                landed(rid, when, copy)
             while holds and holds[0][0] <= clk():
                 rid = heapq.heappop(holds)[1]
                 if check:  # reusable only once poisoned again, after its check (same queue)
@@ -161,7 +197,9 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
             waiter.jobs.put(None)
     for r in sends:
         r.wait()
-    final_bad = int((words[:, :, :cap] != poison8).any(axis=(0, 1, 3)).sum()) if check else 0
+    final_bad = int((words[:, :, : None if every else cap] != poison8).any(axis=(0, 1, 3)).sum()) if check else 0
+    if every:  # the pool's tail past its blocks: a canary
+        final_bad += int(bool(np.count_nonzero(pool[lay.nbytes:] != memory.POISON)))
     facts = {}
     for s in srcs:
         facts.update(w.recv(source=s, tag=TAG_FACTS))

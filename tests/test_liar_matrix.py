@@ -133,8 +133,7 @@ def test_the_skipped_iteration_is_the_one_named(launched):
 def test_an_engine_whose_completion_comes_early_is_caught(launched, engine):
     """The engine's own completion path (NIXL's notification, UCX's request completion, Mooncake's notice, MPI's
     note and Win.Sync) says a push is complete a few microseconds before its bytes start to land: the
-    destination's copy at that completion holds what had not landed, in every iteration; the honest engine
-    passes."""
+    destination's copy at that completion holds what had not landed; the honest engine passes."""
     from kvbench import transports
 
     if transports.probe(engine) is not None:
@@ -143,5 +142,7 @@ def test_an_engine_whose_completion_comes_early_is_caught(launched, engine):
     t = r.table().query("role != 'prefill'")
     rows, honest = t.query(f"transport == 'lie-early-{engine}'"), t.query(f"transport == '{engine}'")
     assert len(rows) and (rows.status == "ok").all(), r.out[-2000:] + r.err[-2000:]
-    assert (rows.groupby("iter")["nwrong"].sum() > 0).all(), rows[["iter", "nwrong"]]  # every iteration caught
+    # caught: an engine that moves the bytes at memory speed (MPICH's Put within a node) may land them all
+    # before a descheduled destination's copy in one iteration, not in all of them
+    assert rows["nwrong"].sum() > 0, rows[["iter", "nwrong"]]
     assert len(honest) and (honest.status == "ok").all() and (honest["nwrong"] == 0).all(), honest[["iter", "nwrong"]]

@@ -4,7 +4,8 @@ Registered through KVBENCH_TRANSPORTS for a launch.  A lie is a mixin over the t
 start, post, serve, wait), so one lie runs over any real transport: ``lie-<lie>`` is the lie over shm
 (one-sided copies between the ranks' shared pools), ``lie-<lie>-tcp`` over tcp (two-sided, a receive thread
 that stamps the landing), ``lie-<lie>-staged`` over staged (device pools through bounce buffers and tcp), and
-``lie-early-<engine>`` an engine's own completion (nixl, ucx, mooncake, mpi) returned before it completes.
+``lie-early-<engine>`` an engine's own completion (nixl, ucx, mooncake, mpi) a few microseconds before the
+bytes land (liars_engines.py).
 The harness must catch every one: as wrong elements, or as a time that cannot be.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 from dataclasses import replace
 
+import liars_engines
 import numpy as np
 
 from kvbench import _native
@@ -357,10 +359,11 @@ def _late(name: str, module: str, cls: str) -> None:
 
 
 LATE: dict[str, tuple] = {}
-_late("lie-early-nixl", "kvbench.transports.nixl", "NixlTransport")
-_late("lie-early-ucx", "kvbench.transports.ucx", "UcxTransport")
-_late("lie-early-mooncake", "kvbench.transports.mooncake", "MooncakeTransport")
-_late("lie-early-mpi", "kvbench.transports.mpi", "MpiTransport")
+# an engine's own completion path, a few microseconds early (liars_engines.py)
+for _name, _base, _lie in [("nixl", "NixlTransport", "NixlNoticeFirst"), ("ucx", "UcxTransport", "UcxUnpacksLater"),
+                           ("mooncake", "MooncakeTransport", "MooncakeNoticeFirst"), ("mpi", "MpiTransport", "MpiNoticeFirst")]:
+    _late(f"lie-early-{_name}", f"kvbench.transports.{_name}", _base)
+    LATE[f"lie_early_{_name}"] += (getattr(liars_engines, _lie),)
 for _lie, _cls in {"nothing": _Nothing, "wrong-block": _WrongBlock, "skip": _SkipsOne, "outside": _Outside,
                    "early": _Early}.items():
     _late(f"lie-{_lie}-staged", "kvbench.transports.staged", "StagedTransport")

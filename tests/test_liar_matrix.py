@@ -75,7 +75,9 @@ MODES = {
     "tcp": ("tcp", "op == 'push'", "lie-{}-tcp"),
     "workload": ("workload", "workload == 'interval:2'", "lie-{}"),
 }
-HEADER = pytest.mark.xfail(strict=False, reason="needs the landing-time bound (item 3)")
+HEADER = pytest.mark.xfail(strict=False, reason="at the matrix's tiny sizes a header leads its payload by less than "
+                           "a wake-up, so no bound can tell them apart; a stamp halfway to the landing of 1024 "
+                           "tokens is SUSPECT (test_bounds.py)")
 CELLS = [pytest.param(lie, mode, id=f"{lie}/{mode}") for mode in MODES for lie in ["none", *LIES]]
 TWO_SIDED = pytest.mark.xfail(strict=False, reason="a two-sided wait returned at once is caught only when the bytes are "
                               "still under way then (on a loaded machine they may all be in before the wait is asked)")

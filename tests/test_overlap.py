@@ -13,7 +13,8 @@ def test_streaming_hides_transfer_serial_does_not(kvrun, transport):
     assert int(df.nwrong.fillna(0).sum()) == 0
     dec = df[(df.iter >= 0) & (df.role == "decode") & (df.variant == "paged")]
     exp = dec.groupby(["op", "overlap"]).exposed_s.median()
-    bulk = df[(df.variant == "bulk") & (df.iter >= 0)].groupby(["op", "iter"]).seconds.max().groupby("op").median()
+    # the fastest bulk iteration: a loaded machine only slows one, and serial cannot beat the bytes' own time
+    bulk = df[(df.variant == "bulk") & (df.iter >= 0)].groupby(["op", "iter"]).seconds.max().groupby("op").min()
     layers = 32
     for op in ("push", "pull"):
         t_bulk = bulk[op]

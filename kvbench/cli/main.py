@@ -1,4 +1,4 @@
-"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan.
+"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan, probe.
 
 A user mistake is one line on rank 0 and exit code 1 from every rank; a
 failed rank aborts the whole job; only rank 0 prints tables.
@@ -11,6 +11,8 @@ import sys
 from kvbench import __version__, transports
 from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error, target_pct, text
 from kvbench.cli.info import cmd_env, cmd_list, cmd_size
+from kvbench.cli.probe import add_parser as add_probe_parser
+from kvbench.cli.probe import cmd_probe
 from kvbench.cli.trace import add_parser as add_trace_parser
 from kvbench.cli.trace import cmd_trace
 from kvbench.config import suite as S
@@ -189,6 +191,7 @@ def build_parser() -> Parser:
     from kvbench.cli.plan import add_parsers  # kvbench fit, kvbench plan
 
     add_parsers(sub)
+    add_probe_parser(sub)
     return p
 
 
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return COMMANDS[a.cmd](a)
         return {"size": cmd_size, "trace": cmd_trace, "list": cmd_list, "env": cmd_env, "report": cmd_report,
-                "compare": cmd_compare}[a.cmd](a)
+                "compare": cmd_compare, "probe": cmd_probe}[a.cmd](a)
     except (ValueError, S.SuiteError, OSError) as exc:
         return say_error(str(exc))
 

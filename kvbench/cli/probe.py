@@ -91,8 +91,17 @@ def cmd_probe(a) -> int:
           f"({P.fmt_size(req.nbytes)}, its blocks at the pools' end); one launch per size")
     print("# GB/s = 10^9 B/s of the request at p50; reg(s) = seconds to register the pool (slowest rank)")
     print(HEAD, flush=True)
-    out = P.run_probe(req, start, top, a.bisect, a.deadline, say=lambda r: print(line(r), flush=True))
-    P.write_csv(path, out.rows)
+    rows = P.CsvRows(path)
+
+    def say(r):
+        rows.add(r)
+        print(line(r), flush=True)
+
+    try:
+        out = P.run_probe(req, start, top, a.bisect, a.deadline, say)
+    except KeyboardInterrupt:  # the launch in flight was killed whole; the sizes that ended are in the file
+        print(f"# interrupted; rows so far: {path}", flush=True)
+        return 130
     print("\n# by pool size:")
     print(HEAD)
     for r in sorted(out.rows, key=lambda r: r.pool_bytes):

@@ -130,10 +130,14 @@ def run_probe(req: Request, start: int, top: int, bisect: int, deadline: float |
     return Outcome(rows, max(ok) if ok else None, bad[0] if bad else None)
 
 
-def write_csv(path: str, rows) -> None:
-    """The rows, one per size tried, in the order tried."""
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow([getattr(r, c) if getattr(r, c) is not None else "" for c in COLUMNS])
+class CsvRows:
+    """The rows' file, a row appended (and flushed) as each size ends: an interrupted probe keeps what it found."""
+
+    def __init__(self, path: str):
+        self.path = path
+        with open(path, "w", newline="") as fh:
+            csv.writer(fh).writerow(COLUMNS)
+
+    def add(self, row) -> None:
+        with open(self.path, "a", newline="") as fh:
+            csv.writer(fh).writerow(["" if getattr(row, c) is None else getattr(row, c) for c in COLUMNS])

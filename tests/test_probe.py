@@ -87,6 +87,8 @@ def probe(*args) -> tuple[int, str]:
     (["-t", "shm", "--max", "lots"], "size 'lots' is not a number with a unit"),
     (["-t", "shm", "--max", "4096TiB"], "of RAM, but MemAvailable is"),
     (["-t", "shm", "--max", "1GiB", "-m", "no-such-model"], "model 'no-such-model' is not one of"),
+    (["-t", "shm", "--max", "1GiB", "--memory", "hbm"], "argument --memory: invalid choice: 'hbm'"),
+    (["-t", "shm", "--max", "1GiB", "--memory", "cuda"], "--memory cuda: shm moves host memory, not cuda"),
 ])
 def test_bad_input_is_one_line_and_exit_1(capfd, args, says):
     assert probe(*args)[0] == 1

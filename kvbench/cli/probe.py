@@ -6,6 +6,7 @@ import time
 from kvbench import transports
 from kvbench.cli.args import text
 from kvbench.harness import probe as P
+from kvbench.harness.preflight import device_reason
 from kvbench.harness.probe_attempt import Request, default_mpiexec
 from kvbench.model import shapes as M
 from kvbench.transports import options as O
@@ -23,7 +24,8 @@ def add_parser(sub) -> None:
                    "holds the request)")
     p.add_argument("--bisect", type=int, default=3, metavar="N", help="halvings of the gap between the largest "
                    "size that worked and the first that failed (default 3)")
-    p.add_argument("--memory", default="host", help="where the pools live: host (default), torch-cpu, pinned, cuda")
+    p.add_argument("--memory", default="host", choices=("host", "torch-cpu", "pinned", "cuda"),
+                   help="where the pools live (default host; docs/gpu.md)")
     p.add_argument("-m", "--model", default="llama-3-8b", help="the request's model: a preset or a model .yaml "
                    "(default llama-3-8b)")
     p.add_argument("--tokens", type=int, default=1024, help="the request's tokens (default 1024)")
@@ -47,6 +49,12 @@ def validate(a) -> tuple[Request, int, int]:
     why = transports.probe(a.transport)
     if why:
         raise ValueError(f"{a.transport} is unavailable here: {why}")
+    cls = transports.load(a.transport)
+    if a.op not in cls.caps.ops:
+        raise ValueError(f"{a.transport} supports only {', '.join(cls.caps.ops)}, not --op {a.op}")
+    why = device_reason(cls, {"memory": a.memory, "copy": "batch"})
+    if why:
+        raise ValueError(f"--memory {a.memory}: {why}")
     if a.iters < 1 or a.bisect < 0 or (a.deadline is not None and a.deadline <= 0):
         raise ValueError("-n must be at least 1, --bisect at least 0, --deadline positive")
     M.check_block_size(a.block_size)

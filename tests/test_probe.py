@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import glob
 import os
+import re
 import sys
 
 import pytest
@@ -15,6 +16,7 @@ from kvbench.harness import probe as P
 from kvbench.harness.probe_attempt import Attempt, Request
 from kvbench.job import cleanup
 from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.results.store import claim_path
 
 KiB, MiB = 2**10, 2**20
 TINY = "name: tiny\nlayers: 2\nkv_heads: 1\nhead_dim: 64\n"  # 8 KiB per block id; 1024 tokens = 512 KiB
@@ -74,6 +76,12 @@ def test_a_launch_that_failed_is_a_row_that_says_how(tmp_path, rc, text, status,
     assert (row.status, row.signal) == (status, sig) and row.reason.startswith(why)
 
 
+def test_a_probes_file_never_overwrites_another(tmp_path):
+    a, b = (claim_path(str(tmp_path), "probe", ".csv") for _ in range(2))  # within one second: b is a's -1
+    assert a != b and os.path.isfile(a) and os.path.isfile(b)
+    assert all(re.search(r"/\d{8}-\d{6}_probe(-1)?\.csv$", p) for p in (a, b))
+
+
 def probe(*args) -> tuple[int, str]:
     try:
         return cli.main(["probe", *args]), ""
@@ -122,6 +130,7 @@ def test_a_size_that_dies_by_a_signal_is_its_row_and_the_probe_goes_on(tmp_path)
     for r in (rows[0], rows[2]):
         assert float(r["gbps"]) > 0 and r["nwrong"] == "0" and float(r["register_s"]) >= 0
     assert "# largest pool that works: 768KiB" in out
+    assert "# by pool size:" in out  # bisected: the rows again in size order, 768 KiB before 1 MiB
     assert "# first that fails: 1MiB SIGNAL: a rank died by SIGSEGV" in out
     assert all(not cleanup.leftovers(r["run_id"]) for r in rows if r["run_id"])
     assert all(r["run_id"] for r in rows)

@@ -110,10 +110,12 @@ def cmd_probe(a) -> int:
     except KeyboardInterrupt:  # the launch in flight was killed whole; the sizes that ended are in the file
         print(f"# interrupted; rows so far: {path}", flush=True)
         return 130
-    print("\n# by pool size:")
-    print(HEAD)
-    for r in sorted(out.rows, key=lambda r: r.pool_bytes):
-        print(line(r))
+    by_size = sorted(out.rows, key=lambda r: r.pool_bytes)
+    if by_size != out.rows:  # bisected: the rows again, by pool size (where a cliff shows)
+        print("# by pool size:")
+        print(HEAD)
+        for r in by_size:
+            print(line(r))
     f = out.failed
     print(f"# largest pool that works: {P.fmt_size(out.best) if out.best else 'none'}")
     print(f"# first that fails: {P.fmt_size(f.pool_bytes)} {f.status}: {f.reason}" if f

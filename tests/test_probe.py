@@ -3,6 +3,7 @@ size whose launch dies by a signal (a row, and the probe goes on), and every bad
 from __future__ import annotations
 
 import csv
+import dataclasses
 import glob
 import os
 import re
@@ -11,6 +12,7 @@ import sys
 import pytest
 from conftest import ROOT, _launch, mpiexec
 
+from kvbench import memory
 from kvbench.cli import main as cli
 from kvbench.harness import probe as P
 from kvbench.harness.probe_attempt import Attempt, Request
@@ -58,9 +60,12 @@ def test_the_request_takes_the_pools_last_blocks_and_so_its_last_page(tmp_path):
     lay = Layout.fit("layer-major", 2, 2, 2 * KiB, size)
     ids = BlockAllocator(lay.nblocks).allocate(64, "tail")
     assert int(lay.offsets(1, 1, ids[-1:])[0]) + lay.block_bytes == size
-    cmd = Attempt(req, size).command(str(tmp_path))
+    odd = dataclasses.replace(req, tokens=1000)
+    cmd = Attempt(odd, size).command(str(tmp_path))
+    assert cmd[cmd.index("--tokens") + 1] == "1008"  # whole blocks: the last one is sent to its end
     assert cmd[cmd.index("--alloc") + 1] == "tail"
-    assert float(cmd[cmd.index("--pool-factor") + 1]) * req.nbytes == size
+    factor = float(cmd[cmd.index("--pool-factor") + 1])  # the run's pool: requests.pool_bytes of the request
+    assert -(-int(odd.nbytes * factor) // memory.PAGE) * memory.PAGE == size
 
 
 @pytest.mark.parametrize("rc,text,status,sig,why", [

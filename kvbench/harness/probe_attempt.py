@@ -65,6 +65,11 @@ class Request:
         return math.lcm(self.stride, memory.PAGE)
 
     @property
+    def whole_tokens(self) -> int:
+        """The tokens sent: whole blocks, so the request's last block reaches its end (and the pool's)."""
+        return M.num_blocks(self.tokens, self.block_size) * self.block_size
+
+    @property
     def nbytes(self) -> int:
         """The request's bytes as the pool holds them (whole blocks)."""
         return self.stride * M.num_blocks(self.tokens, self.block_size)
@@ -106,7 +111,7 @@ class Attempt:
         r = self.req
         inner = max(10.0, self.deadline - 15)  # the run's own deadlines end it first, with its one line
         cmd = [r.mpiexec or default_mpiexec() or "mpiexec", "-n", "2", sys.executable, "-m", "kvbench", "run",
-               "-t", r.transport, "--memory", r.memory, "-m", r.model, "--tokens", str(r.tokens),
+               "-t", r.transport, "--memory", r.memory, "-m", r.model, "--tokens", str(r.whole_tokens),
                "-b", str(r.block_size), "-e", str(r.block_size), "--dtype", r.dtype, "--op", r.op,
                "--alloc", "tail", "--coalesce", "on", "--variants", "paged", "-n", str(r.iters), "-w", "1",
                "-c", "1", "--pool-factor", repr(self.size / r.nbytes), "--timeout", f"{inner:g}",

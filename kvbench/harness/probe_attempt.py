@@ -161,6 +161,8 @@ class Attempt:
             row.status, row.reason = "FAILED", f"{row.nwrong} wrong elements"
         elif row.gbps is None:
             row.status, row.reason = "ERROR", "no measured row"
+        elif any(i.get("pool_bytes") != self.size for i in infos):  # the probe's premise: the pool is the size tried
+            row.status, row.reason = "ERROR", f"the run's pools were {[i.get('pool_bytes') for i in infos]} bytes"
         return row
 
 

@@ -1,4 +1,4 @@
-"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan.
+"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan, probe.
 
 A user mistake is one line on rank 0 and exit code 1 from every rank; a
 failed rank aborts the whole job; only rank 0 prints tables.
@@ -11,6 +11,8 @@ import sys
 from kvbench import __version__, transports
 from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error, target_pct, text
 from kvbench.cli.info import cmd_env, cmd_list, cmd_size
+from kvbench.cli.probe import add_parser as add_probe_parser
+from kvbench.cli.probe import cmd_probe
 from kvbench.cli.trace import add_parser as add_trace_parser
 from kvbench.cli.trace import cmd_trace
 from kvbench.config import suite as S
@@ -27,7 +29,7 @@ vocabulary:
   block      block_size tokens of one layer (one region: K, V or an MLA latent); -b/-e/-f sweep it
   descriptor one contiguous copy (src offset, dst offset, bytes); paged = one per block per region
   coalesce   merge descriptors adjacent on both sides (on/off)
-  alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>
+  alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>, tail
   push/pull  push = prefill writes into decode's pool; pull = decode reads from prefill's pool
   bulk       the payload as one descriptor per layer (the link model's reference)
   ceiling    the best of bulk and the payload as contiguous 64 KiB-4 MiB chunks, measured alongside
@@ -91,7 +93,8 @@ def build_parser() -> Parser:
     r.add_argument("--tokens", type=csv(int), help="prompt tokens per request (default 1024)")
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
-    r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>")
+    r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>, tail (the pool's last "
+                   "blocks, as kvbench probe takes them)")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
     r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "
@@ -189,6 +192,7 @@ def build_parser() -> Parser:
     from kvbench.cli.plan import add_parsers  # kvbench fit, kvbench plan
 
     add_parsers(sub)
+    add_probe_parser(sub)
     return p
 
 
@@ -214,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return COMMANDS[a.cmd](a)
         return {"size": cmd_size, "trace": cmd_trace, "list": cmd_list, "env": cmd_env, "report": cmd_report,
-                "compare": cmd_compare}[a.cmd](a)
+                "compare": cmd_compare, "probe": cmd_probe}[a.cmd](a)
     except (ValueError, S.SuiteError, OSError) as exc:
         return say_error(str(exc))
 

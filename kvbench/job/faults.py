@@ -17,7 +17,8 @@ the fault fires at the first chance.  Kinds:
   codec-wire   codecs: flip one bit in the middle of every frame this rank receives, before decoding
 
 and the fault matrix's points, ``action@point`` with action ``stop`` (SIGSTOP: a hung node), ``kill`` (SIGKILL:
-a node dying) or ``raise`` (an exception on that rank's main thread), e.g. ``KVBENCH_FAULT=stop@check:1:2``:
+a node dying), ``segv`` (SIGSEGV: a library crashing, as a registration past its limit does) or ``raise`` (an
+exception on that rank's main thread), e.g. ``KVBENCH_FAULT=stop@check:1:2``:
 
   before-setup        once the run's files are open, before the first transport's setup
   fill                while this rank fills its pool
@@ -43,7 +44,7 @@ import time
 
 KINDS = ("post", "kill", "stall-setup", "stall-case", "stall-between-cases", "stall-between-transports",
          "stall-after-last", "stall-finalize", "token", "tcp-close", "codec-wire")
-ACTIONS = ("stop", "kill", "raise")
+ACTIONS = ("stop", "kill", "segv", "raise")
 # the older stall-* kinds are stop@ these points
 STALLS = {"stall-setup": "fill", "stall-case": "case", "stall-between-cases": "between-cases",
           "stall-between-transports": "between-transports", "stall-after-last": "after-last"}
@@ -103,5 +104,7 @@ def at(point: str, rank: int, case: int | None = None) -> None:
                 os.kill(os.getpid(), signal.SIGSTOP)
             elif action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif action == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
             else:
                 raise InjectedFault(f"raise@{point} (KVBENCH_FAULT)")

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 LAYOUTS = ("layer-major", "block-major", "mla")
-ALLOC_HELP = "contiguous, random or fragmented:<run> (runs of <run> adjacent blocks)"
+ALLOC_HELP = ("contiguous, random, fragmented:<run> (runs of <run> adjacent blocks) or tail (the pool's last "
+              "blocks: kvbench probe's request touches the pool's last page)")
 
 
 class Pool:
@@ -83,7 +84,7 @@ class Layout:
 
 def parse_alloc(spec: str) -> tuple[str, int]:
     """'random' -> ('random', 1); 'fragmented:4' -> ('fragmented', 4)."""
-    m = re.fullmatch(r"(contiguous|random|fragmented:(\d+))", spec)
+    m = re.fullmatch(r"(contiguous|random|tail|fragmented:(\d+))", spec)
     if not m:
         raise ValueError(f"alloc '{spec}' is not one of: {ALLOC_HELP}")
     if spec.startswith("fragmented"):
@@ -118,6 +119,8 @@ class BlockAllocator:
         free = np.flatnonzero(self.free_mask)
         if kind == "contiguous":
             ids = self._first_run(n)
+        elif kind == "tail":  # the last free blocks: with a pool the layout fills, its last page is among them
+            ids = free[-n:]
         elif kind == "random" or run == 1:
             ids = self.rng.choice(free, size=n, replace=False)
         else:

@@ -112,6 +112,23 @@ def machine_name() -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname().split(".")[0]) or "unknown"
 
 
+def claim_path(root: str, name: str, ext: str) -> str:
+    """``<root>/<machine>/<stamp>_<name><ext>``, created empty and atomically (O_EXCL): a name that exists gets
+    ``-1``, ``-2``... so no file is ever overwritten."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = os.path.join(root, machine_name())
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.join(folder, f"{stamp}_{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}")
+    n = 0
+    while True:
+        cand = base if n == 0 else f"{base}-{n}"
+        try:
+            os.close(os.open(cand + ext, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return cand + ext
+        except FileExistsError:
+            n += 1
+
+
 class ResultWriter:
     """Writes ``<dir>/<machine>/<timestamp>_<suite>.parquet`` plus ``.meta.json``."""
 
@@ -119,21 +136,10 @@ class ResultWriter:
     _closed = False  # the run is over (or ending): no more writes, so none leaves a .tmp behind
 
     def __init__(self, root: str, suite_name: str, meta: dict):
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         folder = os.path.join(root, machine_name())
         os.makedirs(folder, exist_ok=True)
         sweep_stale(folder)  # a killed run's .tmp and .lock files
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", suite_name)
-        base = os.path.join(folder, f"{stamp}_{safe}")
-        n = 0
-        while True:  # claim a name nobody has, atomically (O_EXCL on the sidecar)
-            cand = base if n == 0 else f"{base}-{n}"
-            try:
-                fd = os.open(cand + ".meta.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                break
-            except FileExistsError:
-                n += 1
-        os.close(fd)
+        cand = claim_path(root, suite_name, ".meta.json")[: -len(".meta.json")]
         self.path = cand + ".parquet"
         self.meta_path = cand + ".meta.json"
         self.lock = ResultLock(self.path)  # held until the run ends: a resume of a live run is refused

@@ -91,7 +91,7 @@ def sweep(h, t, sizes: tuple, kind: str, collective: bool, ph: Phases) -> None:
     if not sweepable(type(t)):
         why = t.caps.unregistered or f"{t.name}: no region registration to sweep (not implemented for it)"
         for size in sizes:
-            ph.add("pool-register", nan, size, reason=why, status="skipped")
+            ph.add("pool-register", nan, size, reason=why, status="none")  # nothing to measure
         return
     for size in sizes:
         if kind != "host":

@@ -9,6 +9,8 @@ import pandas as pd
 
 from kvbench.results.store import case_stats
 
+from . import plots
+
 GiB, MiB = 2**30, 2**20
 
 
@@ -86,3 +88,36 @@ def table_lines(df: pd.DataFrame, st: pd.DataFrame | None = None) -> list[str]:
                    f"{_f(r.get('p50_ms'), '.3f'):>9} {_f(r.get('ratio'), '.1f'):>9}")
     out += [f"# {note}" for note in dict.fromkeys(r["note"] for _, r in t.iterrows() if r["note"])]
     return out
+
+
+def add_section(page, runs) -> None:
+    """The report's Setup section: per run, transport and memory the phases, the first transfers against their
+    steady p50, and registration against pool size (plots.register_vs_pool)."""
+    per, firsts, reg = [], [], []
+    for r in runs:
+        st = r.st[r.st["status"] != "skipped"]
+        t = per_transport(r.df, st)
+        if t.empty:
+            continue
+        per.append(t.assign(run=r.label))
+        firsts.append(first_vs_steady(r.df, st).assign(run=r.label))
+        s = setup_rows(r.df)
+        pool = s[(s["phase"] == "pool-register") & s["seconds"].notna()]
+        reg.append(pool.groupby(["transport", "region_bytes"])["seconds"].max().reset_index().assign(run=r.label))
+    if not per:
+        return
+    reg_df = pd.concat(reg, ignore_index=True)
+    reg_df["pool_gib"] = reg_df["region_bytes"] / GiB
+    cols = ["run", "transport", "memory", "alloc_s", "fill_s", "register_s"]
+    table = pd.concat(per, ignore_index=True)
+    table = table[cols + [c for c in table.columns if c.startswith("reg@")] +
+                  [c for c in ("connect_s", "peers", "first_ms", "p50_ms", "ratio", "note") if c in table]]
+    page.add_section("Setup", [
+        "What each transport cost before its first timed byte, on the slowest rank: allocate and fill its pool, "
+        "register it (reg@SIZE: --pool-sizes, one pool of that size registered after the setup), connect (per "
+        "peer), and the first transfer of each case (its first warm-up iteration, the one that builds connections, "
+        "descriptor lists and handles) against the same case's steady p50. docs/methodology.md says what each "
+        "phase holds and what it cannot."],
+        tables=[("setup per transport", table.round(6)),
+                ("first transfer against steady p50, per case", pd.concat(firsts, ignore_index=True).round(4))],
+        figures=plots.register_vs_pool(reg_df))

@@ -4,10 +4,13 @@ in `kvbench run`; older result files still read; bad sizes refused in one line."
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT, kvbench_cli, mpiexec
 from test_errors import assert_one_line
 
 from kvbench.cli.main import build_parser
@@ -26,11 +29,6 @@ SIZES = (MiB, 2 * MiB)
 @pytest.fixture(scope="module")
 def lifecycle(tmp_path_factory):
     """One run of shm (no registration) and mpi (windows), two pool sizes: every check below reads it."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT, mpiexec
-
     exe = mpiexec()
     if exe is None:
         pytest.skip("no mpiexec")
@@ -41,7 +39,8 @@ def lifecycle(tmp_path_factory):
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120, start_new_session=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     path = next(out.glob("*/*.parquet"))
-    return r.stdout, pd.read_parquet(path), json.loads(path.with_suffix("").with_suffix(".meta.json").read_text())
+    meta = json.loads(path.with_suffix("").with_suffix(".meta.json").read_text())
+    return r.stdout, pd.read_parquet(path), dict(meta, path=str(path))
 
 
 def test_each_rank_times_each_phase_once_per_region_peer_and_pool_size(lifecycle):
@@ -99,6 +98,19 @@ def test_the_run_prints_the_setup_table_after_the_bandwidth_table(lifecycle):
     t = S.per_transport(df)
     fvs = S.first_vs_steady(df)
     assert np.allclose(fvs["ratio"], fvs["first_ms"] / fvs["p50_ms"]) and set(t["transport"]) == {"shm", "mpi"}
+
+
+def test_the_report_has_the_setup_table_and_section_with_the_registration_plot(lifecycle, tmp_path):
+    _, _, meta = lifecycle
+    term = kvbench_cli("report", meta["path"])
+    assert term.returncode == 0 and "# setup: each phase on the slowest rank" in term.stdout, term.stderr
+    page = kvbench_cli("report", meta["path"], "-o", str(tmp_path), timeout=120)
+    assert page.returncode == 0, page.stderr
+    md = (tmp_path / "report.md").read_text()
+    section = md[md.index("## Setup"):]
+    assert "*setup per transport*" in section and "| reg@1M | reg@2M |" in section
+    assert "*first transfer against steady p50, per case*" in section
+    assert "![Seconds to register one pool of each --pool-sizes size" in section
 
 
 def _old_file(tmp_path, schema: int) -> str:

@@ -89,7 +89,7 @@ def test_the_run_prints_the_setup_table_after_the_bandwidth_table(lifecycle):
     head = lines[at + 1].split()
     assert head[:6] == ["#", "transport", "mem", "alloc(s)", "fill(s)", "reg(s)"] and "reg@1M" in head
     assert head[-4:] == ["conn(s)/peer", "first(ms)", "p50(ms)", "first/p50"]
-    rows = {ln.split()[0]: ln.split() for ln in lines[at + 2:at + 4]}
+    rows = {ln[1:].split()[0]: ln[1:].split() for ln in lines[at + 2:at + 4]}
     assert set(rows) == {"shm", "mpi"} and rows["shm"][5:7] == ["-", "-"]  # no sweep on shm: no numbers
     assert all(float(x) > 0 for x in rows["mpi"][5:7])
     assert float(rows["mpi"][-1]) > 0 and any("shm registers nothing" in ln for ln in lines[at:])

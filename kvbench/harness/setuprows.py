@@ -1,8 +1,8 @@
 """Setup rows: each phase of a transport's setup timed on each rank (allocate, fill, register per pool, exchange,
 connect per peer), the --pool-sizes sweep of registration against pool size, and a case's first transfer.
 
-They are rows of kind ``setup`` in the run's one result file (results/store.py, schema 6): iter -2, the phase in
-``phase``, its seconds in ``seconds``.  The transport-level ones wait on this rank until its transport's first
+They are rows of kind ``setup`` in the run's one result file (results/store.py, schema 6): iter -2, status
+``setup`` (a reader of the ``ok`` rows reads transfers alone), the phase in ``phase``, its seconds in ``seconds``.  The transport-level ones wait on this rank until its transport's first
 case is delivered and go with that case's rows, under its number (a run killed before it keeps no setup rows of a
 case it does not keep); a case's first transfer goes with its own rows (rows.py).  The first transfer is the
 case's first iteration (a warm-up unless ``-w 0``): nothing is added to measure it.
@@ -23,7 +23,7 @@ PHASES = ("alloc", "fill", "register", "exchange", "connect", "first", "pool-reg
 
 
 def row(base: dict, phase: str, seconds: float, region_bytes: float = nan, peer: int = -1, reason: str = "",
-        status: str = "ok") -> dict:
+        status: str = "setup") -> dict:
     """One setup row: ``base`` (the case keys, rank and role of rows.py) with the phase's columns."""
     return dict(base, row_kind="setup", phase=phase, peer=peer, region_bytes=region_bytes, iter=-2, round=-1,
                 seconds=seconds, harness_seconds=nan, status=status, reason=reason, nwrong=None, handshake_s=nan,
@@ -37,7 +37,7 @@ class Phases:
         self.got: list[tuple] = []
 
     def add(self, phase: str, seconds: float, region_bytes: float = nan, peer: int = -1, reason: str = "",
-            status: str = "ok") -> None:
+            status: str = "setup") -> None:
         self.got.append((phase, seconds, region_bytes, peer, reason, status))
 
     def connect(self, seconds: float, peers: list[int]) -> None:

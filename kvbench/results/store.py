@@ -98,7 +98,7 @@ ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "win
 # iteration or a check pass) or "setup" (iter -2: one phase of a transport's setup on this rank, its seconds in
 # `seconds`); phase = "" on a transfer row, else alloc, fill, register (per pool), exchange, connect (per peer),
 # first (a case's first transfer, per request: case, pair and req are its), pool-register / pool-deregister
-# (--pool-sizes); peer = the peer of a connect row (-1 elsewhere); region_bytes = the pool's bytes of an alloc,
+# (--pool-sizes); their status is "setup" (a reader of the "ok" rows reads transfers alone); peer = the peer of a connect row (-1 elsewhere); region_bytes = the pool's bytes of an alloc,
 # fill, register or pool row (empty elsewhere); a pool-register row of a transport that registers nothing has
 # status "none", no seconds, and the reason
 SETUP_DEFAULTS = {"row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": np.nan}

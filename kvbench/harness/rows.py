@@ -79,7 +79,8 @@ class Rows:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
                                  clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
-        self.deliver(rows + setuprows.first_rows(lambda k: bases[k], first) + self.take_setup(no))
+        self.deliver(rows + setuprows.first_rows(lambda k: bases[k], first)
+                     + self.take_setup(no, case.get("ci_stop", "fixed")))
 
     def emit_skipped(self, case: dict, reason: str) -> None:
         self.case_no += 1
@@ -91,9 +92,10 @@ class Rows:
                    clock_err_s=float("nan"), clock_offset_s=float("nan"), completion="")
         self.deliver([row] if self.rank == 0 else [])
 
-    def take_setup(self, no: int) -> list[dict]:
-        """This rank's transport's setup rows, once, under case ``no`` (the first case delivered after them)."""
-        rows, self.setup_rows = [dict(r, case=no) for r in getattr(self, "setup_rows", [])], []
+    def take_setup(self, no: int, ci_stop: str = "fixed") -> list[dict]:
+        """This rank's transport's setup rows, once, under case ``no`` (the first case delivered after them) and
+        its ``ci_stop``, as every row of a case."""
+        rows, self.setup_rows = [dict(r, case=no, ci_stop=ci_stop) for r in getattr(self, "setup_rows", [])], []
         return rows
 
     def deliver(self, rows: list[dict], setup: bool = False) -> None:

@@ -9,7 +9,7 @@ from kvbench.results.store import SCHEMA_VERSION
 
 ARGS = ["-t", "shm,tcp", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "2", "-w", "0",
         "--variants", "bulk,paged", "--rounds", "1"]
-KEYS = ["transport", "op", "variant", "block_size", "allocation", "coalesce", "rank", "iter"]
+KEYS = ["transport", "op", "variant", "block_size", "allocation", "coalesce", "rank", "iter", "phase"]  # phase: setup rows
 
 
 @pytest.fixture

@@ -161,7 +161,7 @@ def test_a_schema4_run_resumes_as_schema5(tmp_path):
                                          "shm_segments": {}}, ResultLock(path))
     try:
         assert set(w.frames[0]["ci_stop"]) == {"fixed"} and w.frames[0]["ci_target_pct"].isna().all()
-        assert w.meta["schema_version"] == 5 and w.meta["resumed"][0]["upgraded_from_schema"] == 4
+        assert w.meta["schema_version"] == store.SCHEMA_VERSION and w.meta["resumed"][0]["upgraded_from_schema"] == 4
         assert list(pd.read_parquet(path).columns) == store.ROW_COLUMNS
     finally:
         w.close()

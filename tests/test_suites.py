@@ -21,7 +21,7 @@ TINY = ["--tokens", "16", "-n", "2", "-w", "0", "--rounds", "1", "-b", "16", "-e
         "--progress", "off", "--timeout", "60"]
 WORKLOAD = ["--requests", "4", "--prompt", "16", "--decode-ms", "2"]  # a workload's own sizes
 # a suite whose axis needs a longer prompt: fragmented:4 allocates runs of 4 blocks, so 4 blocks per request
-LONGER = {"coalescing": ["--tokens", "64"]}
+LONGER = {"coalescing": ["--tokens", "64"], "lifecycle": ["--pool-sizes", "1MiB,2MiB"]}  # (lifecycle: its pools)
 
 
 def test_suites_are_shipped():

@@ -110,6 +110,8 @@ def build_parser() -> Parser:
                    "job ends with status TIMEOUT (default 600; positive, at most a week: 604800)")
     r.add_argument("--setup-timeout", type=float, help="seconds one transport's setup (allocate and fill the pool, "
                    "register, connect) may take (default: 120 + pool bytes / 100 MB/s)")
+    r.add_argument("--pool-sizes", type=text, metavar="SIZES", help="after each transport's setup, register and "
+                   "deregister a pool of each size, timed: registration against pool size (e.g. 0.25,1,4GiB)")
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
                    "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
                    "vm.nr_hugepages); the sidecar records what the kernel gave")

@@ -168,6 +168,8 @@ def run(a, argv: list[str]) -> int:
 
         def sink(rows):  # stored before printed: a case on the screen is a case on disk
             writer.add(rows)
+            if all(r["row_kind"] == "setup" for r in rows):  # a transport's setup rows no case took: no line
+                return
             printer.add(rows)
             if bar and rows:
                 bar.tick(f"{rows[0]['transport']} {rows[0]['op']}")
@@ -287,10 +289,14 @@ def footer(cfg, writer, printer, h) -> int:
     """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too)."""
     import pandas as pd
 
-    from kvbench.report import summarize
+    from kvbench.report import setup, summarize
+    from kvbench.results.store import transfer_rows
 
-    df = pd.concat(writer.frames, ignore_index=True) if writer.frames else None
+    whole = pd.concat(writer.frames, ignore_index=True) if writer.frames else None
+    df = transfer_rows(whole) if whole is not None else None  # the setup rows have a table of their own
     st = summarize(df) if df is not None else None
+    for line in setup.table_lines(whole, st) if whole is not None else []:
+        print(line)
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)

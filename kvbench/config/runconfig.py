@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvbench import transports
 from kvbench.config import suite as S
 from kvbench.harness.state import Options
-from kvbench.memory import device, driver, placement
+from kvbench.memory import device, driver, host, placement
 from kvbench.model import shapes as M
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.transports import options as O
@@ -27,7 +27,7 @@ FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout"
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
-               "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget")
+               "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget", "pool_sizes")
 DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
 
@@ -62,7 +62,7 @@ class RunConfig(BaseModel):
         return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
                        pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,
                        fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption, gpu_map=self.gpu_map,
-                       target_ci=s.target_ci, ci_budget=s.ci_budget,
+                       target_ci=s.target_ci, ci_budget=s.ci_budget, pool_sizes=tuple(s.pool_sizes),
                        variants=tuple(s.variants), transport_options=self.transport_options)
 
 
@@ -201,6 +201,10 @@ def build(a, argv: list[str], world: int) -> RunConfig:
 def fresh(a, argv: list[str], world: int) -> RunConfig:
     suite = merge(a)
     make_pairs(suite.scheme, world)
+    ram = host.meminfo().get("MemTotal", 0)
+    if suite.pool_sizes and ram and max(suite.pool_sizes) > ram:  # the rest is the preflight's, on every host
+        raise ConfigError(f"--pool-sizes: {max(suite.pool_sizes) / 2**30:.2f} GiB is more than this machine's "
+                          f"memory ({ram / 2**30:.2f} GiB)")
     cases = S.expand(suite)
     topts = O.parse(a.option or [], suite.axes.transport)
     # staged alone on host pools can measure nothing: say so at once; in a sweep of several transports (a shipped

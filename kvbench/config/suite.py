@@ -29,6 +29,7 @@ from kvbench.model.inputs import (
     Positive,
     PrefixHit,
     Tokens,
+    sizes,
     unique,
 )
 from kvbench.model.layout import LAYOUTS, parse_alloc
@@ -190,6 +191,8 @@ class Suite(BaseModel):
     # (% of the p50; "2%" or 2) or ci_budget seconds of its iterations are spent (results/samples.py)
     target_ci: float | None = None
     ci_budget: float = Field(default=samples.DEFAULT_BUDGET_S, gt=0, le=MAX_SECONDS)
+    # bytes of the pools whose registration is swept after each transport's setup ("0.25,1,4GiB"; setuprows.py)
+    pool_sizes: list[int] = []
     workload: Workload | None = None
     axes: Axes = Field(default_factory=Axes)
 
@@ -207,6 +210,11 @@ class Suite(BaseModel):
     @classmethod
     def _variants(cls, v):
         return unique(v)
+
+    @field_validator("pool_sizes", mode="before")
+    @classmethod
+    def _pool_sizes(cls, v):
+        return sizes(v)
 
     @field_validator("target_ci", mode="before")
     @classmethod

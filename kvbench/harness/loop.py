@@ -18,7 +18,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import bounds, checkpass, placing, preflight, requests
+from kvbench.harness import bounds, checkpass, placing, preflight, requests, setuprows
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.preflight import device_reason
 from kvbench.harness.requests import case_geometry, case_label, pool_bytes
@@ -27,7 +27,7 @@ from kvbench.harness.schedule import Iteration
 from kvbench.harness.state import Measurement, Options, Record, Session, UserError
 from kvbench.job import faults
 from kvbench.job.guard import GUARD
-from kvbench.memory import cachestate, device
+from kvbench.memory import cachestate
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.layout import Pool
 from kvbench.model.schemes import Entry, SchemeError, make_pairs, max_entries_per_rank
@@ -50,6 +50,7 @@ class Harness(Rows, Calibration):
         self.on_group_done = None  # rank 0: called with a transport's name once all its rows are stored
         self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
         self.check_s = self.timed_s = 0.0  # this rank's seconds verifying (outside the timed windows), and timed
+        self.setup_rows: list[dict] = []  # this rank's setup rows of the transport, until its first case's rows go
 
     def my_place(self) -> dict:
         """This rank's placement (placing.place), or NO_GPU before it or without one."""
@@ -71,7 +72,8 @@ class Harness(Rows, Calibration):
             g = list(g)
             layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
             groups.append((name, self.pool_size(g, entries), layer, kind))
-        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages, self.my_place())
+        why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages, self.my_place(),
+                              max(self.opts.pool_sizes, default=0))
         if why:
             raise UserError(why)
 
@@ -129,34 +131,49 @@ class Harness(Rows, Calibration):
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
         GUARD.case = f"setup of {name}"
-        GUARD.arm(f"setup of {name} (allocate and fill {nbytes / 2**30:.2f} GiB, register, connect)",
-                  self.opts.setup_timeout or preflight.setup_seconds(nbytes))
+        sweep = self.opts.pool_sizes if setuprows.sweepable(cls) else ()
+        GUARD.arm(f"setup of {name} (allocate and fill {nbytes / 2**30:.2f} GiB, register, connect"
+                  + (", --pool-sizes)" if sweep else ")"),
+                  self.opts.setup_timeout or preflight.setup_seconds(nbytes + sum(sweep)))
         t = cls(ctx)
         pools: list[Pool] = []
+        ph = setuprows.Phases()
         try:
             active = not local or self.rank == 0
             if active:
-                pools.append(self._alloc(t, nbytes + staging, ctx.memory))
+                pools.append(setuprows.alloc_pool(self, t, nbytes + staging, ctx.memory, ph))
                 if local:
+                    a = time.perf_counter()
                     pools.append(Pool(memory.alloc_host(nbytes, pages=self.opts.pages)))
-                r0 = time.perf_counter()
-                metas = [t.register(p) for p in pools]
-                register_s = time.perf_counter() - r0  # once per pool, never per request
+                    ph.add("alloc", time.perf_counter() - a, nbytes)
+                metas = []
+                for p in pools:  # once per pool, never per request
+                    a = time.perf_counter()
+                    metas.append(t.register(p))
+                    ph.add("register", time.perf_counter() - a, p.nbytes, reason=t.caps.unregistered)
+                register_s = sum(g[1] for g in ph.got if g[0] == "register")
             c0 = time.perf_counter()
+            peers = {}
             if not local:
                 allm = self.comm.allgather(metas[0])
-                peers = {}
+                ph.add("exchange", time.perf_counter() - c0)
                 for s, d in pairs:
                     if self.rank in (s, d):
                         other = d if s == self.rank else s
                         peers[other] = allm[other]
                 faults.at("connect", self.rank)
+            a = time.perf_counter()
+            if active:
                 t.connect(peers)
-            elif active:
-                t.connect({})
+            took = time.perf_counter() - a
             self.comm.barrier()
+            a = time.perf_counter()
             t.ready()
+            if active:  # this rank's own calls: the barrier's wait for the slowest rank is in nobody's row
+                ph.connect(took + time.perf_counter() - a, sorted(peers))
             connect_s = time.perf_counter() - c0
+            if active:
+                setuprows.sweep(self, t, self.opts.pool_sizes, ctx.memory, not local, ph)
             infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes,
                                           completion="transport" if t.caps.stamps else "harness",
                                           pages=self.pages_of(t, pools)) if active else None)
@@ -165,6 +182,9 @@ class Harness(Rows, Calibration):
             GUARD.disarm()
             GUARD.retake()  # a transport's library may have taken a signal (UCX: SIGHUP)
             self.sample(name, "ready")
+            self.setup_rows = ph.rows(dict(self.base_row(dict(cases[0], variant="setup"), no=0), rank=self.rank,
+                                           role="", pair=-1, req=0, payload_bytes=0, wire_bytes=0, descriptors=0,
+                                           completion=""))
             session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t, self.rank, self.hosts),
                               ifname=t.info().get("ifname") if active else None)
             if staging and active:
@@ -184,6 +204,8 @@ class Harness(Rows, Calibration):
             else:
                 for case in runnable:
                     self.run_case(case, session)
+            if any(self.comm.allgather(bool(self.setup_rows))):  # no case took them (all skipped; a workload)
+                self.deliver(self.take_setup(self.case_no), setup=True)
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
@@ -211,26 +233,6 @@ class Harness(Rows, Calibration):
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
         return pool_bytes(cases, self.opts.pool_factor, entries)
-
-    def _alloc(self, t, nbytes: int, kind: str = "host") -> Pool:
-        if kind != "host":  # a device pool, filled where it lives (memory/device.py)
-            try:
-                gpu = self.my_place()["gpu"] if kind == "cuda" else -1
-                pool = device.alloc(nbytes, kind, pages=self.opts.pages, device=gpu if gpu >= 0 else None)
-            except device.DeviceMemoryError as exc:
-                raise UserError(str(exc)) from None
-            device.fill(pool.tensor, self.rank)
-            device.sync(pool)
-            return pool
-        buf = t.alloc(nbytes)
-        if buf is not None:
-            pool = Pool(buf.array, "host", buf.release)
-            pool.own_pages = True
-        else:
-            pool = Pool(memory.alloc_host(nbytes, pages=self.opts.pages))
-        faults.at("fill", self.rank)
-        memory.fill(pool.array, self.rank)
-        return pool
 
     # ----- one case ----------------------------------------------------------------------
     def variants(self, case: dict, s: Session) -> list[dict]:
@@ -330,6 +332,8 @@ class Harness(Rows, Calibration):
                 if every is not None:
                     every.before(m.next)
                 done, inside, hs, offset = self._once(m, m.next)  # from the end of a barrier
+                if m.next == 0:  # the case's first transfer, the cold one (setuprows.py)
+                    m.first = list(done)
                 t0 = itr.t0
                 total = time.perf_counter() - t0
                 if every is not None:  # its last completion: the copy aside comes before any word from a peer
@@ -389,4 +393,5 @@ class Harness(Rows, Calibration):
                   m.codec, {entries.index(e): v for e in entries for k, v in m.errors.items() if k == id(e)},
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
-                  every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths)
+                  every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
+                  first=[m.first[p] for p in pos] if m.first else None)

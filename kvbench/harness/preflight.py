@@ -11,6 +11,7 @@ from __future__ import annotations
 import resource
 
 from kvbench import memory, transports
+from kvbench.harness.setuprows import sweepable
 from kvbench.job import cleanup
 from kvbench.memory import copy, device
 
@@ -39,24 +40,25 @@ def memlock_limit() -> int | None:
 
 
 def _needs(name: str, nbytes: int, layer_bytes: int, options: dict, rank: int, pages: str,
-           kind: str = "host") -> dict:
+           kind: str = "host", sweep: int = 0) -> dict:
     """What one rank needs for one transport's pools: RAM, /dev/shm, locked memory, device memory (bytes).
     A cuda pool takes device memory (and the device check's share, device.budget), not RAM; the check's
     snapshot and temporaries on the host stay RAM."""
     try:
         cls = transports.load(name)
     except Exception:  # unavailable: its rows are skipped, it allocates nothing
-        return {"ram": 0, "shm": 0, "locked": 0, "huge": 0, "vram": 0}
+        return {"ram": 0, "shm": 0, "locked": 0, "huge": 0, "vram": 0, "sweep": 0}
     pools = (2 if rank == 0 else 0) if cls.caps.local_only else 1
+    sweep = sweep if pools and sweepable(cls) else 0  # --pool-sizes' largest pool, beside this transport's own
     check = 3 * layer_bytes if pools else 0  # the check's temporaries: expected words and a diff per descriptor
     if kind == "cuda":  # device memory is neither host RAM nor pinned host pages
-        return {"ram": check, "shm": 0, "locked": 0, "huge": 0,
-                "vram": pools * nbytes + (device.budget(nbytes) if pools else 0)}
+        return {"ram": check, "shm": 0, "locked": 0, "huge": 0, "sweep": 0,
+                "vram": pools * nbytes + (device.budget(nbytes) if pools else 0) + sweep}
     placed = dict(cls.memory_needs(nbytes, options)) if pools else {}
     if pages == "huge" and pools and not placed.get("shm"):  # kvbench's own pools from the kernel's huge pages
         placed["huge"] = (pools if cls.caps.local_only else 1) * nbytes
     return {"ram": pools * nbytes + check, "shm": placed.get("shm", 0), "locked": placed.get("locked", 0),
-            "huge": placed.get("huge", 0), "vram": 0}
+            "huge": placed.get("huge", 0), "vram": 0, "sweep": sweep}
 
 
 def device_facts(where: dict | None, groups: list[tuple]) -> tuple[str, int, int]:
@@ -67,14 +69,16 @@ def device_facts(where: dict | None, groups: list[tuple]) -> tuple[str, int, int
     return f"{where['host']}:{where['gpu_bus'] or where['gpu']}", free, total
 
 
-def check(comm, groups: list[tuple], options: dict[str, dict], pages: str = "4k", where: dict | None = None) -> str | None:
+def check(comm, groups: list[tuple], options: dict[str, dict], pages: str = "4k", where: dict | None = None,
+          sweep: int = 0) -> str | None:
     """Collective: the first shortfall as one line (same on every rank), or None.
 
     ``groups`` are (transport, pool bytes per rank, largest layer bytes[, memory kind]) in run order;
     transports run one after the other, so each is checked on its own.  ``where``: this rank's placement
     (harness/placing.py): cuda pools are counted against its GPU's free memory, summed over the ranks sharing it.
+    ``sweep``: the largest --pool-sizes pool, allocated beside a registering transport's own.
     """
-    mine = [_needs(g[0], g[1], g[2], options.get(g[0], {}), comm.rank, pages, g[3] if len(g) > 3 else "host")
+    mine = [_needs(g[0], g[1], g[2], options.get(g[0], {}), comm.rank, pages, g[3] if len(g) > 3 else "host", sweep)
             for g in groups]
     gpu, gpu_free, gpu_total = device_facts(where, groups)
     facts = comm.allgather((comm.hostname, mine, memory.available_bytes(), cleanup.shm_free_bytes(),
@@ -97,10 +101,11 @@ def check(comm, groups: list[tuple], options: dict[str, dict], pages: str = "4k"
         hosts: dict[str, dict] = {}
         for host, needs, avail, shm_free, locked, huge_free, _ in facts:
             h = hosts.setdefault(host, {"ram": 0, "shm": 0, "huge": 0, "ranks": 0, "avail": avail, "shm_free": shm_free,
-                                        "huge_free": huge_free})
+                                        "huge_free": huge_free, "sweep": 0})
             h["ram"] += needs[i]["ram"]
             h["shm"] += needs[i]["shm"]
             h["huge"] += needs[i]["huge"]
+            h["sweep"] += needs[i]["sweep"]
             h["ranks"] += 1
             if locked is not None and needs[i]["locked"] > locked:
                 return (f"{name}: registering a {needs[i]['locked'] / GiB:.2f} GiB pool pins it, but this rank's "
@@ -110,6 +115,10 @@ def check(comm, groups: list[tuple], options: dict[str, dict], pages: str = "4k"
             if h["ram"] > 0.9 * h["avail"]:
                 return (f"{name}: pools need {h['ram'] / GiB:.2f} GiB on host {host} ({h['ranks']} ranks) but only "
                         f"{h['avail'] / GiB:.2f} GiB is available: lower --tokens, --pool-factor or the model size")
+            if h["ram"] + h["sweep"] > 0.9 * h["avail"]:
+                return (f"{name}: --pool-sizes up to {sweep / GiB:.2f} GiB needs {h['sweep'] / GiB:.2f} GiB on host "
+                        f"{host} ({h['ranks']} ranks) beside {h['ram'] / GiB:.2f} GiB of pools, but only "
+                        f"{h['avail'] / GiB:.2f} GiB is available: give smaller sizes")
             if h["huge"] > h["huge_free"]:
                 return (f"{name}: --pages huge needs {h['huge'] / GiB:.2f} GiB of reserved huge pages on host {host} "
                         f"({h['ranks']} ranks) but {h['huge_free'] / GiB:.2f} GiB is free: reserve more "

@@ -8,7 +8,7 @@ build their rows through the same ``base_row`` and ``deliver``.
 from __future__ import annotations
 
 from kvbench.codecs.path import codec_columns, lossy_columns
-from kvbench.harness import placing
+from kvbench.harness import placing, setuprows
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
 from kvbench.job import faults
@@ -42,14 +42,16 @@ class Rows:
             "gpu": -1, "nic": "", "same_gpu": False,  # placement (placing.columns) in a measured row
             # why its timed iterations ended (calibrate.py sets it on the case; schema 5)
             "ci_stop": case.get("ci_stop", "fixed"), "ci_target_pct": self.opts.target_ci or float("nan"),
+            "row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": nan,  # setup rows: setuprows.py
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None) -> None:
+             errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None, first=None) -> None:
         """A case's rows on this rank: one per (entry, timed iteration) and the check pass's; ``every`` (-c all):
         per timed iteration the wrong elements per entry, each timed row's ``nwrong``; ``bounds``: (this rank's
-        wake-up bound, per entry (GB/s bound, kind)) from harness/bounds.py."""
-        rows = []
+        wake-up bound, per entry (GB/s bound, kind)) from harness/bounds.py; ``first``: per entry, its first
+        transfer's seconds (setuprows.py)."""
+        rows, bases = [], []
         wake_bound, per_entry = bounds or (nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
         for k, e in enumerate(entries):
@@ -60,6 +62,7 @@ class Rows:
                         queue_s=nan, arrival_s=nan, completion=rules[k], wake_bound_s=wake_bound,
                         bound_gbps=per_entry.get(k, (nan, ""))[0], bound_kind=per_entry.get(k, (nan, ""))[1],
                         **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst))
+            bases.append(base)
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
             for it, r in enumerate(rec):
@@ -76,7 +79,8 @@ class Rows:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
                                  clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
-        self.deliver(rows)
+        self.deliver(rows + setuprows.first_rows(lambda k: bases[k], first)
+                     + self.take_setup(no, case.get("ci_stop", "fixed")))
 
     def emit_skipped(self, case: dict, reason: str) -> None:
         self.case_no += 1
@@ -88,9 +92,15 @@ class Rows:
                    clock_err_s=float("nan"), clock_offset_s=float("nan"), completion="")
         self.deliver([row] if self.rank == 0 else [])
 
-    def deliver(self, rows: list[dict]) -> None:
+    def take_setup(self, no: int, ci_stop: str = "fixed") -> list[dict]:
+        """This rank's transport's setup rows, once, under case ``no`` (the first case delivered after them) and
+        its ``ci_stop``, as every row of a case."""
+        rows, self.setup_rows = [dict(r, case=no, ci_stop=ci_stop) for r in getattr(self, "setup_rows", [])], []
+        return rows
+
+    def deliver(self, rows: list[dict], setup: bool = False) -> None:
         everything = self.comm.gather(rows)
-        if self.rank:  # rank 0 writes them now (its own point is inside the write: results/store.py)
+        if self.rank and not setup:  # rank 0 writes them now (its own point is inside the write: results/store.py)
             faults.at("table-write", self.rank, self.case_no)
         if self.rank == 0:
             flat = [r for part in everything for r in part]

@@ -64,6 +64,7 @@ class Measurement:
     ran: int = 0  # iterations so far, warm-ups included
     every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)
     bounds: dict = field(default_factory=dict)  # id(entry) -> (GB/s its path can carry, kind) (harness/bounds.py)
+    first: list | None = None  # per entry in the iteration's order: its first transfer's seconds (setuprows.py)
 
 
 class UserError(ValueError):
@@ -88,4 +89,5 @@ class Options:
     gpu_map: list | None = None  # --gpu-map: per local rank, its GPU (memory/placement.py)
     target_ci: float | None = None  # --target-ci (% of p50) and --ci-budget (s per case): calibrate.py
     ci_budget: float = 60.0
+    pool_sizes: tuple = ()  # --pool-sizes: bytes of each pool whose registration is swept (setuprows.py)
     transport_options: dict = field(default_factory=dict)

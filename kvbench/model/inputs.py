@@ -6,6 +6,7 @@ imported: report/plan.py reads result files and must not pull in the harness or 
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator
@@ -66,3 +67,27 @@ PrefixHit = Annotated[int, AfterValidator(check_prefix_hit)]
 # run, which builds its formats, takes it
 KVDType = Literal[tuple(M.DTYPES)]
 DType = Literal[KVDType, "nvfp4"]
+
+
+UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30,
+         "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def sizes(v) -> list[int]:
+    """Byte sizes as users write them: "0.25,1,4GiB" (a unit after the last applies to those without one), a
+    list of such strings, or of integers (bytes); each a positive whole number of bytes, none given twice."""
+    if isinstance(v, list) and not v:  # none: no sweep
+        return []
+    items = [x.strip() for x in (v.split(",") if isinstance(v, str) else [str(x) for x in v])]
+    if not items or "" in items:
+        raise ValueError(f"{v!r}: give sizes as a comma-separated list, e.g. 0.25,1,4GiB")
+    parts = [re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", x) for x in items]
+    for x, p in zip(items, parts):
+        if p is None or p.group(2).lower() not in UNITS:
+            raise ValueError(f"{x!r} is not a size (a number with KiB, MiB, GiB or TiB, e.g. 256MiB)")
+    last = parts[-1].group(2)
+    out = [int(float(p.group(1)) * UNITS[(p.group(2) or last).lower()]) for p in parts]
+    for x, n in zip(items, out):
+        if n <= 0:
+            raise ValueError(f"{x!r}: a pool size must be positive")
+    return unique(out)

@@ -280,3 +280,21 @@ def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
         _legend(ax)
     yield ("Exposed time (prefill end to KV landed) and queue wait (for decode blocks) of admitted requests "
            "against arrival rate; n = admitted requests per point (legend); p95 from 20, p99 from 100", fig)
+
+
+def register_vs_pool(reg: pd.DataFrame) -> Iterator[tuple]:
+    """--pool-sizes: seconds to register a pool against its size, one line per run and transport (the slowest
+    rank at each size; setup rows, report/setup.py)."""
+    if reg.empty:
+        return
+    fig, (ax,) = _panels(1, "registration against pool size")
+    for (run, name), g in reg.groupby(["run", "transport"], sort=False):
+        g = g.sort_values("pool_gib")
+        ax.plot(g["pool_gib"], g["seconds"], marker="o", label=f"{name} ({run})" if reg["run"].nunique() > 1 else name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("pool (GiB)")
+    ax.set_ylabel("register (s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=.3)
+    _legend(ax)
+    yield "Seconds to register one pool of each --pool-sizes size (then deregistered), per transport.", fig

@@ -11,7 +11,7 @@ import pandas as pd
 
 from kvbench.results import costs
 from kvbench.results.samples import FOOTNOTE
-from kvbench.results.store import SCHEMA_VERSION, case_stats, upgrade
+from kvbench.results.store import SCHEMA_VERSION, case_stats, transfer_rows, upgrade
 
 # (header, width, formatter of a case_stats line)
 COLUMNS = [
@@ -162,6 +162,7 @@ def spread_pct(df: pd.DataFrame) -> pd.Series:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """case_stats plus bulk% (each paged case against the bulk case of the same payload)."""
+    df = transfer_rows(df)  # setup rows have tables of their own (report/setup.py)
     st = case_stats(df)
     for col, dflt in (("memory", "host"), ("copy", "batch")):  # rows without the GPU columns: host rows
         if col in st:

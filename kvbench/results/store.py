@@ -25,12 +25,12 @@ from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
 
-SCHEMA_VERSION = 5  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 6  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
-# blocks marked "schema 5" below (1-4 read with them at their defaults)
-READS = (1, 2, 3, 4, 5)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4, 5)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below)
+READS = (1, 2, 3, 4, 5, 6)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5, 6)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -94,6 +94,20 @@ ROW_COLUMNS += list(SAMPLES_DEFAULTS)
 # "links ...": the NIC rates across hosts; "none (...)": no bound, and why); window_s: on a destination that posts
 # the request itself (a pull's reads), seconds from its first post to the landing
 ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]
+# --- schema 6, setup rows (harness/setup.py; rows of 1-5 read as transfers): row_kind = "transfer" (a timed
+# iteration or a check pass) or "setup" (iter -2: one phase of a transport's setup on this rank, its seconds in
+# `seconds`); phase = "" on a transfer row, else alloc, fill, register (per pool), exchange, connect (per peer),
+# first (a case's first transfer, per request: case, pair and req are its), pool-register / pool-deregister
+# (--pool-sizes); their status is "setup" (a reader of the "ok" rows reads transfers alone); peer = the peer of a connect row (-1 elsewhere); region_bytes = the pool's bytes of an alloc,
+# fill, register or pool row (empty elsewhere); a pool-register row of a transport that registers nothing has
+# status "none", no seconds, and the reason
+SETUP_DEFAULTS = {"row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": np.nan}
+ROW_COLUMNS += list(SETUP_DEFAULTS)
+
+
+def transfer_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of timed transfers and check passes: every statistic of a case reads these, never a setup row."""
+    return df if "row_kind" not in df else df[df["row_kind"] != "setup"]
 
 
 def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
@@ -103,7 +117,8 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
     for col in ROW_COLUMNS:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
-                       "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS,
+                       **SETUP_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 
@@ -315,6 +330,7 @@ def library_versions() -> dict[str, str]:
 
 def pair_times(df: pd.DataFrame) -> pd.Series:
     """Headline seconds per (case, pair, req, iter): the max over the two ranks of that transfer."""
+    df = transfer_rows(df)
     ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]
     return ok.groupby(["case", "pair", "req", "iter"])["seconds"].max()
 
@@ -322,6 +338,7 @@ def pair_times(df: pd.DataFrame) -> pd.Series:
 def case_stats(df: pd.DataFrame) -> pd.DataFrame:
     """One line per case: percentiles (us) and GB/s (10^9 B/s) at p50, from raw rows.  ``samples`` = n behind
     them; a percentile n cannot hold is NaN, and the p50 has its 95% interval (samples.py)."""
+    df = transfer_rows(df)
     t = pair_times(df).rename("t").reset_index()
     # aggregate: every request of every pair per iteration; the iteration ends when the last one lands
     ok = df[(df["status"] == "ok") & (df["iter"] >= 0)]

@@ -95,6 +95,7 @@ class Caps:
     signals_ready: bool = False  # pull: layer-ready signals on its own channel (see Layer-ready signals)
     stamps: bool = False  # a receive or progress thread of its own stamps the landing (the completion rule)
     codec_frames: str = ""  # how codec frames cross it (codecs/path.py): "stream" or "doorbell"; "": they cannot
+    unregistered: str = ""  # why it registers no memory with a library ("" where it does): its register rows say so
 
 
 @dataclass
@@ -189,6 +190,14 @@ class Transport:
         ``pool.nbytes`` its size, ``pool.kind`` its memory kind.
         """
         return b""
+
+    def register_region(self, pool):
+        """--pool-sizes: after ``ready``, register one more region with the library (collective where ``register``
+        is); a handle for ``deregister_region``.  None: this transport has no such registration to sweep."""
+        return None
+
+    def deregister_region(self, handle) -> None:
+        """Undo ``register_region``."""
 
     def connect(self, peers: dict[int, bytes]) -> None:
         """Connect to ``peers`` (rank -> metadata from their ``register``)."""

@@ -15,7 +15,8 @@ from .base import Caps, Transport, check_descs
 
 class LoopbackTransport(Transport):
     name = "loopback"
-    caps = Caps(memory=("host",), one_sided=True, notifies=True, local_only=True)
+    caps = Caps(memory=("host",), one_sided=True, notifies=True, local_only=True,
+                unregistered="loopback registers nothing: it copies in one process")
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -155,6 +155,15 @@ class MooncakeTransport(Transport):
         hcas = any(h for lists in topo.values() for lst in lists for h in lst)
         return "rdma" if hcas and not forced_tcp else "tcp"
 
+    def register_region(self, pool):
+        """--pool-sizes: one more region registered with the engine."""
+        if self._te.register_memory(pool.addr, pool.nbytes) != 0:
+            raise TransportError(f"mooncake: register_memory of {pool.nbytes} bytes failed")
+        return pool.addr
+
+    def deregister_region(self, handle) -> None:
+        self._te.unregister_memory(handle)
+
     def connect(self, peers: dict[int, bytes]) -> None:
         """Remember each peer's session and pool (the engine opens segments on first use) and open
         the notification sockets: the higher rank dials, the lower accepts (dials never wait); then

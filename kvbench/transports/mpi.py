@@ -128,6 +128,13 @@ class MpiTransport(MpiBase):
         self._arr = pool.array
         return int(pool.nbytes).to_bytes(8, "little")
 
+    def register_region(self, pool):
+        """--pool-sizes: one more window over a region (Win.Create: collective, every rank the same sizes)."""
+        return mpi().Win.Create(pool.array, 1, mpi().INFO_NULL, self._comm)
+
+    def deregister_region(self, handle) -> None:
+        handle.Free()  # collective
+
     def ready(self) -> None:
         """Open the passive-target epoch (lock_all: once for the whole run)."""
         if self.epoch == "lock_all" and not self._open:

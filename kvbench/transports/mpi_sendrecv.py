@@ -19,7 +19,8 @@ class MpiSendRecvTransport(MpiBase):
 
     name = "mpi-sendrecv"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
-    caps = Caps(one_sided=False, multi_node=True, notifies=True, network=True)
+    caps = Caps(one_sided=False, multi_node=True, notifies=True, network=True,
+                unregistered="mpi-sendrecv registers nothing itself: the MPI library registers (if at all) per message")
     MODE = "sendrecv"
 
     def alloc(self, nbytes: int) -> Buffer | None:

@@ -127,6 +127,18 @@ class NixlTransport(Transport):
         md = self.agent.get_agent_metadata()
         return _HDR.pack(_MAGIC, self.addr, self.nbytes, self.devid, self.seg == "VRAM") + md
 
+    def register_region(self, pool):
+        """--pool-sizes: one more region registered with the agent (its memory kind's segment)."""
+        devid = int(pool.tensor.device.index or 0) if pool.kind == "cuda" else 0
+        try:
+            return self.agent.register_memory(np.array([[int(pool.addr), int(pool.nbytes), devid]], dtype=np.uint64),
+                                              "VRAM" if pool.kind == "cuda" else "DRAM")
+        except Exception as exc:
+            raise TransportError(f"nixl: registering {pool.nbytes} B failed: {exc}") from None
+
+    def deregister_region(self, handle) -> None:
+        self.agent.deregister_memory(handle)
+
     def connect(self, peers: dict[int, bytes]) -> None:
         """Load each peer's agent metadata (after this we may initiate towards it)."""
         for rank, meta in peers.items():

@@ -43,7 +43,8 @@ def _unlink(path: str) -> None:
 
 class ShmTransport(Transport):
     name = "shm"
-    caps = Caps(memory=("host",), one_sided=True, notifies=False, codec_frames="doorbell")
+    caps = Caps(memory=("host",), one_sided=True, notifies=False, codec_frames="doorbell",
+                unregistered="shm registers nothing: its pool is a shared-memory segment its peer maps at connect")
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -70,7 +70,8 @@ class TcpTransport(Transport):
     name = "tcp"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False, multi_node=True, notifies=True, network=True,
-                signals_ready=True, stamps=True, codec_frames="stream")
+                signals_ready=True, stamps=True, codec_frames="stream",
+                unregistered="tcp registers nothing: the kernel copies each send out of the pool")
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -62,7 +62,8 @@ class UcxTransport(UcxBuffers, Transport):
     name = "ucx"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False,
-                multi_node=True, notifies=True, network=True)
+                multi_node=True, notifies=True, network=True,
+                unregistered="ucxx exposes no registration: UCX registers a send's buffer on first use (in the first transfer)")
     pins_on_rdma = True
 
     @classmethod

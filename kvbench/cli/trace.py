@@ -41,26 +41,17 @@ def cache_sizes(text: str) -> list[int | None]:
     out = []
     for item in text.split(","):
         item = item.strip()
-        if item == "unbounded":
-            out.append(None)
-            continue
-        try:
-            n = int(item)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"'{item}' is not a positive number of blocks (or 'unbounded')")
-        out.append(n)
+        out.append(None if item == "unbounded" else positive(item, "blocks (or 'unbounded')"))
     return out
 
 
-def positive(text: str) -> int:
+def positive(text: str, what: str = "tokens") -> int:
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of tokens")
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of {what}")
     return n
 
 

@@ -38,6 +38,11 @@ class Run:
         assert self.results, f"no results file\n{self.out}\n{self.err}"
         return pd.read_parquet(self.results)
 
+    def transfers(self) -> pd.DataFrame:
+        """The transfer rows: the table without its setup rows (schema 6, iter -2)."""
+        df = self.table()
+        return df[df["row_kind"] != "setup"] if "row_kind" in df else df
+
     def meta(self) -> dict:
         assert self.results, f"no results file\n{self.out}\n{self.err}"
         with open(self.results.replace(".parquet", ".meta.json")) as fh:

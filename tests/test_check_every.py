@@ -19,7 +19,7 @@ def test_a_transport_skipping_one_timed_iteration_in_ten_fails_under_c_all_and_p
     assert r.code == 2 and r.meta()["status"] == "FAILED", r.out + r.err
     (line,) = [ln for ln in r.out.splitlines() if ln.startswith("# FAILED case")]
     assert "case 1 (lie-skip push llama-3-8b 64 tokens" in line and line.endswith("in iteration 1"), line
-    t = r.table().query("role == 'decode'")
+    t = r.transfers().query("role == 'decode'")
     wrong = t.set_index("iter")["nwrong"]
     assert wrong[1] > 0 and (wrong.drop(1) == 0).all()  # every timed row carries its own count; the check pass too
     assert "verifying, outside the timed windows" in r.out

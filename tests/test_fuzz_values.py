@@ -30,7 +30,7 @@ GOOD = {"-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "-
         "--alloc-timeout": "10", "--decode-pool-tokens": "0", "--variants": "bulk", "-O": "poll=spin",
         "-o": "x", "--name": "n", "--inject-corruption": "0", "-m": "llama-3-8b", "--layers": "2",
         "--kv-heads": "8", "--head-dim": "64", "--attention": "gqa", "--kv-lora-rank": "64", "--rope-dim": "16",
-        "--tp": "1", "--pp": "1", "--prefix-hit": "0"}
+        "--tp": "1", "--pp": "1", "--prefix-hit": "0", "--pool-sizes": "1MiB,2MiB"}
 CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival", "interval:10"],
            "--decode-ms": ["--arrival", "interval:10"], "--alloc-timeout": ["--arrival", "interval:10"],
            "--decode-pool-tokens": ["--arrival", "interval:10"], "--prefill-tflops": ["--prefill-ms", "auto"],
@@ -53,7 +53,7 @@ ACCEPTED = {
                  "--pool-factor", "--timeout", "--setup-timeout", "--pages", "--cache", "--fill", "--prefill-tflops",
                  "--requests", "--prompt", "--decode-ms", "--alloc-timeout", "--decode-pool-tokens", "-o", "--name",
                  "--inject-corruption", "--layers", "--kv-heads", "--head-dim", "--attention", "--kv-lora-rank",
-                 "--rope-dim")},
+                 "--rope-dim", "--pool-sizes")},
     ("-O", "duplicate"): "the same option twice with the same value is one option (different values are refused)",
     # sizes whose bytes only the ranks' memory preflight can weigh against the machine: it refuses them with
     # one line and exit 1 before any pool is allocated (test_errors.py test_pool_that_does_not_fit_in_memory)
@@ -176,7 +176,11 @@ SUITE_ACCEPTED = {  # (YAML takes types as written: a number is not a name, so t
     ("iters", "huge"): "--timeout bounds it", ("warmup", "huge"): "--timeout bounds it",
     ("workload.decode_pool_tokens", "huge"): "memory preflight", ("axes.tokens", "huge"): "memory preflight",
     ("axes.inflight", "huge"): "memory preflight", ("prefill_tflops", "huge"): "prefill_ms auto near 0",
+    ("pool_sizes", "huge"): "a size past the machine's RAM: refused by the run's config, which knows the machine",
 }
+
+
+LIST_GOOD = {"pool_sizes": "1MiB"}  # suite list fields empty by default, and a valid item of each
 
 
 def suite_fields():
@@ -195,10 +199,11 @@ def suite_with(field: str, kind: str) -> dict:
         default = (S.Axes if part == "axes" else S.Suite).model_fields[key].default if part != "workload" else None
         if not isinstance(default, list):
             return {}
-        target[key] = [default[0], default[0]]
+        one = default[0] if default else LIST_GOOD[key]  # a list empty by default (no sweep): a value it takes
+        target[key] = [one, one]
         return data
     v = SUITE_VALUES[kind]
-    is_list = part == "axes" or key == "variants"
+    is_list = part == "axes" or key in ("variants", *LIST_GOOD)
     target[key] = [v] if is_list else v
     return data
 

@@ -120,7 +120,7 @@ def test_each_lie_is_caught_in_each_mode_and_the_honest_transport_passes(launche
     if r.code == 4 and f"({name} " in line:  # the lie was an error: its one line names its case and the cause
         assert lie in ("early", "nothing") and "before the source posted" in line, line
         return
-    rows = r.table().query(f"transport == '{name}' and role != 'prefill'").query(where)
+    rows = r.transfers().query(f"transport == '{name}' and role != 'prefill'").query(where)
     assert len(rows) and (rows.status == "ok").all(), (name, mode, r.out[-2000:])
     wrong = rows.groupby("case")["nwrong"].sum()
     if mode == "workload":  # a write into a block nobody held is a violation of its case, counted like a wrong element
@@ -133,7 +133,7 @@ def test_each_lie_is_caught_in_each_mode_and_the_honest_transport_passes(launche
 
 def test_the_skipped_iteration_is_the_one_named(launched):
     """The skip lie drops iteration 1 only: its rows, and no other timed row, carry wrong elements."""
-    t = launched("push").table().query("transport == 'lie-skip' and role == 'decode'")
+    t = launched("push").transfers().query("transport == 'lie-skip' and role == 'decode'")
     bad = t[t.nwrong > 0]
     assert set(bad["iter"]) == {1}
 
@@ -148,7 +148,7 @@ def test_an_engine_whose_completion_comes_early_is_caught(launched, engine):
     if transports.probe(engine) is not None:
         pytest.skip(f"{engine}: {transports.probe(engine)}")
     r = launched("engines")
-    t = r.table().query("role != 'prefill'")
+    t = r.transfers().query("role != 'prefill'")
     rows, honest = t.query(f"transport == 'lie-early-{engine}'"), t.query(f"transport == '{engine}'")
     assert len(rows) and (rows.status == "ok").all(), r.out[-2000:] + r.err[-2000:]
     # caught: an engine that moves the bytes at memory speed (MPICH's Put within a node) may land them all

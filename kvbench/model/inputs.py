@@ -78,7 +78,8 @@ def sizes(v) -> list[int]:
     list of such strings, or of integers (bytes); each a positive whole number of bytes, none given twice."""
     if isinstance(v, list) and not v:  # none: no sweep
         return []
-    items = [x.strip() for x in (v.split(",") if isinstance(v, str) else [str(x) for x in v])]
+    seq = v.split(",") if isinstance(v, str) else v if isinstance(v, (list, tuple)) else [v]  # one size as a scalar
+    items = [str(x).strip() for x in seq]
     if not items or "" in items:
         raise ValueError(f"{v!r}: give sizes as a comma-separated list, e.g. 0.25,1,4GiB")
     parts = [re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", x) for x in items]

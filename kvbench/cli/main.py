@@ -29,7 +29,7 @@ vocabulary:
   block      block_size tokens of one layer (one region: K, V or an MLA latent); -b/-e/-f sweep it
   descriptor one contiguous copy (src offset, dst offset, bytes); paged = one per block per region
   coalesce   merge descriptors adjacent on both sides (on/off)
-  alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>, tail
+  alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>, tail, aged:<N>
   push/pull  push = prefill writes into decode's pool; pull = decode reads from prefill's pool
   bulk       the payload as one descriptor per layer (the link model's reference)
   ceiling    the best of bulk and the payload as contiguous 64 KiB-4 MiB chunks, measured alongside
@@ -94,7 +94,7 @@ def build_parser() -> Parser:
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>, tail (the pool's last "
-                   "blocks, as kvbench probe takes them)")
+                   "blocks, as kvbench probe takes them), aged:<N> (decode's free list after N requests)")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
     r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "

@@ -160,6 +160,8 @@ class LoadHarness(Harness):
         rows, info = [], {}
         if self.opts.check == "all":  # what each request's slot holds, computed before any clock runs
             x.prime([r for r in srcs if r == self.rank or self.rank in dests[r]])
+        if any(self.rank in d for d in dests.values()) and self.rank not in srcs:
+            x.dalloc = x.decode_allocator(self.rank)  # aged:<N> ages its free list here, before any clock runs
         try:
             self.comm.barrier()
             x.t0 = t0 = time.perf_counter()  # the workload's clock: clk() = perf_counter() - t0

@@ -9,8 +9,9 @@ from kvbench import memory
 from kvbench.harness.state import Session
 from kvbench.model import planes
 from kvbench.model import shapes as M
+from kvbench.model.ageing import aged_order
 from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
-from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
 from kvbench.model.schemes import Entry, offset_bulk
 from kvbench.transports.base import TransportError
 
@@ -40,6 +41,16 @@ def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
     return -(-int(need * factor) // memory.PAGE) * memory.PAGE
 
 
+def pool_allocator(nblocks: int, seed: int, case: dict, side: str) -> BlockAllocator:
+    """A rank's allocator for one side of a case: ``aged:<N>`` ages the decode side's (``dst``) free list first
+    (untimed: the control plane), seeded by ``seed``; every other allocator starts fresh."""
+    alloc = BlockAllocator(nblocks, seed=seed)
+    kind, n = parse_alloc(case["alloc"])
+    if kind == "aged" and side == "dst" and case.get("variant", "paged") == "paged":
+        alloc.age(aged_order(nblocks, case["block_size"], n, seed))
+    return alloc
+
+
 def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[Entry]:
     """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (``seed``: the
     case's own, from the run's seed and the case number)."""
@@ -47,6 +58,7 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
                                         g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
+    aged = parse_alloc(case["alloc"])[0] == "aged"  # the decode pool aged, the prefill's fresh: its runs are decode's
     allocs: dict[str, BlockAllocator] = {}
     mine, slots = {}, {}
     for i, (src, dst) in enumerate(s.pairs):
@@ -55,8 +67,9 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
                 if r != rank:
                     continue
                 if side not in allocs:
-                    allocs[side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
-                ids = allocs[side].allocate(g["nblocks"], "contiguous" if bulk else case["alloc"])
+                    allocs[side] = pool_allocator(lay.nblocks, seed * 7919 + r * 2 + (side == "dst"), case, side)
+                spec = "contiguous" if bulk or (aged and side == "src") else case["alloc"]
+                ids = allocs[side].allocate(g["nblocks"], spec)
                 if ids is None:
                     raise TransportError(f"pool of {lay.nblocks} blocks per layer cannot hold the requests "
                                          f"in flight; raise --pool-factor")

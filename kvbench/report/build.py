@@ -177,6 +177,7 @@ def bandwidth_section(page: Page, runs: list[Run]) -> None:
             "--link-gbps overrides; 'unknown' where kvbench cannot tell."],
             tables=[compact("bandwidth rows", bandwidth_table(bw))],
             figures=chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),
+                          plots.bandwidth_vs_age(bw),
                           plots.latency_percentiles(bw)))
 
 

@@ -10,6 +10,7 @@ from kvbench.config import suite as S
 from kvbench.config.runconfig import custom_model
 from kvbench.job import cleanup, comm
 from kvbench.model import shapes as M
+from kvbench.model import trace as T
 from kvbench.results import machine as hwfacts
 
 
@@ -78,7 +79,12 @@ def cmd_list(a) -> int:
     for m in M.PRESETS.values():
         desc = (f"mla {m.kv_lora_rank}+{m.rope_dim}" if m.attention == "mla"
                 else f"{m.attention} {m.kv_heads}x{m.head_dim}")
-        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16)")
+        ctx = f"{m.context:>8,} tokens context" if m.context else ""
+        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16)  {ctx}")
+    print("# traces (kvbench run --trace NAME, kvbench trace NAME; Apache-2.0, Mooncake FAST'25)")
+    for name in T.NAMED:
+        n, dur = T.brief(name)
+        print(f"  {name:<22} {n:>7,} requests {dur:>9,.1f} s  {n / dur if dur else 0:>6.2f} req/s")
     print("# suites")
     for name in S.list_suites():
         try:

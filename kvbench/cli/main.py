@@ -14,11 +14,12 @@ from kvbench.cli.info import cmd_env, cmd_list, cmd_size
 from kvbench.cli.probe import add_parser as add_probe_parser
 from kvbench.cli.probe import cmd_probe
 from kvbench.cli.trace import add_parser as add_trace_parser
-from kvbench.cli.trace import cmd_trace
+from kvbench.cli.trace import cmd_trace, positive
 from kvbench.config import suite as S
 from kvbench.memory.cachestate import HELP as CACHE_HELP
 from kvbench.memory.cachestate import MODES
 from kvbench.model import shapes as M
+from kvbench.model import trace as T
 from kvbench.model.schemes import SCHEME_HELP
 from kvbench.results.samples import DEFAULT_BUDGET_S
 from kvbench.selftest import main as selftest_main
@@ -53,6 +54,11 @@ def check_arg(text: str):
         return S.check_level(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1, all)") from None
+
+
+def positive_blocks(text: str) -> int:
+    """--cache-blocks of a run: one positive block count."""
+    return positive(text, "blocks")
 
 
 def build_parser() -> Parser:
@@ -143,7 +149,15 @@ def build_parser() -> Parser:
     wl.add_argument("--prompt", type=text, help="prompt lengths: N, a,b,c (cycled), uniform:lo:hi, lognormal:median:sigma")
     wl.add_argument("--decode-ms", type=float, help="how long a request holds its decode blocks after landing")
     wl.add_argument("--alloc-timeout", type=float, help="ms a request may wait for decode blocks before it is dropped")
-    wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded)")
+    wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded; under "
+                    "--trace: 4 x its longest request)")
+    wl.add_argument("--trace", type=text, metavar="FILE|NAME", help="replay a request trace (Mooncake JSONL, or "
+                    f"{', '.join(T.NAMED)}): its arrivals, prompts and decode prefix-cache hits; --requests per "
+                    "prefill rank from its start (docs/usage.md, Replaying a trace)")
+    wl.add_argument("--speed", type=csv(float), metavar="X", help="--trace: timestamps divided by X (50: 50 times "
+                    "faster; default 1)")
+    wl.add_argument("--cache-blocks", type=positive_blocks, metavar="N", help="--trace: the decode prefix cache, an "
+                    "LRU of N blocks of the trace (default: unbounded)")
     r.add_argument("--variants", type=csv(str), help="what each payload is measured as: bulk (one descriptor per "
                    "layer), ceiling (contiguous 64K-4M chunks), hot (one layer's buffer re-sent), paged (the block "
                    "table); default bulk,ceiling,paged")

@@ -124,7 +124,7 @@ def run(a, argv: list[str]) -> int:
         if suite.workload is not None:  # many requests, bounded decode pool, back-pressure
             from kvbench.harness.load import LoadHarness
 
-            h = LoadHarness(c, opts, suite.workload)
+            h = LoadHarness(c, opts, suite.workload, cfg.trace_plan())
         else:
             h = Harness(c, opts)
         GUARD.run_id = h.run_id
@@ -237,7 +237,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     suite, cases = cfg.suite, cfg.cases
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus)
                  + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)
-                 + placing.preamble(h.placement, cases, make_pairs(suite.scheme, c.size))):
+                 + placing.preamble(h.placement, cases, make_pairs(suite.scheme, c.size)) + cfg.trace_lines(c.size)):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:
@@ -250,7 +250,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
             "placement": h.placement,  # per rank: host, local rank, GPU (-1: none) and its PCI bus, nearest NIC
             "shm_segments": {"kvbench": f"{cleanup.SHM_DIR}/kvbench_{h.run_id}_*",
                              "mpich": sorted({p for part in mpich for p in part})},
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "trace": cfg.trace_plan().facts() if cfg.trace else None}
     if cfg.resume:
         writer = ResultWriter.reopen(cfg.resume, meta, lock)
         done = list(writer.meta.get("groups_done", []))

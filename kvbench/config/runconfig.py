@@ -18,6 +18,7 @@ from kvbench.config import suite as S
 from kvbench.harness.state import Options
 from kvbench.memory import device, driver, host, placement
 from kvbench.model import shapes as M
+from kvbench.model import traceplan
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.transports import options as O
 
@@ -26,6 +27,7 @@ FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout"
              "copy", "prefill")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
+TRACE_FLAGS = ("trace", "speed", "cache_blocks")
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
                "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget", "pool_sizes")
 DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
@@ -52,6 +54,20 @@ class RunConfig(BaseModel):
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
     argv: list[str] = []
+    trace: dict[str, Any] | None = None  # workload.trace read on rank 0: traceplan.TracePlan's fields
+
+    def trace_plan(self) -> traceplan.TracePlan | None:
+        return None if self.trace is None else traceplan.TracePlan(**self.trace)
+
+    def trace_lines(self, world: int) -> list[str]:
+        """The preamble's word on a trace's replay: what it replays, its hit rates, and every clip it makes."""
+        p = self.trace_plan()
+        if p is None:
+            return []
+        speeds = [float(a.partition(":")[2]) for a in self.suite.axes.arrival]
+        contexts = {m: self.shapes()[m].context for m in dict.fromkeys(c["model"] for c in self.cases)}
+        srcs = len({s for s, _ in make_pairs(self.suite.scheme, world)})
+        return traceplan.preamble(p, srcs, speeds, contexts, self.suite.workload.decode_pool_tokens)
 
     def shapes(self) -> dict[str, M.ModelShape]:
         return {n: M.ModelShape(**f) for n, f in self.models.items()}
@@ -106,7 +122,7 @@ def gave_sweep(a) -> bool:
     """Did the user name a suite or override any of its fields?"""
     return bool(a.suite or a.layers is not None or block_sweep(a) or a.variants or a.check is not None
                 or any(getattr(a, k, None) for k in FLAG_AXES)
-                or any(getattr(a, k, None) is not None for k in (*SUITE_FLAGS, *WORKLOAD_FLAGS)))
+                or any(getattr(a, k, None) is not None for k in (*SUITE_FLAGS, *WORKLOAD_FLAGS, *TRACE_FLAGS)))
 
 
 def merge(a) -> S.Suite:
@@ -128,8 +144,11 @@ def merge(a) -> S.Suite:
     if a.variants:
         data["variants"] = a.variants
     wl = {key: getattr(a, attr) for attr, key in WORKLOAD_FLAGS.items() if getattr(a, attr) is not None}
+    wl.update(trace_flags(a, axes))
     if wl or (a.arrival and any(x != "none" for x in a.arrival) and data.get("workload") is None):
         data["workload"] = dict(data.get("workload") or {}, **wl)
+    if (data.get("workload") or {}).get("trace") and axes["arrival"] == ["none"]:
+        axes["arrival"] = ["trace:1"]  # a suite's trace replayed at its own pace
     for key in SUITE_FLAGS:
         if getattr(a, key, None) is not None:
             data[key] = getattr(a, key)
@@ -138,6 +157,25 @@ def merge(a) -> S.Suite:
     if a.name:
         data["name"] = a.name
     return S.validate(data, a.suite or "command line")
+
+
+def trace_flags(a, axes: dict) -> dict:
+    """--trace, --speed, --cache-blocks -> workload fields (and the arrival axis); flags they contradict refused."""
+    trace, speeds, cache = (getattr(a, k, None) for k in TRACE_FLAGS)
+    if trace is None:
+        for flag, v in (("--speed", speeds), ("--cache-blocks", cache)):
+            if v is not None:
+                raise ConfigError(f"{flag} applies to a trace's replay: give --trace FILE|NAME")
+        return {}
+    for flag, v, what in (("--arrival", a.arrival, "arrivals"), ("--prompt", a.prompt, "prompt lengths"),
+                          ("--prefix-hit", a.prefix_hit, "prefix hits (its decode prefix cache)")):
+        if v:
+            raise ConfigError(f"{flag}: --trace replays the trace's {what}: leave {flag} out")
+    for x in speeds or [1.0]:
+        if not (x > 0 and x < float("inf")):  # nan compares false: refused
+            raise ConfigError(f"--speed {x:g}: give a positive factor (50 replays the trace 50 times faster)")
+    axes["arrival"] = [f"trace:{x:g}" for x in speeds or [1.0]]
+    return {"trace": trace} | ({"cache_blocks": cache} if cache is not None else {})
 
 
 # a result set's files are <stamp>_<name>[-N]<suffix> (results/store.py); the longest suffix is the sidecar's
@@ -216,10 +254,31 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map,
+                     trace=read_trace(suite, world),
                      results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), bind=a.bind,
                      name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
+
+
+def read_trace(suite: S.Suite, world: int) -> dict | None:
+    """workload.trace read on rank 0 (the other ranks need no copy of the file): the requests its prefill ranks
+    replay, with their hits; one line when the trace is unreadable, too short or slower than --timeout."""
+    w = suite.workload
+    if w is None or w.trace is None:
+        return None
+    srcs = len({s for s, _ in make_pairs(suite.scheme, world)})
+    try:
+        p = traceplan.plan(w.trace, w.requests * srcs, w.cache_blocks)
+    except traceplan.T.TraceError as exc:
+        raise ConfigError(f"--trace: {exc}") from None
+    for spec in suite.axes.arrival:
+        speed = float(spec.partition(":")[2])
+        if p.arrival_s[-1] / speed > suite.timeout:
+            raise ConfigError(f"--speed {speed:g}: the replay's arrivals span {p.arrival_s[-1] / speed:,.0f} s, more "
+                              f"than one case may take (--timeout {suite.timeout:g} s): raise --speed or --timeout, "
+                              "or replay fewer --requests")
+    return p.as_dict()
 
 
 def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:
@@ -301,6 +360,7 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
                        results=root,
                        name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
                        gpu_map=meta.get("gpu_map"), resume=path, argv=meta.get("argv", []))
+    stored.trace = read_trace(stored.suite, world)
     if gave_sweep(a) or a.option:
         mine = fresh(a, argv, world)
         for field in ("suite", "cases", "transport_options"):

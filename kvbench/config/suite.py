@@ -135,12 +135,23 @@ class Workload(BaseModel):
     decode_ms: float = Field(default=20.0, ge=0, le=MAX_MS)  # a request holds its decode blocks this long after landing
     alloc_timeout_ms: float = Field(default=1000.0, ge=0, le=MAX_MS)  # back-pressure wait before a request is dropped
     decode_pool_tokens: int = Field(default=0, ge=0)  # decode pool capacity in tokens (0: room for every request)
+    # a request trace to replay (a .jsonl[.gz] path or a named one; model/traceplan.py): arrivals, prompts and
+    # prefix hits come from it, its speed from axes.arrival (trace:<speed>); 0 decode_pool_tokens: 4 x its
+    # longest request
+    trace: str | None = Field(default=None, min_length=1)
+    cache_blocks: int | None = Field(default=None, ge=1)  # the trace's decode prefix cache, LRU (None: unbounded)
 
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, v):
         parse_prompt(v)
         return v
+
+    @model_validator(mode="after")
+    def _trace(self):
+        if self.cache_blocks is not None and self.trace is None:
+            raise ValueError("cache_blocks is the decode prefix cache of a trace's replay: it needs a trace")
+        return self
 
 
 CHECK_LEVELS = "0 (none), 1 (one checked transfer after timing, the default) or all (every timed iteration too)"
@@ -336,6 +347,14 @@ def expand(suite: Suite) -> list[dict]:
         if (case["arrival"] == "none") != (suite.workload is None):
             raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
                              f"axes.arrival ({ARRIVAL_HELP})")
+        traced = suite.workload is not None and suite.workload.trace is not None
+        if case["arrival"].startswith("trace:") != traced:
+            raise SuiteError(f"workload.trace takes its arrivals from the trace: arrival {case['arrival']} is not "
+                             "trace:<speed>" if traced else
+                             f"arrival {case['arrival']} replays a trace: it needs workload.trace")
+        if traced and case["prefix_hit"]:
+            raise SuiteError(f"prefix_hit {case['prefix_hit']}: a trace's replay takes each request's prefix hit "
+                             "from its decode prefix cache (leave prefix_hit 0)")
         case["workload"] = case["arrival"]
         from kvbench.model.formats import Format
 

@@ -33,6 +33,7 @@ class ModelShape:
     q_heads: int = 0
     active_params_b: float = 0.0  # parameters a token passes through (MoE: fewer than params_b); 0 = params_b
     source: str = ""
+    context: int = 0  # the longest prompt it takes (max_position_embeddings), in tokens; 0 = not known
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -46,6 +47,8 @@ class ModelShape:
                 raise ValueError(f"rope_dim {self.rope_dim} is negative")
         elif self.kv_heads <= 0 or self.head_dim <= 0:
             raise ValueError("kv_heads and head_dim must be positive integers")
+        if self.context < 0:
+            raise ValueError(f"context {self.context} is negative (0: not known)")
 
     @property
     def regions(self) -> int:
@@ -64,24 +67,24 @@ class ModelShape:
 PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in [
-        # meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192
-        ModelShape("llama-2-70b", 80, 8, 128, "gqa", params_b=69.0, q_heads=64, source="meta-llama/Llama-2-70b-hf config.json"),
-        # meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096
-        ModelShape("llama-3-8b", 32, 8, 128, "gqa", params_b=8.0, q_heads=32, source="meta-llama/Meta-Llama-3-8B config.json"),
-        # meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads, 8 KV heads
-        ModelShape("llama-3-70b", 80, 8, 128, "gqa", params_b=70.6, q_heads=64, source="meta-llama/Meta-Llama-3-70B config.json"),
-        # meta-llama/Llama-3.1-405B config.json: 126 layers, 128 heads, 8 KV heads, hidden 16384
-        ModelShape("llama-3.1-405b", 126, 8, 128, "gqa", params_b=405.0, q_heads=128, source="meta-llama/Llama-3.1-405B config.json"),
-        # Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads, 4 KV heads, hidden 3584 (head_dim 128)
-        ModelShape("qwen2.5-7b", 28, 4, 128, "gqa", params_b=7.6, q_heads=28, source="Qwen/Qwen2.5-7B config.json"),
-        # Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192
-        ModelShape("qwen2.5-72b", 80, 8, 128, "gqa", params_b=72.7, q_heads=64, source="Qwen/Qwen2.5-72B config.json"),
-        # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096
-        ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, active_params_b=12.9, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
-        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64
-        ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, active_params_b=37.0, source="deepseek-ai/DeepSeek-V3 config.json"),
-        # facebook/opt-66b config.json: 64 layers, 72 heads x 128 (MHA, hidden 9216)
-        ModelShape("opt-66b", 64, 72, 128, "mha", params_b=66.0, q_heads=72, source="facebook/opt-66b config.json"),
+        # meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192; max_position_embeddings 4096
+        ModelShape("llama-2-70b", 80, 8, 128, "gqa", params_b=69.0, q_heads=64, context=4096, source="meta-llama/Llama-2-70b-hf config.json"),
+        # meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096; max_position_embeddings 8192
+        ModelShape("llama-3-8b", 32, 8, 128, "gqa", params_b=8.0, q_heads=32, context=8192, source="meta-llama/Meta-Llama-3-8B config.json"),
+        # meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads, 8 KV heads; max_position_embeddings 8192
+        ModelShape("llama-3-70b", 80, 8, 128, "gqa", params_b=70.6, q_heads=64, context=8192, source="meta-llama/Meta-Llama-3-70B config.json"),
+        # meta-llama/Llama-3.1-405B config.json: 126 layers, 128 heads, 8 KV heads, hidden 16384; max_position_embeddings 131072
+        ModelShape("llama-3.1-405b", 126, 8, 128, "gqa", params_b=405.0, q_heads=128, context=131072, source="meta-llama/Llama-3.1-405B config.json"),
+        # Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads, 4 KV heads, hidden 3584 (head_dim 128); max_position_embeddings 131072
+        ModelShape("qwen2.5-7b", 28, 4, 128, "gqa", params_b=7.6, q_heads=28, context=131072, source="Qwen/Qwen2.5-7B config.json"),
+        # Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192; max_position_embeddings 131072
+        ModelShape("qwen2.5-72b", 80, 8, 128, "gqa", params_b=72.7, q_heads=64, context=131072, source="Qwen/Qwen2.5-72B config.json"),
+        # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096; max_position_embeddings 32768
+        ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, active_params_b=12.9, context=32768, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
+        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64; max_position_embeddings 163840
+        ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, active_params_b=37.0, context=163840, source="deepseek-ai/DeepSeek-V3 config.json"),
+        # facebook/opt-66b config.json: 64 layers, 72 heads x 128 (MHA, hidden 9216); max_position_embeddings 2048
+        ModelShape("opt-66b", 64, 72, 128, "mha", params_b=66.0, q_heads=72, context=2048, source="facebook/opt-66b config.json"),
     ]
 }
 
@@ -121,6 +124,7 @@ class ModelFile(BaseModel):
     q_heads: int = Field(0, ge=0)
     active_params_b: float = Field(0.0, ge=0)
     source: str = ""
+    context: int = Field(0, ge=0)
 
 
 def load_model_yaml(path: str) -> ModelShape:

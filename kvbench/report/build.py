@@ -8,7 +8,7 @@ import pandas as pd
 
 from kvbench.results.samples import FOOTNOTE
 
-from . import codecs, fitsection, plots, setup, summary
+from . import codecs, fitsection, plots, setup, summary, tracesection
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
@@ -219,6 +219,7 @@ def skipped_section(page: Page, runs: list[Run]) -> None:
 # runs hold no rows of its kind.  ``register`` adds one before Skipped (the reasons close the page).
 SECTIONS: list = [summary.add_section,  # the first screen: the best of each path, exposed time per model, the machine
                   runs_section, bandwidth_section, exposed_section, workload_section,
+                  tracesection.add_section,  # a workload that replayed a trace: its hit rates and tails
                   setup.add_section,  # what each transport's setup cost, when a run has setup rows (schema 6)
                   fitsection.add_section,  # the link model, when a run sweeps enough block sizes
                   codecs.add_section,  # codecs against none, when a run has codec rows

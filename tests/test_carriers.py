@@ -86,6 +86,13 @@ def test_carriage_bytes_and_wire_over_payload():
     assert both.wire_over_payload == 2_100 / 2_000
 
 
+def test_per_nic_wire_over_payload():
+    moved = {"rail0": (2_100, 30), "rail1": (2_000, 20)}
+    assert C.per_nic(moved, sent=4_000, received=0) == {"rail0": 2_100 / 4_000, "rail1": 2_000 / 4_000}
+    assert C.per_nic(moved, sent=0, received=50) == {"rail0": 30 / 50, "rail1": 20 / 50}
+    assert C.per_nic(moved, 0, 0) == {}
+
+
 def test_carriage_memory_path_and_nothing():
     c = C.carriage({"eth0": (400, 0)}, sent=1_000, received=0)  # under half the payload: not a NIC
     assert c.carrier == C.NONE and c.tx_bytes == 0 and c.wire_over_payload == 0.0

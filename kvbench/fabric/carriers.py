@@ -76,6 +76,13 @@ def carriage(moved: dict, sent: int, received: int) -> Carriage:
     return Carriage(encode(moved), ",".join(names), tx, rx, ratio)
 
 
+def per_nic(moved: dict, sent: int, received: int) -> dict[str, float]:
+    """Each NIC's wire bytes over payload: its bytes in the payload's direction(s) / the payload (empty without
+    payload); they sum to the whole rank's wire over payload."""
+    need = sent + received
+    return {n: (tx * (sent > 0) + rx * (received > 0)) / need for n, (tx, rx) in sorted(moved.items())} if need else {}
+
+
 def note(carrier_text: str, asked: list[str] | None, network: bool) -> str:
     """What a network row must say about its carrier: '' when it is what was asked (or nothing to say)."""
     names = [n for n in carrier_text.split(",") if n]

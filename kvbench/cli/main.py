@@ -1,4 +1,4 @@
-"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan, probe.
+"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan, probe (selftest and lab parse their own).
 
 A user mistake is one line on rank 0 and exit code 1 from every rank; a
 failed rank aborts the whole job; only rank 0 prints tables.
@@ -16,6 +16,7 @@ from kvbench.cli.probe import cmd_probe
 from kvbench.cli.trace import add_parser as add_trace_parser
 from kvbench.cli.trace import cmd_trace, positive
 from kvbench.config import suite as S
+from kvbench.lab import main as lab_main
 from kvbench.memory.cachestate import HELP as CACHE_HELP
 from kvbench.memory.cachestate import MODES
 from kvbench.model import shapes as M
@@ -188,6 +189,8 @@ def build_parser() -> Parser:
     sub.add_parser("env", help="what this machine is: CPU, memory, MPI, GPUs, NICs, library versions")
     sub.add_parser("selftest", help="(root) kvbench's tcp/mpi rates and exposed time against a tc-shaped veth "
                    "between two network namespaces; options: kvbench selftest --help")
+    sub.add_parser("lab", help="(root) a fabric of network namespaces: kvbench lab up --nodes N --rails R --rate "
+                   "1gbit; kvbench lab run -- <run arguments>; kvbench lab down; options: kvbench lab --help")
     rep = sub.add_parser("report", help="print the table of result files, or (-o DIR) write a report: Markdown, "
                          "one self-contained HTML page with plots, and CSV")
     rep.add_argument("files", nargs="+", help="results/runs/<machine>/<stamp>_<suite>.parquet (any mix of bandwidth, "
@@ -216,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["selftest"]:  # its own parser (kvbench/selftest/run.py): every option passes through
         return selftest_main(argv[1:])
+    if argv[:1] == ["lab"]:  # its own parser (kvbench/lab/cmd.py): up, run -- <run arguments>, down, status
+        return lab_main(argv[1:])
     parser = build_parser()
     try:
         a = parser.parse_args(argv)

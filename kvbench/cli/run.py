@@ -10,7 +10,7 @@ from kvbench import __version__, transports
 from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
-from kvbench.harness import placing
+from kvbench.harness import carriage, placing
 from kvbench.harness.loop import Harness
 from kvbench.harness.state import UserError
 from kvbench.job import cleanup, comm, faults, reaper
@@ -235,9 +235,9 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
 
     suite, cases = cfg.suite, cfg.cases
-    for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus)
-                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)
-                 + placing.preamble(h.placement, cases, make_pairs(suite.scheme, c.size)) + cfg.trace_lines(c.size)):
+    pairs = make_pairs(suite.scheme, c.size)
+    for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
+                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.trace_lines(c.size)):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:
@@ -302,7 +302,7 @@ def footer(cfg, writer, printer, h) -> int:
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
     sus = bounds.suspects(df, st)  # a time beyond physics (results/bounds.py)
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))
-    for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)):
+    for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)) + carriage.footer_lines(df):
         print(line)
     for s in sus:
         print(f"# {bounds.line(s)}")
@@ -315,7 +315,7 @@ def footer(cfg, writer, printer, h) -> int:
                   clocks=pair_clocks(df),
                   reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
                   suspects=[bounds.line(s) for s in sus], harness_overhead_us=overhead_us(printer),
-                  layer_cost_us=layer_costs(df),
+                  layer_cost_us=layer_costs(df), carriers=carriage.sidecar(df),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
 

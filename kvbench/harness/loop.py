@@ -1,14 +1,12 @@
 """The one timing loop: pools, registration, warm-up, barrier, iterations; then the check and the rows.
 
-Beside it: requests.py (a case's geometry, pool size and plan of requests), checkpass.py (the clock match
-and the check transfer after the timed iterations) and rows.py (building and delivering result rows).
-
-The harness owns *how* a case is measured; transports own *what* moves.
-An iteration starts when a barrier ends.  Each rank records, for each of
-its requests, when its part was complete; for the destination that means
-the bytes are visible in its pool (its own receive completed, or the
-initiator's notification arrived).  The headline per request is the max
-over the two ranks of its pair, computed when results are read.
+Beside it: requests.py (a case's geometry, pool size and plan of requests), checkpass.py (the clock match and
+the check transfer after the timed iterations), rows.py (building and delivering result rows) and carriage.py
+(the NICs' counters around the timed iterations).  The harness owns *how* a case is measured; transports own
+*what* moves.  An iteration starts when a barrier ends.  Each rank records, for each of its requests, when its
+part was complete; for the destination that means the bytes are visible in its pool (its own receive
+completed, or the initiator's notification arrived).  The headline per request is the max over the two ranks
+of its pair, computed when results are read.
 """
 from __future__ import annotations
 
@@ -20,6 +18,7 @@ from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
 from kvbench.harness import bounds, checkpass, placing, preflight, requests, setuprows
 from kvbench.harness.calibrate import Calibration
+from kvbench.harness.carriage import Carrying
 from kvbench.harness.preflight import device_reason
 from kvbench.harness.requests import case_geometry, case_label, pool_bytes
 from kvbench.harness.rows import Rows
@@ -35,7 +34,7 @@ from kvbench.results import costs
 from kvbench.transports.base import Context, TransportError
 
 
-class Harness(Rows, Calibration):
+class Harness(Rows, Calibration, Carrying):
     """Runs expanded cases on every rank; rank 0 gets the rows through ``sink``."""
 
     def __init__(self, comm, opts: Options, sink=None):
@@ -76,6 +75,7 @@ class Harness(Rows, Calibration):
                               max(self.opts.pool_sizes, default=0))
         if why:
             raise UserError(why)
+        self.check_routes(cases, scheme)  # pinned NICs: one that does not exist, a route leaving by another
 
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
@@ -329,6 +329,8 @@ class Harness(Rows, Calibration):
             for k in range(warmup + iters):
                 cache0 = m.cache.count if m.cache is not None else 0
                 every = m.every if k >= warmup else None  # -c all: this timed iteration is checked
+                if k == warmup:  # the NICs' counters before the first timed iteration, outside its window
+                    self.nic_mark(m)
                 if every is not None:
                     every.before(m.next)
                 done, inside, hs, offset = self._once(m, m.next)  # from the end of a barrier
@@ -366,6 +368,7 @@ class Harness(Rows, Calibration):
                 if k + 1 == warmup + iters // 2 and not m.mid:  # half-way: the steady state's start
                     m.mid = True
                     self.sample(m.case["transport"], "mid", m.no)
+            self.nic_take(m)
         finally:
             GUARD.disarm()
         m.spent, m.ran = m.spent + time.perf_counter() - began, m.ran + warmup + iters  # --ci-budget's clock
@@ -394,4 +397,4 @@ class Harness(Rows, Calibration):
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
                   every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
-                  first=[m.first[p] for p in pos] if m.first else None)
+                  first=[m.first[p] for p in pos] if m.first else None, carry=self.carrier_columns(m, s))

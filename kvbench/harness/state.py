@@ -65,6 +65,8 @@ class Measurement:
     every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)
     bounds: dict = field(default_factory=dict)  # id(entry) -> (GB/s its path can carry, kind) (harness/bounds.py)
     first: list | None = None  # per entry in the iteration's order: its first transfer's seconds (setuprows.py)
+    nic_before: dict | None = None  # every NIC's counters before the timed iterations under way (carriage.py)
+    nic_moved: dict | None = None  # per NIC (tx, rx) bytes over the case's timed iterations so far
 
 
 class UserError(ValueError):

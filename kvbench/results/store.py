@@ -20,17 +20,18 @@ import threading
 import numpy as np
 import pandas as pd
 
+from kvbench.fabric.carriers import COLUMNS as CARRIER_DEFAULTS
 from kvbench.job import faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
 
-SCHEMA_VERSION = 6  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
-# blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below)
-READS = (1, 2, 3, 4, 5, 6)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4, 5, 6)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below); 7: carriers
+READS = (1, 2, 3, 4, 5, 6, 7)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5, 6, 7)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -46,16 +47,14 @@ CASE_COLUMNS += ["cache"]  # v4: where a request's bytes were when its iteration
 ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
                               "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
                               "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
-# --- v3, codecs (kvbench/codecs/path.py): per row and iteration, this rank's seconds encoding (source) or decoding
-# and scattering (destination) the request's layers
-# codec_max_abs_err / codec_max_rel_err: on a lossy codec's check row, the largest errors (nwrong counts the
-# elements outside its stated tolerance, docs/codecs.md)
+# --- v3, codecs (kvbench/codecs/path.py): per row and iteration, this rank's seconds encoding (source) or decoding and
+# scattering (destination) the request's layers; codec_max_abs_err / codec_max_rel_err: on a lossy codec's check
+# row, the largest errors (nwrong counts the elements outside its stated tolerance, docs/codecs.md)
 ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_max_rel_err"]
 # skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
 # clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
-# its source's; completion: who stamped the landing,
-# "transport" (its own receive or progress thread) or "harness" (the moment its wait or notification returned)
-
+# its source's; completion: who stamped the landing, "transport" (its own receive or progress thread) or "harness"
+# (the moment its wait or notification returned)
 # --- v3, device memory: copy = the copy engine of device bytes (copy.py; "batch" for host rows, where it is unused);
 # gather_s / wire_s / scatter_s = seconds this rank spent in each stage of the staged transport in this iteration
 # (device -> bounce, the inner transport, bounce -> device; NaN for every other transport)
@@ -103,6 +102,7 @@ ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "win
 # status "none", no seconds, and the reason
 SETUP_DEFAULTS = {"row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": np.nan}
 ROW_COLUMNS += list(SETUP_DEFAULTS)
+ROW_COLUMNS += list(CARRIER_DEFAULTS)  # schema 7: a timed row's NICs and carrier (fabric/carriers.py; 1-6 read empty)
 
 
 def transfer_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -118,7 +118,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
                        "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS,
-                       **SETUP_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       **SETUP_DEFAULTS, **CARRIER_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

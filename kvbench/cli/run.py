@@ -316,7 +316,8 @@ def footer(cfg, writer, printer, h) -> int:
                   reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
                   suspects=[bounds.line(s) for s in sus], harness_overhead_us=overhead_us(printer),
                   layer_cost_us=layer_costs(df),
-                  transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
+                  transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}),
+                  **({"per_request": h.per_request_counts} if getattr(h, "per_request_counts", None) else {}))
     return ST.exit_code(status)
 
 

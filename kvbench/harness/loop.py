@@ -18,7 +18,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import bounds, checkpass, placing, preflight, requests, setuprows
+from kvbench.harness import bounds, checkpass, placing, preflight, registering, requests, setuprows
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.preflight import device_reason
 from kvbench.harness.requests import case_geometry, case_label, pool_bytes
@@ -33,26 +33,6 @@ from kvbench.model.layout import Pool
 from kvbench.model.schemes import Entry, SchemeError, make_pairs, max_entries_per_rank
 from kvbench.results import costs
 from kvbench.transports.base import Context, TransportError
-
-
-def session_key(case: dict) -> tuple:
-    """Cases that share one transport instance and pool: same memory kind, copy engine and --register; under
-    per-request also the same op (it decides whose pool its peers reach, which stays registered once)."""
-    reg = case.get("register", "once")
-    return case.get("memory", "host"), case.get("copy", "batch"), reg, case["op"] if reg == "per-request" else ""
-
-
-def reached(rank: int, op: str, pairs) -> bool:
-    """Peers reach into this rank's pool in ``op``: it is a push's destination or a pull's source."""
-    return any(rank == (d if op == "push" else s) for s, d in pairs)
-
-
-def per_request_reason(cls, case: dict) -> str | None:
-    """Why --register per-request cannot run on ``cls`` (None where it can)."""
-    if case.get("register", "once") != "per-request" or (cls.per_request() and not cls.caps.local_only):
-        return None
-    return (f"--register per-request: {cls.caps.unregistered or f'{cls.name} has no per-request registration'} "
-            "(per-request: nixl, mooncake)")
 
 
 class Harness(Rows, Calibration):
@@ -107,9 +87,8 @@ class Harness(Rows, Calibration):
         for i, (name, group) in enumerate(groupby(cases, key=lambda c: c["transport"])):
             if i:
                 faults.at("between-transports", self.rank)
-            # one pool and one transport per (memory kind, copy engine, registration): the pool's kind is fixed at
-            # allocation; per-request also per op, which decides whose pool peers reach (registered once)
-            for _, sub in groupby(group, key=session_key):
+            # one pool and one transport per (memory kind, copy engine, --register): a pool's kind is fixed at allocation
+            for _, sub in groupby(group, key=registering.session_key):
                 self.run_transport(name, list(sub), pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
@@ -135,7 +114,7 @@ class Harness(Rows, Calibration):
             elif all(c["op"] not in cls.caps.ops for c in cases):
                 reason = f"supports only {', '.join(cls.caps.ops)}"
             else:
-                reason = device_reason(cls, cases[0]) or per_request_reason(cls, cases[0])
+                reason = device_reason(cls, cases[0]) or registering.reason(cls, cases[0])
         reasons = [r for r in self.comm.allgather(reason) if r]
         if reasons:
             for case in cases:
@@ -149,7 +128,7 @@ class Harness(Rows, Calibration):
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
                       memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
                       gpu=self.my_place()["gpu"], nic=self.my_place()["nic"], register=cases[0].get("register", "once"),
-                      reached=reached(self.rank, cases[0]["op"], pairs))
+                      reached=registering.reached(self.rank, cases[0]["op"], pairs))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
@@ -173,9 +152,7 @@ class Harness(Rows, Calibration):
                 for p in pools:  # once per pool, never per request
                     a = time.perf_counter()
                     metas.append(t.register(p))
-                    ph.add("register", time.perf_counter() - a, p.nbytes, reason=t.caps.unregistered or (
-                        "" if ctx.pool_once else "--register per-request: no pool registered at setup (each "
-                        "request's blocks are, around its transfer)"))
+                    ph.add("register", time.perf_counter() - a, p.nbytes, reason=registering.setup_note(t))
                 register_s = sum(g[1] for g in ph.got if g[0] == "register")
             c0 = time.perf_counter()
             peers = {}
@@ -234,10 +211,7 @@ class Harness(Rows, Calibration):
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
-                if ctx.register == "per-request":  # the sidecar's per_request: registrations made and undone
-                    got = self.comm.gather(t.info().get("per_request") if active else None)
-                    if self.rank == 0:
-                        self.per_request_counts[f"{name} {cases[0]['op']}"] = got
+                registering.count(self, t, cases[0], active)
         except Exception as exc:  # the exit path before this rank's pools go: a peer opening them would be named instead
             GUARD.fail_early(exc)
             raise

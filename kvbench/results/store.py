@@ -13,7 +13,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 import threading
 
@@ -24,6 +23,7 @@ from kvbench.job import faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
+from kvbench.results.machine import git_commit, library_versions  # noqa: F401  (the sidecar's facts, as before)
 
 SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
@@ -307,34 +307,6 @@ def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
                 os.unlink(path)
             except OSError:
                 pass
-
-
-def git_commit() -> str:
-    """The commit of the kvbench checkout, with -dirty if it has local changes."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if sha.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return sha.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries that shape the numbers."""
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for pkg in ("kvbench", "numpy", "pandas", "pyarrow", "mpi4py", "mpich", "openmpi", "nixl", "ucxx-cu12",
-                "mooncake-transfer-engine-non-cuda", "torch", "cupy-cuda12x"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 def pair_times(df: pd.DataFrame) -> pd.Series:

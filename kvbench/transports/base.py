@@ -68,7 +68,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvbench import memory
-from kvbench.model.descriptors import DST, LEN, SRC, regions
+from kvbench.model.descriptors import DST, LEN, SRC
+from kvbench.transports.registration import PerRequest
 
 OPS = ("push", "pull")
 
@@ -113,30 +114,22 @@ class Context:
     copy: str = "batch"  # copy engine for device bytes (copy.py): memcpy, kernel, batch
     gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
     nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
-    # --register: "once" (the pool at setup) or "per-request" (each request's local blocks around its transfer,
-    # register_request); reached: peers reach into this rank's pool (it is a target), so it stays registered once
-    register: str = "once"
-    reached: bool = True
-
-    @property
-    def pool_once(self) -> bool:
-        """Register the whole pool at setup: always under ``once``; under ``per-request`` where peers reach it."""
-        return self.register == "once" or self.reached
+    register: str = "once"  # --register: once, or per-request (transports/registration.py)
+    reached: bool = True  # peers reach into this rank's pool: under per-request it stays registered once
 
 
 @dataclass
 class Buffer:
     """Memory a transport allocated for a pool (shared segment, MPI window...).
 
-    ``array`` is a page-aligned ``uint8`` numpy view of ``nbytes`` bytes;
-    ``release`` frees it (called once, by the pool).
+    ``array`` is a page-aligned ``uint8`` numpy view of ``nbytes`` bytes; ``release`` frees it (once, by the pool).
     """
 
     array: np.ndarray
     release: Any = None
 
 
-class Transport:
+class Transport(PerRequest):
     """Base class with the protocol's defaults. Subclasses set name and caps."""
 
     name: ClassVar[str] = "?"
@@ -207,50 +200,6 @@ class Transport:
 
     def deregister_region(self, handle) -> None:
         """Undo ``register_region``."""
-
-    def register_request(self, op: str, peer: int, groups: list[list[np.ndarray]]):
-        """--register per-request, on the initiator: register this request's local blocks with the library (its
-        descriptor arrays as the harness posts them: ``groups`` of layers; ``request_regions``) and rebuild what
-        that registration invalidates (prepared descriptor lists); a handle for ``deregister_request``.  The
-        harness calls it inside the timed request, before its first post.  Not overridden: this transport has no
-        per-request registration (``per_request``)."""
-        raise NotImplementedError
-
-    def deregister_request(self, handle) -> None:
-        """Undo ``register_request`` once the request's transfers completed (what referenced the registration
-        first)."""
-        raise NotImplementedError
-
-    @classmethod
-    def per_request(cls) -> bool:
-        """It registers a request's blocks around its transfer under --register per-request."""
-        return cls.register_request is not Transport.register_request
-
-    def request_regions(self, op: str, groups: list[list[np.ndarray]]) -> np.ndarray:
-        """The local byte ranges of a request, pool offsets merged where they touch (descriptors.regions): the
-        source column for a push, the destination's for a pull.  Built once per list: the harness passes the
-        same list every iteration (the cache holds it, so its id stays its own)."""
-        cache = self.__dict__.setdefault("_regions", {})
-        hit = cache.get(id(groups))
-        if hit is not None and hit[0] is groups:
-            return hit[1]
-        arrays = [d for g in groups for d in g]
-        d = np.concatenate(arrays) if arrays else np.empty((0, 3), dtype=np.int64)
-        got = regions(d[:, SRC if op == "push" else DST], d[:, LEN])
-        if len(cache) >= 4096:
-            cache.clear()
-        cache[id(groups)] = (groups, got)
-        return got
-
-    def request_posts(self, groups: list[list[np.ndarray]]) -> list[np.ndarray]:
-        """The distinct descriptor arrays the harness posts for a request's ``groups``: per group the joined array
-        (``one_post``) or its layers."""
-        out: dict[int, np.ndarray] = {}
-        for g in groups:
-            one = self.one_post(g)
-            for d in ([one] if one is not None else g):
-                out.setdefault(id(d), d)
-        return list(out.values())
 
     def connect(self, peers: dict[int, bytes]) -> None:
         """Connect to ``peers`` (rank -> metadata from their ``register``)."""

@@ -54,6 +54,7 @@ from kvbench.transports.sockets import (
 )
 
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, check_descs, import_probe, rdma_present
+from .registration import pool_once
 
 _TAG = struct.Struct("<Q")
 _MASK = (1 << 64) - 1
@@ -133,7 +134,7 @@ class MooncakeTransport(Transport):
         used = self._protocol_in_use(te, device, forced)
         if want == "rdma" and used != "rdma":
             raise TransportError("rdma requested but mooncake fell back to tcp (no RDMA device found)")
-        if self.ctx.pool_once:  # else each request registers its own blocks (register_request)
+        if pool_once(self.ctx):  # else each request registers its own blocks (register_request)
             if te.register_memory(pool.addr, pool.nbytes) != 0:
                 raise TransportError(f"mooncake: register_memory of {pool.nbytes} bytes failed")
             self._pool_reg = True

@@ -42,6 +42,7 @@ from .base import (
     check_descs,
     import_probe,
 )
+from .registration import pool_once
 
 _HDR = struct.Struct("<4sQQqB")  # magic, pool addr, pool bytes, device id, 1 = VRAM
 _MAGIC = b"KVBN"
@@ -127,7 +128,7 @@ class NixlTransport(Transport):
         self.devid = int(pool.tensor.device.index or 0) if self.seg == "VRAM" else 0
         self.addr, self.nbytes = int(pool.addr), int(pool.nbytes)
         try:
-            if self.ctx.pool_once:  # else each request registers its own blocks (register_request)
+            if pool_once(self.ctx):  # else each request registers its own blocks (register_request)
                 self.reg = self.agent.register_memory(
                     np.array([[self.addr, self.nbytes, self.devid]], dtype=np.uint64), self.seg)
         except Exception as exc:

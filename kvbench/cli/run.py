@@ -316,8 +316,7 @@ def footer(cfg, writer, printer, h) -> int:
                   reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
                   suspects=[bounds.line(s) for s in sus], harness_overhead_us=overhead_us(printer),
                   layer_cost_us=layer_costs(df),
-                  transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}),
-                  **({"per_request": h.per_request_counts} if getattr(h, "per_request_counts", None) else {}))
+                  transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
 
 

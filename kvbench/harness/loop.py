@@ -51,7 +51,7 @@ class Harness(Rows, Calibration):
         self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
         self.check_s = self.timed_s = 0.0  # this rank's seconds verifying (outside the timed windows), and timed
         self.setup_rows: list[dict] = []  # this rank's setup rows of the transport, until its first case's rows go
-        self.per_request_counts: dict[str, list] = {}  # rank 0: "<transport> <op>" -> per rank, its (de)registrations
+        self.extra_meta: dict = {}  # rank 0: more sidecar fields (registering.count: per_request)
 
     def my_place(self) -> dict:
         """This rank's placement (placing.place), or NO_GPU before it or without one."""

@@ -36,9 +36,9 @@ def setup_note(t) -> str:
 
 def count(h, t, case: dict, active: bool) -> None:
     """After a per-request transport's cases (collective): per rank, the registrations it made and undid, and
-    whether its pool was registered at setup, for the sidecar's ``per_request`` (rank 0: "<transport> <op>")."""
+    whether its pool was registered at setup, for the sidecar's ``per_request`` (rank 0: "<transport> <op>" -> per rank)."""
     if case.get("register", "once") != "per-request":
         return
     got = h.comm.gather(t.info().get("per_request") if active else None)
-    if h.rank == 0:
-        h.per_request_counts[f"{case['transport']} {case['op']}"] = got
+    if h.rank == 0:  # the sidecar's extra fields (cli/run.py footer)
+        h.extra_meta.setdefault("per_request", {})[f"{case['transport']} {case['op']}"] = got

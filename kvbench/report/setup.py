@@ -26,9 +26,11 @@ def size_name(n: float) -> str:
 
 
 def keys_of(s: pd.DataFrame) -> list[str]:
-    """What tells one transport's setup from another's: transport and memory, and --register where a run has
-    per-request rows (schema 7: those sessions set up apart, with no pool registered on an initiator)."""
-    return ["transport", "memory"] + (["register"] if "register" in s and (s["register"] == "per-request").any() else [])
+    """What tells one transport's setup from another's: transport and memory, and --register and op where a run
+    has per-request rows (schema 7: a per-request transport sets up per op, with no pool registered on its
+    initiator; a once transport's rows carry its first case's op)."""
+    per = "register" in s and (s["register"] == "per-request").any()
+    return ["transport", "memory"] + (["register", "op"] if per else [])
 
 
 def first_vs_steady(df: pd.DataFrame, st: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -36,7 +38,7 @@ def first_vs_steady(df: pd.DataFrame, st: pd.DataFrame | None = None) -> pd.Data
     request) against its steady p50, both in ms, and their ratio."""
     s = setup_rows(df)
     first = s[s["phase"] == "first"]
-    cols = [*keys_of(s), "variant", "op"]
+    cols = list(dict.fromkeys([*keys_of(s), "variant", "op"]))
     if first.empty:
         return pd.DataFrame(columns=["case", *cols, "first_ms", "p50_ms", "ratio"])
     st = case_stats(df) if st is None else st
@@ -56,7 +58,7 @@ def per_transport(df: pd.DataFrame, st: pd.DataFrame | None = None) -> pd.DataFr
     fvs = first_vs_steady(df, st)
     keys = keys_of(s)
     lines = []
-    for key, g in s.groupby(keys, sort=False):
+    for key, g in s[s["phase"] != "first"].groupby(keys, sort=False):  # a first row carries its own case's op
         def slowest(phase, per_rank="sum", g=g):
             x = g[g["phase"] == phase]
             return float(x.groupby("rank")["seconds"].agg(per_rank).max()) if len(x) else float("nan")
@@ -64,7 +66,8 @@ def per_transport(df: pd.DataFrame, st: pd.DataFrame | None = None) -> pd.DataFr
         reg = g[g["phase"] == "register"]
         line = {**dict(zip(keys, key)), "alloc_s": slowest("alloc"), "fill_s": slowest("fill"),
                 "register_s": slowest("register"), "connect_s": slowest("connect", "max"),
-                "peers": int(g[g["phase"] == "connect"].groupby("rank").size().max() or 0),
+                "peers": int(g[g["phase"] == "connect"].groupby("rank").size().max() if (g["phase"] == "connect").any()
+                             else 0),
                 "note": next((r for r in reg["reason"] if r), "")}
         for size, x in g[g["phase"] == "pool-register"].groupby("region_bytes"):
             line[f"reg@{size_name(size)}"] = float(x["seconds"].max())
@@ -86,7 +89,7 @@ def table_lines(df: pd.DataFrame, st: pd.DataFrame | None = None) -> list[str]:
         return []
     sizes = [c for c in t.columns if c.startswith("reg@")]
     reg = "register" in t
-    head = (f"{'transport':>12} {'mem':>6} " + (f"{'register':>11} " if reg else "") + f"{'alloc(s)':>9} {'fill(s)':>8} {'reg(s)':>8} "
+    head = (f"{'transport':>12} {'mem':>6} " + (f"{'register':>11} {'op':>4} " if reg else "") + f"{'alloc(s)':>9} {'fill(s)':>8} {'reg(s)':>8} "
             + "".join(f"{c:>10} " for c in sizes) + f"{'conn(s)/peer':>12} {'first(ms)':>10} {'p50(ms)':>9} "
             f"{'first/p50':>9}")
     # comment lines, as the footer's: a reader of the table's uncommented lines reads the bandwidth rows alone
@@ -94,7 +97,7 @@ def table_lines(df: pd.DataFrame, st: pd.DataFrame | None = None) -> list[str]:
            "register alone); conn = connect per peer; first = the first case's first transfer (a warm-up) against "
            "that case's steady p50", "#" + head[1:]]
     for _, r in t.iterrows():
-        out.append(f"#{r['transport']:>11} {r['memory']:>6} " + (f"{r['register']:>11} " if reg else "")
+        out.append(f"#{r['transport']:>11} {r['memory']:>6} " + (f"{r['register']:>11} {r['op']:>4} " if reg else "")
                    + f"{_f(r['alloc_s'], '.4f'):>9} {_f(r['fill_s'], '.4f'):>8} "
                    f"{_f(r['register_s'], '.4f'):>8} " + "".join(f"{_f(r.get(c), '.4f'):>10} " for c in sizes)
                    + f"{_f(r['connect_s'], '.4f'):>12} {_f(r.get('first_ms'), '.3f'):>10} "
@@ -122,7 +125,7 @@ def add_section(page, runs) -> None:
     reg_df = pd.concat(reg, ignore_index=True)
     reg_df["pool_gib"] = reg_df["region_bytes"] / GiB
     table = pd.concat(per, ignore_index=True)
-    cols = ["run", "transport", "memory", *(["register"] if "register" in table else []), "alloc_s", "fill_s",
+    cols = ["run", "transport", "memory", *(["register", "op"] if "register" in table else []), "alloc_s", "fill_s",
             "register_s"]
     table = table[cols + [c for c in table.columns if c.startswith("reg@")] +
                   [c for c in ("connect_s", "peers", "first_ms", "p50_ms", "ratio", "note") if c in table]]

@@ -119,6 +119,9 @@ def build_parser() -> Parser:
                    "register, connect) may take (default: 120 + pool bytes / 100 MB/s)")
     r.add_argument("--pool-sizes", type=text, metavar="SIZES", help="after each transport's setup, register and "
                    "deregister a pool of each size, timed: registration against pool size (e.g. 0.25,1,4GiB)")
+    r.add_argument("--register", type=csv(str), help="once (default: each pool registered at setup) or per-request "
+                   "(the initiator registers each request's blocks before its transfer and deregisters them after, "
+                   "timed: nixl, mooncake); once,per-request for both side by side (docs/methodology.md)")
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
                    "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
                    "vm.nr_hugepages); the sidecar records what the kernel gave")

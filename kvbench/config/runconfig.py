@@ -24,7 +24,7 @@ from kvbench.transports import options as O
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
              "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales", "memory",
-             "copy", "prefill")
+             "copy", "prefill", "register")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 TRACE_FLAGS = ("trace", "speed", "cache_blocks")
@@ -251,6 +251,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
         raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
                           "bounce buffer (use --memory torch-cpu, pinned or cuda)")
     real_prefill(suite)
+    per_request(suite)
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map,
@@ -310,6 +311,28 @@ def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:
         except placement.PlacementError as exc:
             raise ConfigError(str(exc)) from None
     return gpu_map
+
+
+def per_request(suite: S.Suite) -> None:
+    """--register per-request needs a transport that registers memory with a library; among several, those that
+    do not are skipped rows with the reason (harness/loop.py per_request_reason)."""
+    if "per-request" not in suite.axes.register:
+        return
+    if suite.workload is not None:
+        raise ConfigError("--register per-request runs in bandwidth sweeps, not under a workload (not yet)")
+    able = []
+    for name in suite.axes.transport:
+        try:
+            cls = transports.load(name)
+        except Exception:  # its library is missing here: its rows say so
+            able.append(name)
+            continue
+        if cls.per_request() and not cls.caps.local_only:
+            able.append(name)
+    if not able:
+        names = suite.axes.transport
+        raise ConfigError(f"--register per-request: {', '.join(names)} {'registers' if len(names) == 1 else 'register'} "
+                          "nothing per request (per-request registration: nixl, mooncake)")
 
 
 def real_prefill(suite: S.Suite) -> None:

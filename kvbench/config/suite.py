@@ -49,6 +49,7 @@ STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 warnings.filterwarnings("ignore", message='Field name "copy"', category=UserWarning)  # the axis is named copy
+warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)  # ... and register
 
 
 def _checked(check):
@@ -114,6 +115,9 @@ class Axes(BaseModel):
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
     memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
     copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)
+    # once: the pool registered at setup; per-request: each request's blocks registered around its transfer
+    # (nixl, mooncake; docs/methodology.md, Registration per request)
+    register: list[Literal["once", "per-request"]] = Field(default=["once"], min_length=1)
     # prefill: the clock (a timer of prefill_ms) or real (the model's matmuls where the pools live, prefill.py)
     prefill: list[Literal["clock", "real"]] = Field(default=["clock"], min_length=1)
     # wire encodings (docs/codecs.md): none, exp-split, cast-fp8-e4m3, cast-fp8-e5m2, zstd, lz4
@@ -311,7 +315,7 @@ def list_suites() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(SUITE_DIR) if f.endswith(".yaml"))
 
 
-CASE_KEYS = ("transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
+CASE_KEYS = ("transport", "memory", "copy", "register", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
              "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec",
              "scales", "prefill")
 

@@ -16,7 +16,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import bounds, checkpass, placing, preflight, requests, setuprows
+from kvbench.harness import bounds, checkpass, placing, preflight, registering, requests, setuprows
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.carriage import Carrying
 from kvbench.harness.preflight import device_reason
@@ -50,6 +50,7 @@ class Harness(Rows, Calibration, Carrying):
         self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
         self.check_s = self.timed_s = 0.0  # this rank's seconds verifying (outside the timed windows), and timed
         self.setup_rows: list[dict] = []  # this rank's setup rows of the transport, until its first case's rows go
+        self.extra_meta: dict = {}  # rank 0: more sidecar fields (registering.count: per_request)
 
     def my_place(self) -> dict:
         """This rank's placement (placing.place), or NO_GPU before it or without one."""
@@ -86,8 +87,8 @@ class Harness(Rows, Calibration, Carrying):
         for i, (name, group) in enumerate(groupby(cases, key=lambda c: c["transport"])):
             if i:
                 faults.at("between-transports", self.rank)
-            # one pool and one transport per (memory kind, copy engine): the pool's kind is fixed at allocation
-            for _, sub in groupby(group, key=lambda c: (c.get("memory", "host"), c.get("copy", "batch"))):
+            # one pool and one transport per (memory kind, copy engine, --register): a pool's kind is fixed at allocation
+            for _, sub in groupby(group, key=registering.session_key):
                 self.run_transport(name, list(sub), pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
@@ -113,7 +114,7 @@ class Harness(Rows, Calibration, Carrying):
             elif all(c["op"] not in cls.caps.ops for c in cases):
                 reason = f"supports only {', '.join(cls.caps.ops)}"
             else:
-                reason = device_reason(cls, cases[0])
+                reason = device_reason(cls, cases[0]) or registering.reason(cls, cases[0])
         reasons = [r for r in self.comm.allgather(reason) if r]
         if reasons:
             for case in cases:
@@ -126,7 +127,8 @@ class Harness(Rows, Calibration, Carrying):
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
                       memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
-                      gpu=self.my_place()["gpu"], nic=self.my_place()["nic"])
+                      gpu=self.my_place()["gpu"], nic=self.my_place()["nic"], register=cases[0].get("register", "once"),
+                      reached=registering.reached(self.rank, cases[0]["op"], pairs))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
@@ -150,7 +152,7 @@ class Harness(Rows, Calibration, Carrying):
                 for p in pools:  # once per pool, never per request
                     a = time.perf_counter()
                     metas.append(t.register(p))
-                    ph.add("register", time.perf_counter() - a, p.nbytes, reason=t.caps.unregistered)
+                    ph.add("register", time.perf_counter() - a, p.nbytes, reason=registering.setup_note(t))
                 register_s = sum(g[1] for g in ph.got if g[0] == "register")
             c0 = time.perf_counter()
             peers = {}
@@ -209,6 +211,7 @@ class Harness(Rows, Calibration, Carrying):
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
+                registering.count(self, t, cases[0], active)
         except Exception as exc:  # the exit path before this rank's pools go: a peer opening them would be named instead
             GUARD.fail_early(exc)
             raise

@@ -38,6 +38,7 @@ class Rows:
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
+            "register": case.get("register", "once"),
             "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
             "gpu": -1, "nic": "", "same_gpu": False,  # placement (placing.columns) in a measured row
             # why its timed iterations ended (calibrate.py sets it on the case; schema 5)

@@ -355,3 +355,29 @@ def register_vs_pool(reg: pd.DataFrame) -> Iterator[tuple]:
     ax.grid(alpha=.3)
     _legend(ax)
     yield "Seconds to register one pool of each --pool-sizes size (then deregistered), per transport.", fig
+
+
+def first_vs_steady(fvs: pd.DataFrame) -> Iterator[tuple]:
+    """Each case's first transfer against its steady p50 (ms, log-log), one series per transport (and run, and
+    --register where it varies), with the line where the two are equal: a point far above it is a cold start
+    (setup rows, report/setup.py first_vs_steady)."""
+    fvs = fvs.dropna(subset=["first_ms", "p50_ms"])
+    fvs = fvs[(fvs["first_ms"] > 0) & (fvs["p50_ms"] > 0)]
+    if fvs.empty:
+        return
+    fig, (ax,) = _panels(1, "first transfer against steady p50")
+    keys = ["run", "transport"] + (["register"] if "register" in fvs and fvs["register"].nunique() > 1 else [])
+    for key, g in fvs.groupby(keys, sort=False):
+        run, rest = key[0], " ".join(str(k) for k in key[1:])
+        ax.scatter(g["p50_ms"], g["first_ms"], s=18, label=f"{rest} ({run})" if fvs["run"].nunique() > 1 else rest)
+    lo = min(fvs["p50_ms"].min(), fvs["first_ms"].min())
+    hi = max(fvs["p50_ms"].max(), fvs["first_ms"].max())
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="first = steady")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("steady p50 (ms)")
+    ax.set_ylabel("first transfer (ms)")
+    ax.grid(alpha=.3, which="both")
+    _legend(ax)
+    yield ("Each case's first transfer (its first warm-up: connections, descriptor lists and handles built) against "
+           "its steady p50, per transport; above the dashed line the first costs more.", fig)

@@ -13,7 +13,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 import threading
 
@@ -25,11 +24,13 @@ from kvbench.job import faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
+from kvbench.results.machine import git_commit, library_versions  # noqa: F401  (the sidecar's facts, as before)
 
 SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
-# blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below); 7: carriers
+# blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
+# 7: --register (schema 7 below; 1-6 read as "once") and carriers
 READS = (1, 2, 3, 4, 5, 6, 7)  # schema versions the readers (report, compare) upgrade to this one
 RESUMES = (3, 4, 5, 6, 7)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
@@ -102,6 +103,14 @@ ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "win
 # status "none", no seconds, and the reason
 SETUP_DEFAULTS = {"row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": np.nan}
 ROW_COLUMNS += list(SETUP_DEFAULTS)
+# --- schema 7, --register (harness/schedule.py): register = "once" (the pool at setup; older rows read so) or
+# "per-request" (the initiator registers each request's local blocks inside the timed request, before its first
+# post, and deregisters them after its last landing); register_s / deregister_s = on the initiator's rows of a
+# per-request case, this request's seconds registering (inside `seconds`) and deregistering (after the landing,
+# outside `seconds`); empty elsewhere
+REGISTER_DEFAULTS = {"register": "once", "register_s": np.nan, "deregister_s": np.nan}
+CASE_COLUMNS += ["register"]
+ROW_COLUMNS += ["register", "register_s", "deregister_s"]
 ROW_COLUMNS += list(CARRIER_DEFAULTS)  # schema 7: a timed row's NICs and carrier (fabric/carriers.py; 1-6 read empty)
 
 
@@ -118,7 +127,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
                        "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS,
-                       **SETUP_DEFAULTS, **CARRIER_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       **SETUP_DEFAULTS, **CARRIER_DEFAULTS, **REGISTER_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 
@@ -300,34 +309,6 @@ def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
                 pass
 
 
-def git_commit() -> str:
-    """The commit of the kvbench checkout, with -dirty if it has local changes."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if sha.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return sha.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries that shape the numbers."""
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for pkg in ("kvbench", "numpy", "pandas", "pyarrow", "mpi4py", "mpich", "openmpi", "nixl", "ucxx-cu12",
-                "mooncake-transfer-engine-non-cuda", "torch", "cupy-cuda12x"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
 def pair_times(df: pd.DataFrame) -> pd.Series:
     """Headline seconds per (case, pair, req, iter): the max over the two ranks of that transfer."""
     df = transfer_rows(df)
@@ -368,6 +349,9 @@ def case_stats(df: pd.DataFrame) -> pd.DataFrame:
         agg[f"exposed_p{q}"] = dec.agg(lambda s, q=q: sample_stats.percentile(s, q))
     agg["exposed_samples"] = dec.count()
     agg["handshake_p50"] = ok.groupby("case")["handshake_s"].median()
+    for col in ("register_s", "deregister_s"):  # --register per-request: per request, on its initiator (schema 7)
+        if col in ok:
+            agg[col.replace("_s", "_p50")] = ok.groupby("case")[col].median()
     agg["prefill_s"] = df.groupby("case")["prefill_s"].first()
     out = keys.join(agg, how="left")
     out["pairs"] = ok.groupby("case")["pair"].nunique()

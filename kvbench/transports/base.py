@@ -69,6 +69,7 @@ import numpy as np
 
 from kvbench import memory
 from kvbench.model.descriptors import DST, LEN, SRC
+from kvbench.transports.registration import PerRequest
 
 OPS = ("push", "pull")
 
@@ -113,21 +114,22 @@ class Context:
     copy: str = "batch"  # copy engine for device bytes (copy.py): memcpy, kernel, batch
     gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
     nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
+    register: str = "once"  # --register: once, or per-request (transports/registration.py)
+    reached: bool = True  # peers reach into this rank's pool: under per-request it stays registered once
 
 
 @dataclass
 class Buffer:
     """Memory a transport allocated for a pool (shared segment, MPI window...).
 
-    ``array`` is a page-aligned ``uint8`` numpy view of ``nbytes`` bytes;
-    ``release`` frees it (called once, by the pool).
+    ``array`` is a page-aligned ``uint8`` numpy view of ``nbytes`` bytes; ``release`` frees it (once, by the pool).
     """
 
     array: np.ndarray
     release: Any = None
 
 
-class Transport:
+class Transport(PerRequest):
     """Base class with the protocol's defaults. Subclasses set name and caps."""
 
     name: ClassVar[str] = "?"

@@ -64,6 +64,7 @@ class MooncakeTransport(Transport):
 
     name = "mooncake"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
+    idle_sleeps = True  # its own threads serve a pull's reads: the source sleeps once its part is done
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
 

@@ -76,6 +76,8 @@ class UcxOptions(_Opts):
     tls: str | None = Field(None, description="UCX_TLS for kvbench's context, e.g. sm or tcp")
     err_handling: OnOff = Field("off", description="peer error handling (excludes shared memory)")
     staging_mib: float = Field(1024.0, gt=0, le=2**20, description="cap on packed pushes' staging in use, MiB (receives stage what is in flight)")
+    progress: Literal["event", "poll"] = Field("event", description="event: a wait progresses the worker until it "
+                                               "has nothing to do, then sleeps on its event fd; poll: it spins")
 
 
 class MooncakeOptions(_Net):

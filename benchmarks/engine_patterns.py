@@ -6,8 +6,9 @@ No kvbench code: what a request costs an engine's Python API before any harness 
 * ucx (ucxx's tag API, as kvbench's ucx transport uses it: a 32-byte header, then the messages):
   ``stream``: the tool's way (ucx_perftest tag_bw): no barrier, the receiver keeps the next request's
   receives posted; ``poll``: kvbench's way, receives posted ahead, an MPI barrier, send, each rank spins on
-  ``worker.progress()`` until its requests completed, a barrier after; ``event``: the same, waiting in
-  ``worker.progress_worker_event`` (blocking progress mode: progress, then sleep on the worker's event fd).
+  ``worker.progress()`` until its requests completed, a barrier after; ``sleep``: the same, waiting in
+  ``worker.progress_worker_event`` (blocking progress mode: progress, then sleep on the worker's event fd);
+  ``spin+sleep``: spin ``--spin-us`` (default 50), then one sleeping call, again (kvbench's default).
 * mooncake (TransferEngine over tcp, one batch of LAYERS descriptors, ``--op read|write``): ``stream``: the
   tool's way (transfer_engine_bench): the initiator loops submit + ``get_batch_transfer_status``, the target
   idle; ``spin``: kvbench's way before the target slept, a barrier, submit, status, the target straight into
@@ -18,7 +19,7 @@ Per pattern: the p50 over requests of the slower rank's time from the barrier's 
 request), and GB/s = LAYERS x SIZE / p50.
 
     mpiexec -n 2 python benchmarks/engine_patterns.py ucx|mooncake [--sizes 262144,1048576] [--requests 30]
-            [--rounds 3] [--layers 16] [--op read|write]
+            [--rounds 3] [--layers 16] [--op read|write] [--spin-us 50]
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ ap.add_argument("--requests", type=int, default=30, help="requests per pattern a
 ap.add_argument("--rounds", type=int, default=3, help="rounds, patterns alternating within each")
 ap.add_argument("--layers", type=int, default=16, help="messages per request")
 ap.add_argument("--op", choices=("read", "write"), default="read", help="mooncake: the initiator reads or writes")
+ap.add_argument("--spin-us", type=float, default=50.0, help="ucx spin+sleep: microseconds of spinning per wake-up")
 A = ap.parse_args()
 L = A.layers
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
@@ -87,9 +89,15 @@ def ucx_patterns(w, ep, size):
         t = tags()
         return [ep.tag_send(Array(hdr), t[0])] + [ep.tag_send(view, x) for x in t[1:]]
 
-    def settle(reqs, event):
+    def settle(reqs, event, spin_s=0.0):
         step = (lambda: w.progress_worker_event(1)) if event else w.progress
         while not all(r.completed for r in reversed(reqs)):
+            if spin_s:  # spin for spin_s, then one sleeping call, then spin again
+                until = time.perf_counter() + spin_s
+                while time.perf_counter() < until and not reqs[-1].completed:
+                    w.progress()
+                if reqs[-1].completed:
+                    continue
             step()
         for r in reqs:
             r.check_error()
@@ -108,18 +116,19 @@ def ucx_patterns(w, ep, size):
                 settle(sends(), False)
         return [(time.perf_counter() - t0) / n]
 
-    def request(n, event):
+    def request(n, event, spin_s=0.0):
         out = []
         for _ in range(n):
             posted = recvs() if me == 1 else None
             comm.Barrier()
             t0 = time.perf_counter()
-            settle(posted if me == 1 else sends(), event)
+            settle(posted if me == 1 else sends(), event, spin_s)
             out.append(time.perf_counter() - t0)
             comm.Barrier()
         return out
 
-    return {"stream": stream, "poll": lambda n: request(n, False), "event": lambda n: request(n, True)}
+    return {"stream": stream, "poll": lambda n: request(n, False), "sleep": lambda n: request(n, True),
+            "spin+sleep": lambda n: request(n, True, A.spin_us * 1e-6)}
 
 
 def mooncake_setup():
@@ -195,12 +204,12 @@ def main() -> None:
             for name in pats:
                 t = np.maximum(both[0][name], both[1][name]) if name != "stream" else np.array(both[1][name])
                 p50 = float(np.median(t))
-                rows.append(f"{A.engine:>8} {A.op if A.engine == 'mooncake' else 'tag':>5} {size:>9} {name:>7}"
+                rows.append(f"{A.engine:>8} {A.op if A.engine == 'mooncake' else 'tag':>5} {size:>9} {name:>10}"
                             f" {p50 * 1e6:>10.0f} {L * size / p50 / 1e9:>7.3f}")
     if me == 0:
         print(f"# engine_patterns: {L} messages per request, {A.requests} requests x {A.rounds} rounds per pattern,"
               f" alternating; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        print(f"{'engine':>8} {'op':>5} {'size(B)':>9} {'pattern':>7} {'p50(us)':>10} {'GB/s':>7}")
+        print(f"{'engine':>8} {'op':>5} {'size(B)':>9} {'pattern':>10} {'p50(us)':>10} {'GB/s':>7}")
         print("\n".join(rows))
     comm.Barrier()
     if A.engine == "ucx":

@@ -22,17 +22,16 @@ its peer starts only after the barrier.
 UCX tags hold (sender rank, kind, per-direction sequence) and each layer
 carries a checked header (magic, kvbench tag, bytes, descriptors), so a
 mixed-up stream raises.  Progress is made in ``wait`` (no asyncio, no
-thread): with ``progress=event`` (default) each call progresses the worker until it has nothing left
-to do and then sleeps on the worker's event fd until UCX has more (ucxx's ``progress_worker_event``:
-one C call, GIL released), so a rank whose part is waiting leaves its CPU to the peer doing the
-copies; ``progress=poll`` spins on ``progress``.  ``import ucxx`` must precede mpi4py's MPI init in the process
+thread): with ``progress=event`` (default) a wait spins on ``progress`` for ``spin_us`` (default 50)
+and then sleeps on the worker's event fd until UCX has more (ucxx's ``progress_worker_event``: one C
+call, GIL released), then spins again: completions that follow each other closely are caught at
+once, and a rank whose part is waiting on its peer leaves the CPU to it; ``progress=poll`` spins.  ``import ucxx`` must precede mpi4py's MPI init in the process
 (docs/pitfalls.md#ucx-first; ``kvbench.job.comm.preload`` does it).  Options: ``tls``
 (UCX_TLS, e.g. ``sm``, ``tcp``), ``err_handling`` (off; on excludes shared
-memory), ``staging_mib``, ``progress``.  ``info()["lanes"]`` is what UCX really selected.
+memory), ``staging_mib``, ``progress``, ``spin_us``.  ``info()["lanes"]`` is what UCX really selected.
 """
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -91,6 +90,7 @@ class UcxTransport(UcxBuffers, Transport):
         self._lanes: dict[str, dict] = {}
         self._parts: dict = {}  # (id(descs), column[, "rows"]) -> (descs, its ucxx views or its pack rows)
         self._events = str(ctx.options.get("progress", "event")) == "event"
+        self._spin_s = float(ctx.options.get("spin_us", 50)) * 1e-6
 
     def register(self, pool) -> bytes:
         """Create the UCX context and worker; return this worker's address."""
@@ -243,18 +243,25 @@ class UcxTransport(UcxBuffers, Transport):
         """Progress the worker until ``handle`` is done, answering pending pull requests meanwhile."""
         if handle is None:
             return
-        progress = self._progress()
         while not self._advance(handle):
-            progress()
+            self._step(handle)
             for h in self._reactive:
                 self._advance(h)
             self._reactive = [h for h in self._reactive if h.reqs != ()]
 
-    def _progress(self):
-        """One call that advances the worker: with events, it sleeps (at most 1 ms) once nothing is left to do."""
+    def _step(self, handle: _Handle) -> None:
+        """Advance the worker: spin (poll: once; event: for ``spin_s`` or until ``handle``'s last request
+        completed), then with events one call that sleeps on the event fd (at most 1 ms) until UCX has more."""
+        progress = self._worker.progress
+        progress()
         if not self._events:
-            return self._worker.progress
-        return functools.partial(self._worker.progress_worker_event, 1)
+            return
+        last, until, now = handle.reqs[-1], time.perf_counter() + self._spin_s, time.perf_counter
+        while not last.completed:
+            if now() >= until:
+                self._worker.progress_worker_event(1)
+                return
+            progress()
 
     def _advance(self, h: _Handle) -> bool:
         if h.reqs == ():

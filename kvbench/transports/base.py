@@ -144,9 +144,7 @@ class Transport:
     ahead: ClassVar[bool] = True
     # an RDMA registration of its pool pins the pool: memory_needs counts it locked where RDMA devices exist
     pins_on_rdma: ClassVar[bool] = False
-    # a rank whose part of an iteration is done may sleep in the barrier after it (Comm.barrier_asleep): the
-    # library's own threads move the peer's bytes and need no call of this rank's (unlike MPI RMA's target
-    # progress or a two-sided send), so spinning there would only take their CPU
+    # a rank done early sleeps in the barrier after the iteration: its library's threads need its CPU, not its calls
     idle_sleeps: ClassVar[bool] = False
 
     def __init__(self, ctx: Context):

@@ -345,7 +345,10 @@ class Harness(Rows, Calibration, Carrying):
                     every.landed()
                 # every rank done before any rank's bookkeeping (and --cache setting): a pull's source is done
                 # first, and its work would otherwise share the CPU caches with its peer's timed transfer
-                self.comm.barrier()
+                if s.t.idle_sleeps:  # asleep: a pull's source would otherwise spin beside its library's threads
+                    self.comm.barrier_asleep()
+                else:
+                    self.comm.barrier()
                 if every is not None:
                     every.count()
                 stages = s.t.take_stages() if hasattr(s.t, "take_stages") else None  # staged: per-stage seconds

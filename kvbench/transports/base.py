@@ -146,6 +146,8 @@ class Transport(PerRequest):
     ahead: ClassVar[bool] = True
     # an RDMA registration of its pool pins the pool: memory_needs counts it locked where RDMA devices exist
     pins_on_rdma: ClassVar[bool] = False
+    # a rank done early sleeps in the barrier after the iteration: its library's threads need its CPU, not its calls
+    idle_sleeps: ClassVar[bool] = False
 
     def __init__(self, ctx: Context):
         self.ctx = ctx

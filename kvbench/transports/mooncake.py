@@ -15,7 +15,9 @@ the destination's ``serve``/``wait`` sleeps in ``recv`` on it (``socket``, the
 default).  It must sleep, not spin: on tcp the engine's own threads move the
 bytes, and a destination busy-polling for the harness's MPI message takes
 their CPU and the bandwidth drops (docs/evidence.md).
-``notify=mpi`` leaves it to the harness's MPI message.  The socket binds
+``notify=mpi`` leaves it to the harness's MPI message.  For the same reason a rank whose part of
+an iteration is done (a pull's source: the engine's threads serve the reads) sleeps in the barrier
+after it (``idle_sleeps``), as the tool's target sits idle.  The socket binds
 ``host`` and is closed once the peers are connected; a peer must present the
 run's token, as in the tcp transport.
 
@@ -65,6 +67,7 @@ class MooncakeTransport(Transport):
 
     name = "mooncake"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
+    idle_sleeps = True  # its own threads serve a pull's reads: the source sleeps once its part is done
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
 

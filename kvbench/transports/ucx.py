@@ -22,7 +22,7 @@ its peer starts only after the barrier.
 UCX tags hold (sender rank, kind, per-direction sequence) and each layer
 carries a checked header (magic, kvbench tag, bytes, descriptors), so a
 mixed-up stream raises.  Progress is made in ``wait`` (no asyncio, no
-thread): with ``progress=event`` (default) a wait spins on ``progress`` for ``spin_us`` (default 50)
+thread): with ``progress=event`` (default ``poll``: spin, as ucx_perftest does) a wait spins on ``progress`` for ``spin_us`` (default 50)
 and then sleeps on the worker's event fd until UCX has more (ucxx's ``progress_worker_event``: one C
 call, GIL released), then spins again: completions that follow each other closely are caught at
 once, and a rank whose part is waiting on its peer leaves the CPU to it; ``progress=poll`` spins.  ``import ucxx`` must precede mpi4py's MPI init in the process
@@ -89,7 +89,7 @@ class UcxTransport(UcxBuffers, Transport):
         self._cap = int(float(ctx.options.get("staging_mib", 1024)) * (1 << 20))
         self._lanes: dict[str, dict] = {}
         self._parts: dict = {}  # (id(descs), column[, "rows"]) -> (descs, its ucxx views or its pack rows)
-        self._events = str(ctx.options.get("progress", "event")) == "event"
+        self._events = str(ctx.options.get("progress", "poll")) == "event"
         self._spin_s = float(ctx.options.get("spin_us", 50)) * 1e-6
 
     def register(self, pool) -> bytes:

@@ -38,7 +38,7 @@ FLAGS = {"-t": pick("shm", "tcp", "mpi", "loopback", "verbs", "shm,tcp"), "--op"
          "--cache": pick("as-is", "warm", "cold"), "--memory": pick("host", "cuda"),
          # a trace read per example would pass the deadline: test_trace_replay.py runs the real ones
          "--trace": pick("mooncake-nope", "no/such.jsonl"), "--speed": pick("50", "0", "-1", "nan"),
-         "--cache-blocks": pick("2", "0", "-1")}
+         "--cache-blocks": pick("2", "0", "-1"), "--trace-block": pick("16", "0", "-1", "x")}
 OPTION = st.tuples(st.sampled_from(["", "tcp.", "mpi.", "nixl.", "shm.", "x."]),
                    st.sampled_from(["poll", "polll", "sockbuf", "split", "window", "prep", "batch", "connect_timeout",
                                     "ready", ""]),

@@ -162,6 +162,8 @@ def build_parser() -> Parser:
                     "faster; default 1)")
     wl.add_argument("--cache-blocks", type=positive_blocks, metavar="N", help="--trace: the decode prefix cache, an "
                     "LRU of N blocks of the trace (default: unbounded)")
+    wl.add_argument("--trace-block", type=positive, metavar="N", help=f"--trace: tokens per hash id in the trace "
+                    f"(default {T.BLOCK}, Mooncake's)")
     r.add_argument("--variants", type=csv(str), help="what each payload is measured as: bulk (one descriptor per "
                    "layer), ceiling (contiguous 64K-4M chunks), hot (one layer's buffer re-sent), paged (the block "
                    "table); default bulk,ceiling,paged")

@@ -237,7 +237,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     suite, cases = cfg.suite, cfg.cases
     pairs = make_pairs(suite.scheme, c.size)
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
-                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.trace_lines(c.size)):
+                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.workload_lines(c.size)):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:

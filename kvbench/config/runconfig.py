@@ -17,8 +17,9 @@ from kvbench import transports
 from kvbench.config import suite as S
 from kvbench.harness.state import Options
 from kvbench.memory import device, driver, host, placement
+from kvbench.model import ageing, traceplan
 from kvbench.model import shapes as M
-from kvbench.model import traceplan
+from kvbench.model.layout import aged_n
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.transports import options as O
 
@@ -27,7 +28,7 @@ FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout"
              "copy", "prefill", "register")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
-TRACE_FLAGS = ("trace", "speed", "cache_blocks")
+TRACE_FLAGS = ("trace", "speed", "cache_blocks", "trace_block")
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
                "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget", "pool_sizes")
 DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
@@ -59,15 +60,18 @@ class RunConfig(BaseModel):
     def trace_plan(self) -> traceplan.TracePlan | None:
         return None if self.trace is None else traceplan.TracePlan(**self.trace)
 
-    def trace_lines(self, world: int) -> list[str]:
-        """The preamble's word on a trace's replay: what it replays, its hit rates, and every clip it makes."""
+    def workload_lines(self, world: int) -> list[str]:
+        """The preamble's word on a trace's replay (what it replays, its hit rates, every clip it makes) and on
+        the requests that aged each aged:<N> decode pool."""
         p = self.trace_plan()
+        ages = sorted({n for n in (aged_n(c["alloc"]) for c in self.cases) if n is not None})
         if p is None:
-            return []
+            return [ageing.drawn_line(n) for n in ages]
         speeds = [float(a.partition(":")[2]) for a in self.suite.axes.arrival]
         contexts = {m: self.shapes()[m].context for m in dict.fromkeys(c["model"] for c in self.cases)}
         srcs = len({s for s, _ in make_pairs(self.suite.scheme, world)})
-        return traceplan.preamble(p, srcs, speeds, contexts, self.suite.workload.decode_pool_tokens)
+        return (traceplan.preamble(p, srcs, speeds, contexts, self.suite.workload.decode_pool_tokens)
+                + [traceplan.aged_line(p, n) for n in ages])
 
     def shapes(self) -> dict[str, M.ModelShape]:
         return {n: M.ModelShape(**f) for n, f in self.models.items()}
@@ -161,9 +165,9 @@ def merge(a) -> S.Suite:
 
 def trace_flags(a, axes: dict) -> dict:
     """--trace, --speed, --cache-blocks -> workload fields (and the arrival axis); flags they contradict refused."""
-    trace, speeds, cache = (getattr(a, k, None) for k in TRACE_FLAGS)
+    trace, speeds, cache, block = (getattr(a, k, None) for k in TRACE_FLAGS)
     if trace is None:
-        for flag, v in (("--speed", speeds), ("--cache-blocks", cache)):
+        for flag, v in (("--speed", speeds), ("--cache-blocks", cache), ("--trace-block", block)):
             if v is not None:
                 raise ConfigError(f"{flag} applies to a trace's replay: give --trace FILE|NAME")
         return {}
@@ -175,7 +179,8 @@ def trace_flags(a, axes: dict) -> dict:
         if not (x > 0 and x < float("inf")):  # nan compares false: refused
             raise ConfigError(f"--speed {x:g}: give a positive factor (50 replays the trace 50 times faster)")
     axes["arrival"] = [f"trace:{x:g}" for x in speeds or [1.0]]
-    return {"trace": trace} | ({"cache_blocks": cache} if cache is not None else {})
+    return ({"trace": trace} | ({"cache_blocks": cache} if cache is not None else {})
+            | ({"trace_block": block} if block is not None else {}))
 
 
 # a result set's files are <stamp>_<name>[-N]<suffix> (results/store.py); the longest suffix is the sidecar's
@@ -270,7 +275,8 @@ def read_trace(suite: S.Suite, world: int) -> dict | None:
         return None
     srcs = len({s for s, _ in make_pairs(suite.scheme, world)})
     try:
-        p = traceplan.plan(w.trace, w.requests * srcs, w.cache_blocks)
+        age = max((n for n in (aged_n(a) for a in suite.axes.alloc) if n is not None), default=0)
+        p = traceplan.plan(w.trace, w.requests * srcs, w.cache_blocks, w.trace_block, age)
     except traceplan.T.TraceError as exc:
         raise ConfigError(f"--trace: {exc}") from None
     for spec in suite.axes.arrival:

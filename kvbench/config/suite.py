@@ -33,6 +33,7 @@ from kvbench.model.inputs import (
     unique,
 )
 from kvbench.model.layout import LAYOUTS, parse_alloc
+from kvbench.model.trace import BLOCK as TRACE_BLOCK
 from kvbench.model.workload import ARRIVAL_HELP, parse_arrival, parse_prompt
 from kvbench.model.yamlfile import read
 from kvbench.results import samples
@@ -144,6 +145,7 @@ class Workload(BaseModel):
     # longest request
     trace: str | None = Field(default=None, min_length=1)
     cache_blocks: int | None = Field(default=None, ge=1)  # the trace's decode prefix cache, LRU (None: unbounded)
+    trace_block: int = Field(default=TRACE_BLOCK, ge=1)  # tokens per hash id of the trace (Mooncake's: 512)
 
     @field_validator("prompt")
     @classmethod
@@ -155,6 +157,8 @@ class Workload(BaseModel):
     def _trace(self):
         if self.cache_blocks is not None and self.trace is None:
             raise ValueError("cache_blocks is the decode prefix cache of a trace's replay: it needs a trace")
+        if self.trace_block != TRACE_BLOCK and self.trace is None:
+            raise ValueError("trace_block is the block size of a trace's hash ids: it needs a trace")
         return self
 
 

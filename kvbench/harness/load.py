@@ -170,6 +170,8 @@ class LoadHarness(Harness):
                      pool=s.pools[0].array, elem=M.dtype_bytes(case["dtype"]), n=self.wl.requests,
                      bpt=M.bytes_per_token(sh, case["dtype"]), seed=self.opts.seed * 1_000_003 + self.case_no,
                      no=self.case_no)
+        if self.trace is not None:  # aged:<N> ages the decode pool with the trace's requests at the replay's speed
+            x.aged_by = TP.ageing(self.trace, W.parse_arrival(case["arrival"])[1], sh.context)
         self._watchdog(self.case_no, case)
         rows, info = [], {}
         if self.opts.check == "all":  # what each request's slot holds, computed before any clock runs

@@ -14,6 +14,7 @@ import numpy as np
 from kvbench.harness.checkpass import epoch_of
 from kvbench.harness.requests import pool_allocator
 from kvbench.memory.verify import Expected
+from kvbench.model.ageing import TraceRequests
 from kvbench.model.descriptors import coalesce, request_descs
 from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
 
@@ -42,6 +43,7 @@ class LoadCase:
     clk: Callable[[], float] = None  # seconds since t0
     pats: dict = field(default_factory=dict)  # -c all: prefill rank -> SlotPatterns of its slots (primed)
     dalloc: BlockAllocator | None = None  # this decode rank's allocator, built before the clock (decode_allocator)
+    aged_by: TraceRequests | None = None  # aged:<N> under a trace: its requests age the pool (None: drawn ones)
 
     def slots(self, rank: int) -> list:
         """Prefill rank ``rank``'s request slots (SLOTS x its largest request; None where the pool is too small):
@@ -54,7 +56,7 @@ class LoadCase:
     def decode_allocator(self, rank: int) -> BlockAllocator:
         """Decode rank ``rank``'s allocator of ``cap`` blocks (``aged:<N>``: its free list aged, which takes a
         while: built before the workload's clock starts)."""
-        return pool_allocator(self.cap, self.seed * 7919 + rank * 2 + 1, self.case, "dst")
+        return pool_allocator(self.cap, self.seed * 7919 + rank * 2 + 1, self.case, "dst", self.aged_by)
 
     def prime(self, ranks) -> None:
         """-c all: the slot patterns of ``ranks`` computed now, before the workload's clock runs."""

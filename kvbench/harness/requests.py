@@ -9,7 +9,7 @@ from kvbench import memory
 from kvbench.harness.state import Session
 from kvbench.model import planes
 from kvbench.model import shapes as M
-from kvbench.model.ageing import aged_order
+from kvbench.model.ageing import TraceRequests, aged_order, trace_aged_order
 from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
 from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
 from kvbench.model.schemes import Entry, offset_bulk
@@ -41,13 +41,16 @@ def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
     return -(-int(need * factor) // memory.PAGE) * memory.PAGE
 
 
-def pool_allocator(nblocks: int, seed: int, case: dict, side: str) -> BlockAllocator:
+def pool_allocator(nblocks: int, seed: int, case: dict, side: str,
+                   trace: TraceRequests | None = None) -> BlockAllocator:
     """A rank's allocator for one side of a case: ``aged:<N>`` ages the decode side's (``dst``) free list first
-    (untimed: the control plane), seeded by ``seed``; every other allocator starts fresh."""
+    (untimed: the control plane), by ``trace``'s requests under a trace's replay, else by drawn ones seeded by
+    ``seed``; every other allocator starts fresh."""
     alloc = BlockAllocator(nblocks, seed=seed)
     kind, n = parse_alloc(case["alloc"])
     if kind == "aged" and side == "dst" and case.get("variant", "paged") == "paged":
-        alloc.age(aged_order(nblocks, case["block_size"], n, seed))
+        bs = case["block_size"]
+        alloc.age(aged_order(nblocks, bs, n, seed) if trace is None else trace_aged_order(nblocks, bs, n, trace))
     return alloc
 
 

@@ -24,12 +24,21 @@ the queue) are not modelled either.
 
 Without a trace the requests are drawn (seeded): lognormal prompts and outputs,
 Poisson arrivals at the rate that keeps the pool ``OCCUPANCY`` full on average
-(Little's law).  ``age`` takes any arrays of (arrival, input_len, output_len),
-a trace's included.
+(Little's law).  ``age`` takes any arrays of (arrival, input_len, output_len).
+
+Under ``run --trace`` the pool is aged by the trace's own requests instead (``TraceRequests``): its first
+``N``, in trace order, cycling through the trace when it holds fewer (repeat ``r`` arrives
+``r x (span + span / (requests - 1))`` seconds later: the trace's span plus its mean gap, so the gap between
+the last request and the next repeat's first is an ordinary one).  Arrivals are the trace's timestamps less
+the first's, divided by the replay's speed; a prompt is cut to the model's context as the replay cuts it
+(0: no cut); the replay's other clip, to the decode pool, is ``footprint``'s (at most the whole pool);
+output lengths are the trace's.  A request holds its whole prompt's blocks: prefix-cache hits are not
+modelled (above), so what it moved and what it hit both sit in the pool.
 """
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -143,5 +152,53 @@ def drawn_requests(n: int, nblocks: int, block_size: int, seed: int) -> tuple[np
 def aged_order(nblocks: int, block_size: int, n: int, seed: int) -> np.ndarray:
     """The free queue of a pool of ``nblocks`` after ``n`` drawn requests (read-only; cached per pool and seed)."""
     out = age(nblocks, block_size, *drawn_requests(n, nblocks, block_size, seed))
+    out.flags.writeable = False
+    return out
+
+
+FRESH_LINE = "# aged:0: each decode rank's free list is a fresh queue (no requests aged it)"
+
+
+def drawn_line(n: int) -> str:
+    """The preamble's word on ``aged:<n>`` without a trace: which requests aged the pool."""
+    if not n:
+        return FRESH_LINE
+    return (f"# aged:{n}: each decode rank's free list aged by {n:,} drawn requests (seeded per rank and case: "
+            f"lognormal prompts of median 1/{PROMPT_SHARE} of the pool, outputs of median {OUTPUT_MEDIAN} tokens "
+            f"as lifetimes of {TPOT_S * 1e3:g} ms per token, Poisson arrivals keeping it {OCCUPANCY:.0%} full; "
+            "untimed, before the case)")
+
+
+@dataclass(frozen=True)
+class TraceRequests:
+    """A trace's head, as it ages a pool (module docstring): hashable, so its aged order is cached per pool."""
+
+    name: str
+    arrival_s: tuple[float, ...]  # timestamp less the first's, seconds at speed 1
+    input_len: tuple[int, ...]  # tokens, as the trace has them
+    output_len: tuple[int, ...]
+    speed: float  # the replay's: arrivals are divided by it
+    context: int = 0  # the model's context: a longer prompt is cut to it (0: no cut)
+
+    def requests(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(arrival s, input tokens, output tokens) of the first ``n``, cycling (module docstring)."""
+        m = len(self.arrival_s)
+        if n and not m:
+            raise ValueError(f"ageing by trace '{self.name}': no requests to age with")
+        reps = -(-n // m) if m else 0
+        a = np.asarray(self.arrival_s, dtype=np.float64)
+        period = a[-1] + a[-1] / (m - 1) if m > 1 else 0.0  # the span plus a mean gap
+        arrival = (np.concatenate([a + r * period for r in range(reps)]) if reps else a)[:n] / self.speed
+        inp = np.tile(np.asarray(self.input_len, dtype=np.int64), reps)[:n]
+        if self.context:
+            inp = np.minimum(inp, self.context)
+        return arrival, inp, np.tile(np.asarray(self.output_len, dtype=np.int64), reps)[:n]
+
+
+@lru_cache(maxsize=16)
+def trace_aged_order(nblocks: int, block_size: int, n: int, src: TraceRequests) -> np.ndarray:
+    """The free queue of a pool of ``nblocks`` after ``src``'s first ``n`` requests (read-only; cached per pool
+    and trace: every decode rank's and case's is the same)."""
+    out = age(nblocks, block_size, *src.requests(n))
     out.flags.writeable = False
     return out

@@ -85,6 +85,15 @@ class Layout:
         return layer * per, per
 
 
+def aged_n(spec: str) -> int | None:
+    """'aged:1000' -> 1000; any other allocation, or one parse_alloc refuses, -> None."""
+    try:
+        kind, n = parse_alloc(spec)
+    except ValueError:
+        return None
+    return n if kind == "aged" else None
+
+
 def parse_alloc(spec: str) -> tuple[str, int]:
     """'random' -> ('random', 1); 'fragmented:4' -> ('fragmented', 4); 'aged:1000' -> ('aged', 1000)."""
     m = re.fullmatch(r"(contiguous|random|tail|fragmented:(\d+)|aged:(\d+))", spec)

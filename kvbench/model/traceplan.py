@@ -19,11 +19,12 @@ of a trace's requests would be no machine's pool.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from kvbench.model import trace as T
+from kvbench.model.ageing import FRESH_LINE, TPOT_S, TraceRequests
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class TracePlan:
     hit: list[int]  # hit tokens: min(hit blocks x block, input)
     hit_blocks: int  # summed over the replayed requests
     blocks: int  # hash ids of the replayed requests
+    # aged:<N>: the trace's first min(N, total) requests, which age the decode pool (model/ageing.py)
+    age_arrival_s: list[float] = field(default_factory=list)  # as arrival_s
+    age_input: list[int] = field(default_factory=list)
+    age_output: list[int] = field(default_factory=list)
 
     @property
     def requests(self) -> int:
@@ -64,8 +69,9 @@ class TracePlan:
             "token_hit_rate": round(self.token_hit_rate, 6)}
 
 
-def plan(source: str, requests: int, capacity: int | None = None, block: int = T.BLOCK) -> TracePlan:
-    """The first ``requests`` requests of trace ``source`` with their hits; TraceError when it has fewer."""
+def plan(source: str, requests: int, capacity: int | None = None, block: int = T.BLOCK, age: int = 0) -> TracePlan:
+    """The first ``requests`` requests of trace ``source`` with their hits; TraceError when it has fewer.
+    ``age``: the largest aged:<N> of the run, whose first min(N, total) requests the plan carries as well."""
     T.check_capacity(capacity)
     tr = T.read(source, block)
     if requests > tr.requests:
@@ -73,8 +79,32 @@ def plan(source: str, requests: int, capacity: int | None = None, block: int = T
     head = tr.head(requests)
     st = T.replay(head, capacity)
     arrival = (head.timestamp_ms - head.timestamp_ms[0]) / 1e3
+    aged = tr.head(age)
     return TracePlan(source, block, capacity, tr.requests, tr.duration_s, arrival.tolist(), head.input_len.tolist(),
-                     st.hit_tokens_each(head.input_len).tolist(), int(st.hit_blocks.sum()), int(len(head.ids)))
+                     st.hit_tokens_each(head.input_len).tolist(), int(st.hit_blocks.sum()), int(len(head.ids)),
+                     ((aged.timestamp_ms - tr.timestamp_ms[0]) / 1e3).tolist(), aged.input_len.tolist(),
+                     aged.output_len.tolist())
+
+
+def ageing(p: TracePlan, speed: float, context: int = 0) -> TraceRequests | None:
+    """The requests that age a decode pool under aged:<N> at ``speed``, prompts cut to ``context`` (0: no cut);
+    None when the plan carries none (no aged:<N> in the run)."""
+    if not p.age_input:
+        return None
+    return TraceRequests(p.name, tuple(p.age_arrival_s), tuple(p.age_input), tuple(p.age_output), speed, context)
+
+
+def aged_line(p: TracePlan, n: int) -> str:
+    """The preamble's word on ``aged:<n>`` under a replay: which of the trace's requests aged the pool."""
+    held = len(p.age_input)
+    if not n:
+        return FRESH_LINE
+    which = (f"the trace's first {n:,} requests" if n <= held else
+             f"the trace's {held:,} requests cycled to {n:,} ({-(-n // held)} passes, each starting the trace's "
+             "span plus a mean gap after the one before)")
+    return (f"# aged:{n}: each decode rank's free list aged by {which}: their arrivals at the replay's speed, "
+            f"prompts cut to the model's context, outputs as lifetimes of {TPOT_S * 1e3:g} ms per token "
+            "(untimed, before the case)")
 
 
 @dataclass(frozen=True)

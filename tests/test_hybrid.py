@@ -152,3 +152,120 @@ def test_a_hybrid_model_file_reads_back(tmp_path):
     m = M.get_model(str(p))
     assert (m.full_layers, m.linear_layers, L.state_layer_bytes(m)) == (12, 36, 2_146_304)
     assert L.layer_kinds(m)[:4] == ["linear", "linear", "linear", "full"]
+
+
+# ---- the transfer: a hybrid request's descriptors (kvbench/model/hybridpool.py) ------------------------------
+
+TOY = M.ModelShape("toy-hybrid", 8, 2, 16, "gqa", sliding_layers=2, window=40, linear_layers=4, state_heads=2,
+                   state_k_dim=8, state_v_dim=4, conv_kernel=4, conv_dim=24, conv_dtype="fp16")
+# kinds: gcd(4, 2, 2) = 2 groups of (linear, linear, sliding, full)
+# per layer and token: 2 regions x 2 heads x 16 x 2 B = 128 B; a state: 2 x 8 x 4 x 4 B + 3 x 24 x 2 B = 400 B
+
+
+@pytest.mark.parametrize("layout", ["layer-major", "block-major"])
+@pytest.mark.parametrize("coalesce_on", [False, True])
+def test_hybrid_request_moves_each_kind_exactly(layout, coalesce_on):
+    import numpy as np
+
+    from kvbench.model import hybridpool
+    from kvbench.model.descriptors import LEN, byte_map, coalesced_descs, request_descs
+
+    assert L.layer_kinds(TOY) == ["linear", "linear", "sliding", "full"] * 2
+    assert L.state_layer_bytes(TOY) == 2 * 8 * 4 * 4 + 3 * 24 * 2 == 400
+    ntok, bs = 100, 16  # 7 blocks, the last of 4 tokens; the window: tokens 60..99, from block 3 (token 60 = 3 x 16 + 12)
+    case = {"block_size": bs, "dtype": "fp16"}
+    g = hybridpool.geometry(case, TOY, ntok)
+    assert (g["nblocks"], g["win_first"], g["win_skip"]) == (7, 3, 12 * 64)  # 64 B: one token of one region
+    hp = hybridpool.fit(layout, g, 4 * g["full_bytes"])
+    assert hp.nslots == 4 and hp.attn.layers == 4
+    rng = np.random.default_rng(1)
+    src_ids, dst_ids = rng.permutation(hp.attn.nblocks)[:7], rng.permutation(hp.attn.nblocks)[:7]
+    descs = coalesced_descs if coalesce_on else request_descs
+    layers = hybridpool.request_layers(hp, g, src_ids, dst_ids, (1, 2), descs, coalesce_on)
+    assert len(layers) == 8
+    kinds = L.layer_kinds(TOY)
+    if not coalesce_on:  # a block and region each in a full layer, in a window layer from block 3, one per state
+        assert [len(d) for d in layers] == [{"full": 14, "sliding": 8, "linear": 1}[k] for k in kinds]
+    per = {k: sum(int(d[:, LEN].sum()) for d, kk in zip(layers, kinds) if kk == k) for k in ("full", "sliding", "linear")}
+    assert per == {"full": 2 * 128 * 100, "sliding": 2 * 128 * 40, "linear": 4 * 400}
+    assert sum(per.values()) == g["payload"] == M.request_bytes(TOY, "fp16", ntok)
+    # byte by byte: every byte lands where the block tables and slots say, and nowhere else
+    expect = {}
+    attn = [0, 0, 0, 1, 0, 0, 2, 3]  # each layer's index in its plane: attention (sliding, full) or state
+    for layer, (k, a) in enumerate(zip(kinds, attn)):
+        if k == "linear":
+            lin = [0, 1, None, None, 2, 3][layer]
+            s, t = hp.state_offset(lin, 1), hp.state_offset(lin, 2)
+            expect.update({t + j: s + j for j in range(400)})
+            continue
+        for tok in range(60 if k == "sliding" else 0, ntok):
+            for r in range(2):
+                s = int(hp.attn.offsets(a, r, src_ids[tok // bs])) + tok % bs * 64
+                t = int(hp.attn.offsets(a, r, dst_ids[tok // bs])) + tok % bs * 64
+                expect.update({t + j: s + j for j in range(64)})
+    got = byte_map(np.concatenate(layers))
+    assert got == expect
+    assert max(got) < hp.state_base + 4 * hp.nslots * 400 and min(hp.state_offset(0, 0), *got) >= 0
+
+
+def test_hybrid_bulk_reference_keeps_states_in_their_slots():
+    import numpy as np
+
+    from kvbench.model import hybridpool
+    from kvbench.model.descriptors import LEN, request_descs
+    from kvbench.model.schemes import offset_bulk
+
+    g = hybridpool.geometry({"block_size": 16, "dtype": "fp16"}, TOY, 100)
+    hp = hybridpool.fit("layer-major", g, 4 * g["full_bytes"])
+    ids = np.arange(7)
+    layers = offset_bulk(hybridpool.request_layers(hp, g, ids, ids, (0, 0), request_descs, False, "bulk"), 1, 3)
+    assert [len(d) for d in layers] == [1] * 8
+    assert [int(d[0, LEN]) for d in layers] == [400, 400, 40 * 128, 100 * 128] * 2  # a state, a window, all
+    assert layers[0][0, 0] == hp.state_offset(0, 1) and layers[0][0, 1] == hp.state_offset(0, 3)
+    assert hybridpool.check_bulk(hp, g, layers, False)
+
+
+TOY_YAML = """name: toy-hybrid
+layers: 8
+kinds: {full: 2, sliding: 2, linear: 4}
+kv_heads: 2
+head_dim: 16
+window: 40
+state_heads: 2
+state_k_dim: 8
+state_v_dim: 4
+conv_kernel: 4
+conv_dim: 24
+conv_dtype: fp16
+"""
+
+
+def test_a_hybrid_run_moves_windows_and_states_with_every_byte_checked(kvrun, tmp_path):
+    model = tmp_path / "toy.yaml"
+    model.write_text(TOY_YAML)  # TOY above, as a model file
+    base = ["-m", str(model), "--tokens", "100", "-b", "16", "-e", "16", "-n", "2", "-w", "1", "--rounds", "1",
+            "--variants", "bulk,paged"]
+    r = kvrun(["-t", "shm,tcp", "--op", "push", "--coalesce", "off", *base], timeout=300)
+    assert r.code == 0, r.out + r.err
+    ok = r.transfers()
+    ok = ok[ok.status == "ok"]
+    assert set(ok.transport) == {"shm", "tcp"}
+    assert set(ok.payload_bytes) == {2 * 100 * 128 + 2 * 40 * 128 + 4 * 400}  # KV, windows, states: 37,440 B
+    # paged: 14 per full layer, 8 per window layer (blocks 3..6, K and V), 1 per linear layer; bulk: 1 per layer
+    assert set(ok[ok.variant == "paged"].descriptors) == {2 * 14 + 2 * 8 + 4}
+    assert set(ok[ok.variant == "bulk"].descriptors) == {8}
+    checks = ok[ok.iter == -1]
+    assert len(checks) == 2 * 2 * 2 and int(checks.nwrong.sum()) == 0  # 2 transports x 2 variants x 2 ranks
+    # the first descriptor is layer 0's, a linear layer's state: corrupting it is caught like any KV byte
+    bad = kvrun(["-t", "shm", "--op", "push", "--inject-corruption", "3", *base], timeout=300)
+    assert bad.code == 2 and "FAILED" in bad.out
+    dec = bad.table()
+    assert dec[(dec.iter == -1) & (dec.role == "decode")].nwrong.tolist() == [2, 2]
+
+
+def test_a_hybrid_model_outside_bandwidth_sweeps_is_refused(kvrun, tmp_path):
+    model = tmp_path / "toy.yaml"
+    model.write_text(TOY_YAML)
+    r = kvrun(["-t", "shm", "-m", str(model), "--tokens", "100", "--dtype", "nvfp4"], timeout=120)
+    assert r.code == 1 and r.results is None
+    assert "mixes layer kinds" in r.err and len(r.err.strip().splitlines()) == 1, r.err

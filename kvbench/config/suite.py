@@ -374,6 +374,11 @@ def expand(suite: Suite) -> list[dict]:
         if not fmt.plain and (suite.workload is not None or case["inflight"] > 1):
             raise SuiteError(f"{fmt.describe()}: formats with scale planes run in bandwidth sweeps with inflight 1 "
                              "(not yet in workloads)")
+        if shape.hybrid and (not fmt.plain or suite.workload is not None or case["codec"] != "none"
+                             or not shape.attn_layers or case["prefill"] != "clock"):
+            raise SuiteError(f"model '{case['model']}' mixes layer kinds (docs/models.md): it runs in bandwidth "
+                             "sweeps of a plain dtype with attention layers, no codec, no workload, prefill clock "
+                             "(those are not yet layer-kind aware)")
         if case["codec"] != "none" and (why := codec_check(case["codec"], case["dtype"])):
             dropped.append(why)  # a codec x dtype pair that does not exist (exp-split on e4m3): the sweep skips it
             continue

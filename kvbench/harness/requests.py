@@ -7,7 +7,7 @@ import numpy as np
 
 from kvbench import memory
 from kvbench.harness.state import Session
-from kvbench.model import planes
+from kvbench.model import hybridpool, planes
 from kvbench.model import shapes as M
 from kvbench.model.ageing import TraceRequests, aged_order, trace_aged_order
 from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
@@ -22,6 +22,8 @@ def case_geometry(case: dict) -> dict:
     ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
     if planes.scaled(case):  # values, block scales, tensor scales in planes of their own
         return planes.geometry(case, shape, ntok)
+    if shape.hybrid:  # sliding windows and linear states beside the attention blocks
+        return hybridpool.geometry(case, shape, ntok)
     bs = case["block_size"]
     bb = M.block_bytes(shape, bs, case["dtype"])
     nb = M.num_blocks(ntok, bs)
@@ -58,8 +60,9 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (``seed``: the
     case's own, from the run's seed and the case number)."""
     fmt = planes.fit(case["layout"], g, s.nbytes) if "fmt" in g else None
-    lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
-                                        g["block_bytes"], s.nbytes)
+    hyb = hybridpool.fit(case["layout"], g, s.nbytes) if "hybrid" in g else None
+    lay = fmt[0] if fmt else hyb.attn if hyb else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
+                                                             g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
     aged = parse_alloc(case["alloc"])[0] == "aged"  # the decode pool aged, the prefill's fresh: its runs are decode's
     allocs: dict[str, BlockAllocator] = {}
@@ -93,6 +96,10 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
                 entries.append(Entry(i, req, src, dst, planes.request_layers(
                     fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")]))
                 continue
+            if hyb:  # each layer by its kind: blocks, a window, or one state slot
+                entries.append(Entry(i, req, src, dst, hybrid_layers(hyb, case, g, blocks, allslots, (i, req), descs),
+                                     blocks[(i, req, "dst")]))
+                continue
             per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
             for layer, d in enumerate(per_layer):
                 if bulk:
@@ -110,6 +117,22 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
                     layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
             entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
     return entries
+
+
+def hybrid_layers(hyb, case: dict, g: dict, blocks: dict, allslots: dict, key: tuple, descs) -> list[np.ndarray]:
+    """A hybrid model's request, layer by layer (hybridpool.py); a reference's ranges moved to the request's slot."""
+    slots = (allslots[key + ("src",)], allslots[key + ("dst",)])
+    if hyb.linear_layers and max(slots) >= hyb.nslots:
+        raise TransportError(f"pool holds {hyb.nslots} request states per linear layer, fewer than the requests "
+                             "in flight; raise --pool-factor")
+    layers = hybridpool.request_layers(hyb, g, blocks[key + ("src",)], blocks[key + ("dst",)], slots, descs,
+                                       case["coalesce"] == "on", case["variant"])
+    if case["variant"] == "paged":
+        return layers
+    layers = offset_bulk(layers, *slots)
+    if not hybridpool.check_bulk(hyb, g, layers, case["variant"] == "hot"):
+        raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
+    return [chunked(d, CHUNKS[case["variant"]]) for d in layers] if case["variant"] in CHUNKS else layers
 
 
 def case_label(no: int, case: dict) -> str:

@@ -14,7 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench import transports
+from kvbench.config import ConfigError
 from kvbench.config import suite as S
+from kvbench.config.tracecfg import TRACE_FLAGS, read_trace, trace_flags
 from kvbench.harness.state import Options
 from kvbench.memory import device, driver, host, placement
 from kvbench.model import ageing, traceplan
@@ -28,15 +30,10 @@ FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout"
              "copy", "prefill", "register")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
-TRACE_FLAGS = ("trace", "speed", "cache_blocks", "trace_block")
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
                "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget", "pool_sizes")
 DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
-
-
-class ConfigError(ValueError):
-    """A mistake in what the user asked for: one line, exit 1, nothing written."""
 
 
 class RunConfig(BaseModel):
@@ -163,26 +160,6 @@ def merge(a) -> S.Suite:
     return S.validate(data, a.suite or "command line")
 
 
-def trace_flags(a, axes: dict) -> dict:
-    """--trace, --speed, --cache-blocks -> workload fields (and the arrival axis); flags they contradict refused."""
-    trace, speeds, cache, block = (getattr(a, k, None) for k in TRACE_FLAGS)
-    if trace is None:
-        for flag, v in (("--speed", speeds), ("--cache-blocks", cache), ("--trace-block", block)):
-            if v is not None:
-                raise ConfigError(f"{flag} applies to a trace's replay: give --trace FILE|NAME")
-        return {}
-    for flag, v, what in (("--arrival", a.arrival, "arrivals"), ("--prompt", a.prompt, "prompt lengths"),
-                          ("--prefix-hit", a.prefix_hit, "prefix hits (its decode prefix cache)")):
-        if v:
-            raise ConfigError(f"{flag}: --trace replays the trace's {what}: leave {flag} out")
-    for x in speeds or [1.0]:
-        if not (x > 0 and x < float("inf")):  # nan compares false: refused
-            raise ConfigError(f"--speed {x:g}: give a positive factor (50 replays the trace 50 times faster)")
-    axes["arrival"] = [f"trace:{x:g}" for x in speeds or [1.0]]
-    return ({"trace": trace} | ({"cache_blocks": cache} if cache is not None else {})
-            | ({"trace_block": block} if block is not None else {}))
-
-
 # a result set's files are <stamp>_<name>[-N]<suffix> (results/store.py); the longest suffix is the sidecar's
 # temporary written by a rank standing in for rank 0, .meta.json.<pid>.tmp
 FILE_NAME_EXTRA = len("20261203-224900_") + len("-999") + len(".meta.json.4194304.tmp")
@@ -265,27 +242,6 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
                      name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
-
-
-def read_trace(suite: S.Suite, world: int) -> dict | None:
-    """workload.trace read on rank 0 (the other ranks need no copy of the file): the requests its prefill ranks
-    replay, with their hits; one line when the trace is unreadable, too short or slower than --timeout."""
-    w = suite.workload
-    if w is None or w.trace is None:
-        return None
-    srcs = len({s for s, _ in make_pairs(suite.scheme, world)})
-    try:
-        age = max((n for n in (aged_n(a) for a in suite.axes.alloc) if n is not None), default=0)
-        p = traceplan.plan(w.trace, w.requests * srcs, w.cache_blocks, w.trace_block, age)
-    except traceplan.T.TraceError as exc:
-        raise ConfigError(f"--trace: {exc}") from None
-    for spec in suite.axes.arrival:
-        speed = float(spec.partition(":")[2])
-        if p.arrival_s[-1] / speed > suite.timeout:
-            raise ConfigError(f"--speed {speed:g}: the replay's arrivals span {p.arrival_s[-1] / speed:,.0f} s, more "
-                              f"than one case may take (--timeout {suite.timeout:g} s): raise --speed or --timeout, "
-                              "or replay fewer --requests")
-    return p.as_dict()
 
 
 def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:

@@ -97,8 +97,7 @@ class Harness(Rows, Calibration, Carrying):
         self.check_cost = self.comm.gather((self.check_s, self.timed_s))  # rank 0: per rank (verifying, timed) s
 
     def sample(self, group: str, phase: str, case: int = 0) -> None:
-        """This rank's resident memory and open files now (the soak's leak check reads them); one sample per
-        (case, phase), the last one kept."""
+        """This rank's resident memory and open files now, the last per (case, phase) kept (the soak reads them)."""
         self.resources = [x for x in self.resources if (x["case"], x["phase"], x["transport"]) != (case, phase, group)]
         self.resources.append(dict(preflight.process_usage(), rank=self.rank, transport=group, case=case, phase=phase))
 
@@ -228,10 +227,7 @@ class Harness(Rows, Calibration, Carrying):
         """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
         got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=self.opts.pages)
                if p.array is not None else {"applied": p.kind, "note": "device memory: no host pages"} for p in pools]
-        out = {"requested": self.opts.pages, **(got[0] if got else {})}
-        if len(got) > 1:
-            out["more_pools"] = got[1:]
-        return out
+        return {"requested": self.opts.pages, **(got[0] if got else {}), **({"more_pools": got[1:]} if got[1:] else {})}
 
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
@@ -345,10 +341,8 @@ class Harness(Rows, Calibration, Carrying):
                     every.landed()
                 # every rank done before any rank's bookkeeping (and --cache setting): a pull's source is done
                 # first, and its work would otherwise share the CPU caches with its peer's timed transfer
-                if s.t.idle_sleeps:  # asleep: a pull's source would otherwise spin beside its library's threads
-                    self.comm.barrier_asleep()
-                else:
-                    self.comm.barrier()
+                # asleep where the transport asks: a pull's source would otherwise spin beside its library's threads
+                (self.comm.barrier_asleep if s.t.idle_sleeps else self.comm.barrier)()
                 if every is not None:
                     every.count()
                 stages = s.t.take_stages() if hasattr(s.t, "take_stages") else None  # staged: per-stage seconds

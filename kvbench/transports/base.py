@@ -8,11 +8,9 @@ thread of its own happened (see Completion semantics).
 
 Descriptor arrays
 -----------------
-Every ``post``/``serve`` receives ``descs``: a C-contiguous ``int64`` numpy
-array of shape ``(n, 3)`` whose columns are ``SRC, DST, LEN``: byte offsets
-into the *source* pool and the *destination* pool, and a byte count.  The
-source pool belongs to the prefill rank, the destination pool to the decode
-rank, whichever side initiates:
+Every ``post``/``serve`` receives ``descs``: a C-contiguous ``int64`` numpy array of shape ``(n, 3)`` whose columns
+are ``SRC, DST, LEN``: byte offsets into the *source* pool and the *destination* pool, and a byte count.  The source
+pool belongs to the prefill rank, the destination pool to the decode rank, whichever side initiates:
 
 * ``op == "push"``: the prefill (source) rank calls ``post``; SRC offsets are
   local, DST offsets are in the peer's pool.  The decode rank calls ``serve``.

@@ -142,7 +142,7 @@ def test_tcp_over_loopback_and_shm_through_memory(kvrun):
         assert g["wire_over_payload"].iloc[0] >= 1.0
     assert set(shm["carrier"]) == {"none"} and set(shm["carrier_note"]) == {""}
     assert (df[df["iter"] < 0]["carrier"] == "").all()  # check pass and setup rows: nothing sampled
-    assert "# CARRIER case 1 rank 0: loopback" in r.out
+    assert "# CARRIER case 1 ranks 0-1: loopback" in r.out  # one line for both ranks of the tcp case
     side = r.meta()["carriers"]
     assert side["1"]["0"]["carrier"] == "lo" and side["2"]["1"]["carrier"] == "none"
 
@@ -152,3 +152,14 @@ def test_pinned_nic_that_does_not_exist(kvrun, tmp_path):
     assert r.code == 1 and r.results is None, r.out + r.err
     lines = [ln for ln in r.err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "no interface with an IPv4 address matches 'nosuch'" in lines[0]
+
+
+def test_footer_says_each_note_once_with_its_cases_and_ranks():
+    import pandas as pd
+
+    from kvbench.harness.carriage import footer_lines
+
+    lo, mis = "loopback: carried by lo, not a NIC between hosts", "misrouted: asked rail0, carried by rail1"
+    rows = [(c, r, 0, lo) for c in (1, 2, 3, 5) for r in (0, 1)] + [(4, 0, 0, mis), (4, 0, -1, ""), (6, 1, 0, "")]
+    df = pd.DataFrame(rows, columns=["case", "rank", "iter", "carrier_note"])
+    assert footer_lines(df) == [f"# CARRIER cases 1-3,5 ranks 0-1: {lo}", f"# CARRIER case 4 rank 0: {mis}"]

@@ -114,8 +114,26 @@ class Carrying:
 
 
 def footer_lines(df) -> list[str]:
-    """Rank 0: one line per (case, rank) whose carrier is not what was asked (or a loopback)."""
-    return [f"# CARRIER case {case} rank {rank}: {note}" for (case, rank), note in notes(df).items()]
+    """Rank 0: one line per note, naming the cases and ranks whose carrier it describes (not what was asked, or a
+    loopback): a sweep of a thousand cases over one loopback says so once."""
+    by: dict[str, tuple[set, set]] = {}
+    for (case, rank), note in notes(df).items():
+        cases, ranks = by.setdefault(note, (set(), set()))
+        cases.add(int(case))
+        ranks.add(int(rank))
+    return [f"# CARRIER case{'s' * (len(c) > 1)} {_spans(c)} rank{'s' * (len(r) > 1)} {_spans(r)}: {note}"
+            for note, (c, r) in by.items()]
+
+
+def _spans(xs: set) -> str:
+    """{1, 2, 3, 7} -> '1-3,7'."""
+    out, run = [], []
+    for x in sorted(xs):
+        if run and x != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(x)
+    return ",".join(out + [f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0])])
 
 
 def notes(df) -> dict:

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, leftovers_of, mpiexec
+from conftest import ROOT, kill_group, leftovers_of, mpiexec
 
 SHM = ["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "3", "-w", "1",
        "--variants", "bulk,paged", "--rounds", "1"]
@@ -111,10 +111,7 @@ def launch_then(args, tmp_path, act, timeout: float = 30):
         act(proc)
         rest, err = proc.communicate(timeout=timeout)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc)
     return proc.returncode, seen + rest, err, out
 
 

@@ -119,11 +119,15 @@ def _launch_and_interrupt(args, tmp_path, sig):
     return launch_then(args, tmp_path, lambda proc: os.killpg(proc.pid, sig))
 
 
+# a run still under way long after its first row, its cases short: 400 iterations of llama-3-8b's layer in 4 layers
+LONG = [*SHM[:-4], "--layers", "4", "--kv-heads", "8", "--head-dim", "128", "-n", "400", "-w", "1", "--rounds", "1"]
+
+
 def test_ctrl_c_is_one_line_and_keeps_finished_cases(tmp_path):
     import glob
     import json
 
-    args = [*SHM[:-4], "-n", "400", "-w", "1", "--rounds", "1"]
+    args = LONG
     code, out, err, res = _launch_and_interrupt(args, tmp_path, signal.SIGINT)
     lines = [ln for ln in err.splitlines() if ln.startswith("kvbench: ")]
     assert len(lines) == 1 and lines[0].startswith("kvbench: interrupted: rank "), err

@@ -49,20 +49,26 @@ class Run:
             return json.load(fh)
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a launch started with ``start_new_session=True``, its whole process group (a launch that is
+    already gone is no error)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _launch(cmd, timeout, env):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc)
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out}\n{err}") from None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # stray ranks of an aborted job
-        except ProcessLookupError:
-            pass
+        kill_group(proc)  # stray ranks of an aborted job
     return proc.returncode, out, err
 
 

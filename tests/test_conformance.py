@@ -4,6 +4,7 @@ A transport's own test file only supplies fixtures; this file is the contract, f
 transport that can run it (a plugin from KVBENCH_TRANSPORTS included). Unavailable transports skip with
 the reason `kvbench list` gives.
 """
+import functools
 import os
 import subprocess
 import sys
@@ -14,7 +15,12 @@ from kvbench import transports
 from kvbench.transports.base import Unavailable
 from tests.conftest import ROOT
 
-TINY = ["-m", "llama-3-8b", "--tokens", "200", "-n", "3", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]
+# llama-3-8b's layer (8 KV heads of 128, fp16: 4 KiB a token) in 4 layers, not its 32: the same descriptors per
+# layer, an eighth of the bytes to fill and check
+LAYERS = 4
+SHAPE = ["--layers", str(LAYERS), "--kv-heads", "8", "--head-dim", "128"]
+TOKEN_BYTES = LAYERS * 2 * 8 * 128 * 2  # K and V, fp16
+TINY = [*SHAPE, "--tokens", "200", "-n", "3", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]
 
 
 def between_ranks() -> list[str]:
@@ -38,8 +44,9 @@ PLUGIN = {"KVBENCH_TRANSPORTS": "site-shm=plugin:SiteShm",
           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")])}
 
 
+@functools.cache
 def unavailable(name: str) -> str | None:
-    """Probe in a fresh process: some engines must load before MPI (docs/pitfalls.md#ucx-first)."""
+    """Probe in a fresh process, once a session: some engines must load before MPI (docs/pitfalls.md#ucx-first)."""
     code = (f"from kvbench import transports; from kvbench.job import comm; comm.preload([{name!r}]); "
             f"r = transports.probe({name!r}); print('OK' if r is None else r)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -74,26 +81,30 @@ def test_two_ranks_push_pull_paged_and_coalesced(kvrun, name):
                "--coalesce", "off,on", *TINY], timeout=240)
     ok = assert_clean(r, name)
     # a partial last block: 200 tokens = 12 blocks of 16 + 8 tokens; payload is exact
-    assert set(ok.payload_bytes) == {200 * 131072}
+    assert set(ok.payload_bytes) == {200 * TOKEN_BYTES}
     paged = ok[(ok.variant == "paged") & (ok.block_size == 16)]
-    assert set(paged[paged.coalesce == "off"].descriptors) == {32 * 2 * 13}
+    assert set(paged[paged.coalesce == "off"].descriptors) == {LAYERS * 2 * 13}
     # contiguous + coalesced = one descriptor per region per layer
     cc = paged[(paged.coalesce == "on") & (paged.allocation == "contiguous")]
-    assert set(cc.descriptors) == {32 * 2}
+    assert set(cc.descriptors) == {LAYERS * 2}
     skipped = r.table()
     skipped = skipped[(skipped.transport == name) & (skipped.status == "skipped")]
     assert skipped.empty or skipped.reason.str.startswith("unavailable:").all()
 
 
-@pytest.mark.parametrize("scheme,pairs", [("pairwise", 2), ("many-to-one", 3), ("one-to-many", 3),
-                                          ("all-pairs", 4)])
-def test_four_ranks_every_scheme(kvrun, scheme, pairs):
+# the ceiling's four chunk sizes are four cases more of each transport, op and in-flight: one scheme carries them
+# (many-to-one: three sources' chunks into one pool), the others bulk and paged
+@pytest.mark.parametrize("scheme,pairs,variants", [("pairwise", 2, "bulk,paged"), ("many-to-one", 3, "bulk,ceiling,paged"),
+                                                   ("one-to-many", 3, "bulk,paged"), ("all-pairs", 4, "bulk,paged")])
+def test_four_ranks_every_scheme(kvrun, scheme, pairs, variants):
     names = [n for n in ("shm", "tcp", "mpi") if not unavailable(n)]
     r = kvrun(["-t", ",".join(names), "--op", "push,pull", "--scheme", scheme, "-b", "16", "-e", "16",
-               "--inflight", "1,2", "-m", "llama-3-8b", "--tokens", "64", "-n", "2", "-w", "1"], n=4, timeout=300)
+               "--inflight", "1,2", *SHAPE, "--tokens", "64", "-n", "2", "-w", "1", "--variants", variants], n=4,
+              timeout=300)
     for name in names:
         ok = assert_clean(r, name)
         assert set(ok.scheme) == {scheme}
+        assert set(ok.variant.str.replace(r"^chunk-.*", "ceiling", regex=True)) == set(variants.split(","))
         assert ok.groupby("case").pair.nunique().eq(pairs).all()
         # inflight 2: two requests per pair, each checked
         two = ok[(ok.inflight == 2) & (ok.iter == -1) & (ok.role == "decode")]
@@ -109,7 +120,7 @@ def test_mpi_hindexed_and_split_calls_move_the_same_bytes(kvrun, split):
     r = kvrun(["-t", "mpi", "-O", f"split={split}", "--op", "push,pull", "-b", "16", "-e", "16", "--alloc", "random",
                *TINY], timeout=240)
     ok = assert_clean(r, "mpi")
-    assert set(ok[ok.variant == "paged"].descriptors) == {32 * 2 * 13}
+    assert set(ok[ok.variant == "paged"].descriptors) == {LAYERS * 2 * 13}
     meta = r.meta()
     assert {i["split"] for i in meta["transports"]["mpi"]} == {int(split)}
 

@@ -17,7 +17,6 @@ import glob
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import pytest
-from conftest import ROOT, leftovers_of, mpiexec
+from conftest import ROOT, kill_group, leftovers_of, mpiexec
 
 from kvbench.cli.run import FINISH_MIN_S
 from kvbench.cli.run import FINISH_S as FINISH_MAX_S
@@ -111,10 +110,7 @@ def _run(phase: str, action: str, rank: int, base: str) -> Outcome:
     except subprocess.TimeoutExpired:
         o, e = "", f"timed out after 120 s: {fault}"
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc)
         proc.wait()
     end = time.time()
     fired = float(open(stamp).read().split()[0]) if os.path.exists(stamp) else float("nan")

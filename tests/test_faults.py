@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, leftovers_of, mpiexec
+from conftest import ROOT, kill_group, leftovers_of, mpiexec
 
 SHM = ["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "3", "-w", "1",
        "--variants", "bulk,paged", "--rounds", "1"]
@@ -111,10 +111,7 @@ def launch_then(args, tmp_path, act, timeout: float = 30):
         act(proc)
         rest, err = proc.communicate(timeout=timeout)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc)
     return proc.returncode, seen + rest, err, out
 
 
@@ -122,11 +119,15 @@ def _launch_and_interrupt(args, tmp_path, sig):
     return launch_then(args, tmp_path, lambda proc: os.killpg(proc.pid, sig))
 
 
+# a run still under way long after its first row, its cases short: 400 iterations of llama-3-8b's layer in 4 layers
+LONG = [*SHM[:-4], "--layers", "4", "--kv-heads", "8", "--head-dim", "128", "-n", "400", "-w", "1", "--rounds", "1"]
+
+
 def test_ctrl_c_is_one_line_and_keeps_finished_cases(tmp_path):
     import glob
     import json
 
-    args = [*SHM[:-4], "-n", "400", "-w", "1", "--rounds", "1"]
+    args = LONG
     code, out, err, res = _launch_and_interrupt(args, tmp_path, signal.SIGINT)
     lines = [ln for ln in err.splitlines() if ln.startswith("kvbench: ")]
     assert len(lines) == 1 and lines[0].startswith("kvbench: interrupted: rank "), err

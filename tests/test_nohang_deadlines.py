@@ -10,7 +10,7 @@ import time
 import pandas as pd
 import pytest
 from conftest import leftovers_of
-from test_faults import SHM, assert_failed, cases_kept, launch_then
+from test_faults import LONG, SHM, assert_failed, cases_kept, launch_then
 
 MARGIN_S = 20  # start-up, the exit path and a loaded machine, beyond the deadline itself
 
@@ -89,7 +89,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sighup_to_a_rank_is_interrupted(tmp_path, rank):
     """UCX takes SIGHUP for its debug dump when MPI starts; the guard takes it back."""
-    args = [*SHM[:-4], "-n", "400", "-w", "1", "--rounds", "1"]
+    args = LONG
 
     def hup(proc):  # the first row is printed: MPI and UCX are up on every rank
         ranks = [r for p in _children(proc.pid) for r in _children(p)]

@@ -5,13 +5,12 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT, leftovers_of, mpiexec
+from conftest import ROOT, kill_group, leftovers_of, mpiexec
 from test_errors import assert_one_line
 
 from kvbench.job import cleanup
@@ -205,10 +204,7 @@ def _locked_set(out) -> str | None:
 
 def _kill(proc, parquet=None):
     """SIGKILL the whole launch, then remove the /dev/shm files its sidecar names (a kill -9 leaves them)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_group(proc)
     proc.communicate(timeout=30)
     if parquet:
         meta = json.load(open(parquet.replace(".parquet", ".meta.json")))

@@ -216,6 +216,15 @@ def fake_rows(target: Target, t, descs, what: str) -> list[dict]:
     return rows
 
 
+def one_way(target: Target, label: str, src, dst, repeats: int, note: str) -> dict:
+    """The host<->dev row of copying ``src`` into ``dst`` (uint8 tensors of one size): its rate, and ok when the
+    7s of ``src`` landed in ``dst``."""
+    s = timed(target, lambda: dst.copy_(src, non_blocking=True), repeats)
+    sync(target)
+    ok = bool((dst[:: 1 << 20] == 7).all())
+    return row("host<->dev", label, dst.numel() / s / 1e9, "ok" if ok else "FAIL", note)
+
+
 def hostdev_rows(a, target: Target) -> list[dict]:
     import torch
 
@@ -233,15 +242,9 @@ def hostdev_rows(a, target: Target) -> list[dict]:
             host.fill_(7)
             note = "host to host on the CPU" if target.rehearsal else ""
             with stream(target):
-                s = timed(target, lambda h=host: dev.copy_(h, non_blocking=True), a.repeats)
-                sync(target)
-                ok = bool((dev[:: 1 << 20] == 7).all())
-                rows.append(row("host<->dev", f"H2D {kind} {n >> 20} MiB", n / s / 1e9, "ok" if ok else "FAIL", note))
-                host.fill_(0)
-                s = timed(target, lambda h=host: h.copy_(dev, non_blocking=True), a.repeats)
-                sync(target)
-                ok = bool((host[:: 1 << 20] == 7).all())
-                rows.append(row("host<->dev", f"D2H {kind} {n >> 20} MiB", n / s / 1e9, "ok" if ok else "FAIL", note))
+                rows.append(one_way(target, f"H2D {kind} {n >> 20} MiB", host, dev, a.repeats, note))
+                host.fill_(0)  # D2H must bring the 7s back
+                rows.append(one_way(target, f"D2H {kind} {n >> 20} MiB", dev, host, a.repeats, note))
         return rows
     finally:
         pool.release()

@@ -21,6 +21,10 @@ The failing rank of a job calls ``unlink_mpich(mapped_mpich())`` and
 ``sweep_orphans()`` at its start on every host for whatever a killed job left; ``kvbench list``
 tells what is there (``survey``), so that a user who does not run again learns of it too.
 
+A result set's temporary and lock files are named here too (``tmp_of``, ``lock_path``, ``set_tmp_files``):
+results/ writes and sweeps them, and a rank's reaper (job/reaper.py, which may not import results/) removes
+them after a kill.
+
 Pids are only meaningful in this host's (and this pid namespace's) process
 table: containers that share one /dev/shm but not their pid namespace would
 see each other's live files as orphans, so ``sweep_orphans`` is for a
@@ -37,6 +41,27 @@ SHM_DIR = "/dev/shm"  # read at call time, so tests can monkeypatch it
 
 # kvbench_<run>_r<rank>_p<pid> (a pool segment) or kvbench_<run>_mpich_r<rank>_p<pid> (a registry)
 _OWNED = re.compile(r"kvbench_(?P<run>.+?)_(?P<registry>mpich_)?r(?P<rank>\d+)_p(?P<pid>\d+)")
+
+
+# ----- a result set's own files beside its table (named here, below results/, so that a rank's reaper can find them)
+def tmp_of(path: str) -> str:
+    """Where ``path`` is written before it is renamed over itself (a kill mid-write leaves this name)."""
+    return path + ".tmp"
+
+
+def own_tmp_of(path: str) -> str:
+    """A second writer's temporary name for ``path``, apart from its owner's ``tmp_of`` (which may be mid-write)."""
+    return f"{path}.{os.getpid()}.tmp"
+
+
+def lock_path(parquet: str) -> str:
+    """The result set's lock file (results/lock.py)."""
+    return parquet[: -len(".parquet")] + ".lock" if parquet.endswith(".parquet") else parquet + ".lock"
+
+
+def set_tmp_files(parquet: str) -> list[str]:
+    """The half-written files a killed run can leave of result set ``parquet``: its table's and its sidecar's."""
+    return [tmp_of(parquet), tmp_of(parquet[: -len(".parquet")] + ".meta.json")]
 
 
 def _unlink(path: str) -> bool:

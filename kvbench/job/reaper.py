@@ -105,7 +105,7 @@ def sweep_run(run_id: str, seconds: float = SWEEP_S) -> None:
 def record(meta_path: str, launcher_first: bool, launcher: int, rank_pid: int) -> str | None:
     """Rank 0's sidecar, while it says INCOMPLETE: the cause, and INTERRUPTED when the launcher ended first;
     then the result set's lock and .tmp files go.  Returns the line to say, if any."""
-    base = meta_path[: -len(".meta.json")]
+    parquet = meta_path[: -len(".meta.json")] + ".parquet"
     line = None
     try:
         with open(meta_path) as fh:
@@ -120,19 +120,20 @@ def record(meta_path: str, launcher_first: bool, launcher: int, rank_pid: int) -
                 meta.update(reason=f"rank 0 (pid {rank_pid}) on {host} was killed from outside (SIGKILL, or its "
                                    "launcher ended the job after another rank died): the run did not end by itself")
             meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            tmp = f"{meta_path}.{os.getpid()}.tmp"
+            tmp = cleanup.own_tmp_of(meta_path)
             with open(tmp, "w") as fh:
                 json.dump(meta, fh, indent=2, default=str)
             os.replace(tmp, meta_path)
     except (OSError, ValueError):
         pass
-    for path in (base + ".parquet.tmp", meta_path + ".tmp"):
+    for path in cleanup.set_tmp_files(parquet):
         cleanup._unlink(path)
+    lock = cleanup.lock_path(parquet)
     try:  # the lock is free now (its holder is dead) unless a resume took it meanwhile: then it stays
-        fd = os.open(base + ".lock", os.O_RDWR)
+        fd = os.open(lock, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(base + ".lock")
+            os.unlink(lock)
         finally:
             os.close(fd)
     except OSError:

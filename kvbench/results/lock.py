@@ -12,13 +12,11 @@ import glob
 import os
 import socket
 
+from kvbench.job.cleanup import lock_path
+
 
 class LockHeld(Exception):
     """Another live process holds the result set's lock; the message names it."""
-
-
-def lock_path(parquet: str) -> str:
-    return parquet[: -len(".parquet")] + ".lock" if parquet.endswith(".parquet") else parquet + ".lock"
 
 
 class ResultLock:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.fabric.carriers import COLUMNS as CARRIER_DEFAULTS
-from kvbench.job import faults
+from kvbench.job import cleanup, faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
@@ -186,7 +186,7 @@ class ResultWriter:
         self = cls.__new__(cls)
         self.path, self.meta_path, self.lock = path, path[: -len(".parquet")] + ".meta.json", lock
         self._mu = threading.Lock()
-        for tmp in (self.path + ".tmp", self.meta_path + ".tmp"):  # a write the kill interrupted
+        for tmp in cleanup.set_tmp_files(self.path):  # a write the kill interrupted
             if os.path.exists(tmp):
                 os.unlink(tmp)
         sweep_stale(os.path.dirname(os.path.abspath(path)))
@@ -245,7 +245,7 @@ class ResultWriter:
         and another run (a resume) may have the result set."""
         with self._mu:
             self._closed = True
-            for tmp in (self.path + ".tmp", self.meta_path + ".tmp"):
+            for tmp in cleanup.set_tmp_files(self.path):
                 try:
                     os.unlink(tmp)
                 except OSError:
@@ -269,7 +269,7 @@ def _write_json(path: str, obj: dict, tmp: str | None = None, midway=None) -> No
 def _replace(path: str, write, tmp: str | None = None, midway=None) -> None:
     """Write ``path`` whole or not at all: into ``tmp`` (``path.tmp``), then renamed over it; a failed write (a
     full disk) leaves no temporary file behind.  ``midway`` runs between the two (the fault matrix's point)."""
-    tmp = tmp or path + ".tmp"
+    tmp = tmp or cleanup.tmp_of(path)
     try:
         write(tmp)
         if midway is not None:
@@ -298,11 +298,11 @@ def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
             return False
         meta.update(status=status, reason=reason,
                     finished=dt.datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"))
-        _write_json(meta_path, meta, tmp=f"{meta_path}.{os.getpid()}.tmp")  # not rank 0's .tmp: it may be mid-write
+        _write_json(meta_path, meta, tmp=cleanup.own_tmp_of(meta_path))  # not rank 0's .tmp: it may be mid-write
         return True
     finally:
         parquet = meta_path[: -len(".meta.json")] + ".parquet"
-        for path in (meta_path + ".tmp", parquet + ".tmp", lock_path(parquet)):
+        for path in (*cleanup.set_tmp_files(parquet), lock_path(parquet)):
             try:
                 os.unlink(path)
             except OSError:

@@ -76,6 +76,29 @@ def test_bad_input_is_one_line(argv, word, capsys, monkeypatch):
     assert len(err) == 1 and word in err[0]
 
 
+def test_up_with_the_id_of_a_lab_up_refuses_and_leaves_that_lab_alone(monkeypatch, tmp_path):
+    """A second `up --id X` must not tear down lab X (its failure path removed every kvbl-X-* namespace)."""
+    old = net.Lab("x1", nodes=2, rails=1, rate_bits=10**9, created="t", namespaces=["kvbl-x1-sw", "kvbl-x1-n0",
+                                                                                    "kvbl-x1-n1"])
+    monkeypatch.setattr(net, "STATE_DIR", str(tmp_path))
+    net.save(old)
+    ran = []
+
+    def fake_run(cmd, check=True, **_):
+        ran.append(cmd)
+        if cmd[:3] == ["ip", "netns", "add"] and cmd[3] in old.namespaces:
+            raise N.NetnsError(f"'{' '.join(cmd)}' failed (1): File exists")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(net, "run", fake_run)
+    monkeypatch.setattr(N, "list_namespaces", lambda: list(old.namespaces))
+    monkeypatch.setattr(N, "kill_inside", lambda ns: ran.append(["kill", ns]) or [])
+    with pytest.raises(N.NetnsError, match="x1"):
+        net.up(2, 1, 10**9, lab_id="x1")
+    assert not [c for c in ran if c[:3] == ["ip", "netns", "del"] or c[0] == "kill"]
+    assert [lab.namespaces for lab in net.labs()] == [old.namespaces]
+
+
 # ---------------------------------------------------------------- the lab itself (root)
 
 def _why_not_root() -> str | None:

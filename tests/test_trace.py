@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kvbench.cli.main import main
+from kvbench.model import shapes as M
 from kvbench.model import trace as T
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +69,20 @@ def test_the_bytes_that_move_for_a_model(tmp_path, capsys):
     assert rows["unbounded"][2:4] == [f"{LLAMA3_8B_B_PER_TOKEN:,}", f"{3584 * LLAMA3_8B_B_PER_TOKEN:,}"]
     assert rows["2"][2:4] == [f"{LLAMA3_8B_B_PER_TOKEN:,}", f"{4608 * LLAMA3_8B_B_PER_TOKEN:,}"]
     assert "5 requests" in out and "4.000 s duration" in out and "1.250 req/s arrival rate" in out
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "qwen3-next-80b-a3b"])
+def test_a_hybrid_models_bytes_count_its_windows_and_states_per_request(tmp_path, capsys, model):
+    """B moved is each request's bytes as `kvbench size` counts them (M.request_bytes), summed: a sliding layer's
+    window and a linear layer's state are per request, not tokens x B/token."""
+    tr = T.read(write(tmp_path, HAND))
+    hit = T.replay(tr).hit_tokens_each(tr.input_len)
+    m = M.get_model(model)
+    want = sum(M.request_bytes(m, "fp16", int(n), int(h)) for n, h in zip(tr.input_len, hit))
+    assert want != int((tr.input_len - hit).sum()) * M.bytes_per_token(m, "fp16")  # the two differ here
+    assert main(["trace", write(tmp_path, HAND), "-m", model]) == 0
+    row = next(ln.split() for ln in capsys.readouterr().out.splitlines() if model in ln and not ln.startswith("#"))
+    assert row[3] == f"{want:,}"
 
 
 @pytest.mark.parametrize("name, requests, duration_s, blocks", [

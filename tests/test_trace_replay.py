@@ -97,6 +97,12 @@ def test_bad_trace_flags_are_one_line(args, needle):
     assert needle in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_each_speed_is_replayed_as_given():
+    """--speed's factor reaches the arrival axis whole: 6 significant digits made 1234567 1234570 and 1.0000001 1."""
+    cfg = build(["-t", "shm", "--trace", "mooncake-synthetic", "--speed", "1234567,1,1.0000001"])
+    assert cfg.suite.axes.arrival == ["trace:1234567", "trace:1", "trace:1.0000001"]
+
+
 def test_cache_blocks_zero_is_refused_by_the_parser():
     from kvbench.cli.args import ArgError
 

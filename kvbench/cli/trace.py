@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from kvbench.cli.args import csv
+from kvbench.model import layers as L
 from kvbench.model import shapes as M
 from kvbench.model import trace as T
 
@@ -22,8 +23,10 @@ what each number means:
   hit tokens      the requests' hit tokens, summed: a request's are min(hit blocks x block, input length),
                   as its last block may be partial; token hit % = hit tokens / all prompt tokens
   tokens moved    prompt tokens not cached at decode: their KV must move from prefill
-  B/token         the model's KV bytes per token over all layers (-m, --dtype; as `kvbench size` prints it)
-  B moved         tokens moved x B/token, exact, and in GB (10^9 B)
+  B/token         the model's KV bytes per token over its full-attention layers (all layers of an
+                  attention-only model; -m, --dtype; as `kvbench size` prints it)
+  B moved         per request as `kvbench size` counts it, summed: tokens moved x B/token, plus a hybrid
+                  model's sliding windows and linear states; exact, and in GB (10^9 B)
   GB/s            B moved / duration: the average KV egress the trace asks of the prefill side
 
 named traces (shipped with kvbench, Apache-2.0, Mooncake FAST'25; NOTICE in kvbench/model/traces/):
@@ -116,12 +119,14 @@ def bytes_lines(tr: T.Trace, stats: list[T.CacheStats], models: list[M.ModelShap
     if not models:
         return ["# KV bytes that move: give -m MODEL"]
     dur = tr.duration_s
-    lines = [f"# KV bytes that move ({dtype}, whole model, tp=1): tokens moved x B per token",
+    lines = [f"# KV bytes that move ({dtype}, whole model, tp=1): tokens moved x B per token (and a hybrid's "
+             "windows and states per request)",
              f"# {'cache blocks':>12}  {'model':<18}{'B/token':>10}{'B moved':>22}{'GB moved':>12}{'GB/s':>9}"]
     for s in stats:
         for m in models:
             bpt = M.bytes_per_token(m, dtype)
-            moved = s.moved_tokens * bpt
+            # per request as `kvbench size` counts it: a hybrid's windows and states are not tokens x B/token
+            moved = L.moved_bytes(m, dtype, tr.input_len - s.hit_tokens_each(tr.input_len))
             gbps = f"{moved / 1e9 / dur:9.3f}" if dur > 0 else f"{'-':>9}"
             lines.append(f"  {_cap(s):>12}  {m.name:<18}{bpt:>10,}{moved:>22,}{moved / 1e9:>12,.1f}{gbps}")
     return lines

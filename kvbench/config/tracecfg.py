@@ -26,7 +26,7 @@ def trace_flags(a, axes: dict) -> dict:
     for x in speeds or [1.0]:
         if not (x > 0 and x < float("inf")):  # nan compares false: refused
             raise ConfigError(f"--speed {x:g}: give a positive factor (50 replays the trace 50 times faster)")
-    axes["arrival"] = [f"trace:{x:g}" for x in speeds or [1.0]]
+    axes["arrival"] = [f"trace:{x:.15g}" for x in speeds or [1.0]]  # whole: :g kept 6 digits
     return ({"trace": trace} | ({"cache_blocks": cache} if cache is not None else {})
             | ({"trace_block": block} if block is not None else {}))
 

@@ -119,6 +119,10 @@ def up(nodes: int, rails: int, rate_bits: int, spine_bits: int = 0, lab_id: str 
     check(nodes, rails)
     lab = Lab(lab_id or N.new_run_id(), nodes, rails, rate_bits, spine_bits,
               time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    # checked before anything is made: the failure path below removes every namespace of this id, a live lab's too
+    if os.path.exists(state_path(lab.id)) or any((m := NS_RE.match(ns)) and m.group(1) == lab.id
+                                                 for ns in N.list_namespaces()):
+        raise N.NetnsError(f"lab {lab.id} is up already (kvbench lab status): give another --id, or down it first")
     try:
         sw = lab.switch_ns
         _add_ns(lab, sw)

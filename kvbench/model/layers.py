@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from kvbench.model.dtypes import DTYPES, dtype_bytes
 
 KINDS = ("full", "sliding", "linear")
@@ -70,6 +72,15 @@ def parts(m, dtype: str, ntok: int) -> dict[str, int]:
     return {"kv": m.full_layers * per_layer_token * ntok,
             "window": m.sliding_layers * per_layer_token * window_tokens(m, ntok),
             "state": m.linear_layers * state_layer_bytes(m)}
+
+
+def moved_bytes(m, dtype: str, ntok) -> int:
+    """``parts`` summed over requests moving ``ntok`` tokens each (an array; one numpy pass, no loop per request)."""
+    ntok = np.asarray(ntok, dtype=np.int64)
+    per_layer_token = m.regions * m.row_elems * dtype_bytes(dtype) if m.attn_layers else 0
+    window = int(np.minimum(ntok, m.window).sum()) if m.sliding_layers else 0
+    return (m.full_layers * per_layer_token * int(ntok.sum()) + m.sliding_layers * per_layer_token * window
+            + m.linear_layers * state_layer_bytes(m) * len(ntok))
 
 
 def window_blocks(m, ntok: int, block_size: int) -> tuple[int, int]:

@@ -124,7 +124,7 @@ def cmd_list(a) -> int:
         desc = (f"mla {m.kv_lora_rank}+{m.rope_dim}" if m.attention == "mla"
                 else f"{m.attention} {m.kv_heads}x{m.head_dim}")
         ctx = f"{m.context:>8,} tokens context" if m.context else ""
-        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16)  {ctx}")
+        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16{', full-attention layers' if m.hybrid else ''})  {ctx}")
     print("# traces (kvbench run --trace NAME, kvbench trace NAME; Apache-2.0, Mooncake FAST'25)")
     for name in T.NAMED:
         n, dur = T.brief(name)

@@ -160,7 +160,7 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
             _finish(ax, gt["block_size"], "block size (tokens)", "GB/s (10^9 B/s)", t)
         note = (f" Red rings: {above} paged point{'s' * (above != 1)} above {'their' if above != 1 else 'its'} "
                 "ceiling. Blocks cannot truly move faster than the same bytes in one piece, so such a point is the "
-                "machine's noise: within both spreads it is left as is, beyond them its bulk% carries * (status "
+                "machine's noise: within both spreads its bulk% carries ~ (status at ceiling), beyond them * (status "
                 "noise), and beyond a physical bound the run calls it SUSPECT.") if above else ""
         yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables (GB/s at p50; n = "
                "samples per point, in the legend); dashed = bulk (one descriptor per layer); dotted = ceiling (best "

@@ -89,7 +89,7 @@ def table_lines(df: pd.DataFrame, st: pd.DataFrame | None = None) -> list[str]:
         return []
     sizes = [c for c in t.columns if c.startswith("reg@")]
     reg = "register" in t
-    head = (f"{'transport':>12} {'mem':>6} " + (f"{'register':>11} {'op':>4} " if reg else "") + f"{'alloc(s)':>9} {'fill(s)':>8} {'reg(s)':>8} "
+    head = (f"{'transport':>13} {'mem':>6} " + (f"{'register':>11} {'op':>4} " if reg else "") + f"{'alloc(s)':>9} {'fill(s)':>8} {'reg(s)':>8} "
             + "".join(f"{c:>10} " for c in sizes) + f"{'conn(s)/peer':>12} {'first(ms)':>10} {'p50(ms)':>9} "
             f"{'first/p50':>9}")
     # comment lines, as the footer's: a reader of the table's uncommented lines reads the bandwidth rows alone
@@ -97,7 +97,7 @@ def table_lines(df: pd.DataFrame, st: pd.DataFrame | None = None) -> list[str]:
            "register alone); conn = connect per peer; first = the first case's first transfer (a warm-up) against "
            "that case's steady p50", "#" + head[1:]]
     for _, r in t.iterrows():
-        out.append(f"#{r['transport']:>11} {r['memory']:>6} " + (f"{r['register']:>11} {r['op']:>4} " if reg else "")
+        out.append(f"#{r['transport']:>12} {r['memory']:>6} " + (f"{r['register']:>11} {r['op']:>4} " if reg else "")
                    + f"{_f(r['alloc_s'], '.4f'):>9} {_f(r['fill_s'], '.4f'):>8} "
                    f"{_f(r['register_s'], '.4f'):>8} " + "".join(f"{_f(r.get(c), '.4f'):>10} " for c in sizes)
                    + f"{_f(r['connect_s'], '.4f'):>12} {_f(r.get('first_ms'), '.3f'):>10} "

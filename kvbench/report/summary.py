@@ -41,7 +41,7 @@ def ci(r) -> str:
 
 
 def status(r) -> str:
-    """SUSPECT (or another status the rows carry), wrong elements, noise above the ceiling, or ok."""
+    """SUSPECT (or another status the rows carry), wrong elements, noise above the ceiling, at the ceiling, or ok."""
     flag = r.get("suspect")
     if flag is not None and not (isinstance(flag, float) and pd.isna(flag)) and bool(flag):
         return "SUSPECT"
@@ -50,7 +50,9 @@ def status(r) -> str:
             return r[col]
     if not pd.isna(r.get("nwrong_checked")) and r["nwrong_checked"] > 0:
         return "WRONG"
-    return "noise" if bool(r.get("noise")) else "ok"
+    if bool(r.get("noise")):
+        return "noise"
+    return "at ceiling" if bool(r.get("at_ceiling", False)) else "ok"
 
 
 def best_paged(bw: pd.DataFrame) -> pd.DataFrame:
@@ -125,7 +127,8 @@ def add_section(page, runs) -> None:
     if len(bw):
         text.append("Best paged GB/s per path and op (GB/s = 10^9 B/s at the p50 time; n = timed samples; % of "
                     "ceiling = against the same bytes in one piece or in large chunks, measured alongside; % of line = "
-                    "against the link's rate; status: ok, noise = above the ceiling by more than both spreads, "
+                    "against the link's rate; status: ok, at ceiling = above the ceiling within both spreads (the same rate), "
+                    "noise = above the ceiling by more than both spreads, "
                     "SUSPECT = beyond a physical bound, WRONG = the check found wrong bytes). Every row follows below "
                     "and in the CSV.")
         tables.append(("best paged GB/s per path and op", _one_run(bw)))

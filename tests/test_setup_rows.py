@@ -45,7 +45,7 @@ def lifecycle(tmp_path_factory):
 
 def test_each_rank_times_each_phase_once_per_region_peer_and_pool_size(lifecycle):
     _, df, meta = lifecycle
-    assert meta["schema_version"] == SCHEMA_VERSION == 6
+    assert meta["schema_version"] == SCHEMA_VERSION >= 6
     s = df[df["row_kind"] == "setup"]
     assert (s["iter"] == -2).all() and set(s["phase"]) <= set(PHASES)
     assert (df[df["row_kind"] == "transfer"]["phase"] == "").all()

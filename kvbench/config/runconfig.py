@@ -207,6 +207,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
                           f"memory ({ram / 2**30:.2f} GiB)")
     cases = S.expand(suite)
     topts = O.parse(a.option or [], suite.axes.transport)
+    check_nics(topts)
     # staged alone on host pools can measure nothing: say so at once; in a sweep of several transports (a shipped
     # suite such as procurement) its host cases are skipped rows with the reason, as any unavailable path's are
     if suite.axes.transport == ["staged"] and suite.axes.memory == ["host"]:
@@ -220,6 +221,23 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
                      name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
+
+
+def check_nics(topts: dict) -> None:
+    """tcp's NICs and rails against this host's interfaces: a NIC that does not exist, or more rails than NICs, is
+    refused before anything is written (every rank is assumed to see the same interface names)."""
+    opts = topts.get("tcp") or {}
+    if not (opts.get("ifname") or opts.get("rails") or "," in str(opts.get("addr") or "")):
+        return
+    import socket
+
+    from kvbench.transports.base import TransportError
+    from kvbench.transports.sockets import select_rails
+
+    try:
+        select_rails(socket.gethostname(), opts)
+    except TransportError as exc:
+        raise ConfigError(f"-O tcp: {exc}") from None
 
 
 def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:

@@ -18,7 +18,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import bounds, checkpass, placing, preflight, requests, setuprows
+from kvbench.harness import bounds, checkpass, placing, preflight, railrows, requests, setuprows
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.preflight import device_reason
 from kvbench.harness.requests import case_geometry, case_label, pool_bytes
@@ -323,10 +323,12 @@ class Harness(Rows, Calibration):
 
     def iterate(self, m: Measurement, s: Session, warmup: int, iters: int, rnd: int = 0) -> None:
         """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
-        itr, began = m.itr, time.perf_counter()
+        itr, began, rails0 = m.itr, time.perf_counter(), None
         self._watchdog(m.no, m.case)
         try:
             for k in range(warmup + iters):
+                if k == warmup:  # the kernel's per-rail counts around the timed iterations (railrows.py)
+                    rails0 = railrows.counters(s.t)
                 cache0 = m.cache.count if m.cache is not None else 0
                 every = m.every if k >= warmup else None  # -c all: this timed iteration is checked
                 if every is not None:
@@ -368,6 +370,8 @@ class Harness(Rows, Calibration):
                     self.sample(m.case["transport"], "mid", m.no)
         finally:
             GUARD.disarm()
+        railrows.delta(rails0, railrows.counters(s.t) if rails0 else None, m.rail_wire)
+        m.timed += iters
         m.spent, m.ran = m.spent + time.perf_counter() - began, m.ran + warmup + iters  # --ci-budget's clock
         self.sample(m.case["transport"], "end", m.no)
 
@@ -394,4 +398,5 @@ class Harness(Rows, Calibration):
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
                   every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
-                  first=[m.first[p] for p in pos] if m.first else None)
+                  first=[m.first[p] for p in pos] if m.first else None,
+                  rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed))

@@ -8,13 +8,14 @@ build their rows through the same ``base_row`` and ``deliver``.
 from __future__ import annotations
 
 from kvbench.codecs.path import codec_columns, lossy_columns
-from kvbench.harness import placing, setuprows
+from kvbench.harness import placing, railrows, setuprows
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
 from kvbench.job import faults
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.schemes import control_bytes
 from kvbench.results import costs
+from kvbench.results.store import FABRIC_DEFAULTS
 
 nan = float("nan")
 
@@ -43,14 +44,16 @@ class Rows:
             # why its timed iterations ended (calibrate.py sets it on the case; schema 5)
             "ci_stop": case.get("ci_stop", "fixed"), "ci_target_pct": self.opts.target_ci or float("nan"),
             "row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": nan,  # setup rows: setuprows.py
+            **FABRIC_DEFAULTS,  # rails (railrows.py) and flows (flows.py), set on a measured row
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
-             errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None, first=None) -> None:
+             errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None, first=None,
+             rails=None) -> None:
         """A case's rows on this rank: one per (entry, timed iteration) and the check pass's; ``every`` (-c all):
         per timed iteration the wrong elements per entry, each timed row's ``nwrong``; ``bounds``: (this rank's
         wake-up bound, per entry (GB/s bound, kind)) from harness/bounds.py; ``first``: per entry, its first
-        transfer's seconds (setuprows.py)."""
+        transfer's seconds (setuprows.py); ``rails``: per entry its rail columns (railrows.py)."""
         rows, bases = [], []
         wake_bound, per_entry = bounds or (nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -61,7 +64,8 @@ class Rows:
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
                         queue_s=nan, arrival_s=nan, completion=rules[k], wake_bound_s=wake_bound,
                         bound_gbps=per_entry.get(k, (nan, ""))[0], bound_kind=per_entry.get(k, (nan, ""))[1],
-                        **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst))
+                        **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst),
+                        **(rails or {}).get(k, railrows.EMPTY))
             bases.append(base)
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)

@@ -25,12 +25,13 @@ from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
 
-SCHEMA_VERSION = 6  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
-# blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below)
-READS = (1, 2, 3, 4, 5, 6)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4, 5, 6)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
+# 7: the fabric columns (schema 7 below)
+READS = (1, 2, 3, 4, 5, 6, 7)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5, 6, 7)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
@@ -103,6 +104,22 @@ ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "win
 # status "none", no seconds, and the reason
 SETUP_DEFAULTS = {"row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": np.nan}
 ROW_COLUMNS += list(SETUP_DEFAULTS)
+# --- schema 7, fabric (harness/railrows.py, harness/flows.py; rows of 1-6 read with these defaults) -------------
+# rails = the connections a request was striped over (tcp: one per NIC of -O ifname=X,Y / addr=A,B / rails=N; 1:
+# one, its NIC in rail_nics; 0: a transport that does not say); rail_nics = per rail its NIC (or address), comma-
+# separated; rail_bytes / rail_descs = per rail the request's payload bytes and descriptors it carried (GB/s and
+# Mpps per NIC: these over seconds); rail_wire_bytes = per rail the kernel's count (TCP_INFO) on this rank's
+# connection to the row's peer over the case's timed iterations, per iteration: acknowledged on a source, received
+# on a destination (every request of the pair, headers included)
+# flow_mode = "" (a scheme's plain case), "isolated" (--scheme matrix/bidir: the row's flow ran alone) or
+# "congested" (every flow of the matrix at once); flow = "SRC->DST" ranks; isolated_s / congested_s = the flow's p50
+# seconds (per iteration the later of its two ranks) alone and with every flow; slowdown = congested_s /
+# isolated_s; fairness = min/max GB/s over the case's flows (congested); receiver_gbps = GB/s into the row's
+# destination rank over all its flows (congested: their bytes over the slowest flow's p50; isolated: the flow's)
+FABRIC_DEFAULTS = {"rails": 0, "rail_nics": "", "rail_bytes": "", "rail_descs": "", "rail_wire_bytes": "",
+                   "flow_mode": "", "flow": "", "isolated_s": np.nan, "congested_s": np.nan, "slowdown": np.nan,
+                   "fairness": np.nan, "receiver_gbps": np.nan}
+ROW_COLUMNS += list(FABRIC_DEFAULTS)
 
 
 def transfer_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -118,7 +135,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
                        "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS,
-                       **SETUP_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       **SETUP_DEFAULTS, **FABRIC_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

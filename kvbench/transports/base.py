@@ -113,6 +113,7 @@ class Context:
     copy: str = "batch"  # copy engine for device bytes (copy.py): memcpy, kernel, batch
     gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
     nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
+    netdevs: list = field(default_factory=list)  # --nic: this rank's network interfaces, nearest first (placing.py)
 
 
 @dataclass

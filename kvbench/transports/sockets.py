@@ -68,6 +68,77 @@ def select_addr(hostname: str, options: dict) -> tuple[str, str | None]:
     return addr, next((n for n in names if if_addr(n) == addr), None)
 
 
+def select_rails(hostname: str, options: dict, nics: list[str] | None = None) -> list[tuple[str, str | None]]:
+    """(address, interface) of each rail: ``addr=A,B`` (one rail per address), ``ifname=X,Y`` (one per entry,
+    its first interface with an IPv4 address), ``rails=N`` (the first N interfaces ``ifname`` matches, or of
+    ``nics``, the ones --nic auto ranked nearest); else the one rail of ``select_addr``."""
+    want = int(options.get("rails") or 0)
+    addrs = [a for a in str(options.get("addr") or "").split(",") if a]
+    spec = options.get("ifname") or os.environ.get("KVBENCH_SOCKET_IFNAME")
+    names = [n for _, n in socket.if_nameindex()]
+    if addrs:
+        if want > len(addrs):
+            raise TransportError(f"rails={want}: more rails than the {len(addrs)} addresses of addr={options['addr']}")
+        found = [(a, next((n for n in names if if_addr(n) == a), None)) for a in addrs[: want or len(addrs)]]
+    elif spec and not spec.startswith("^") and (want or "," in spec):
+        exact = spec.startswith("=")
+        pats = [p for p in spec.lstrip("=").split(",") if p]
+        per = [[n for n in names if (n == p if exact else n.startswith(p)) and if_addr(n)] for p in pats]
+        have = ", ".join(f"{n} ({if_addr(n) or 'no IPv4'})" for n in names)
+        if not want:
+            missing = [p for p, hit in zip(pats, per) if not hit]
+            if missing:
+                raise TransportError(f"ifname={spec}: no interface with an IPv4 address matches '{missing[0]}'; "
+                                     f"available: {have}")
+            chosen = [hit[0] for hit in per]
+        else:
+            chosen = list(dict.fromkeys(n for hit in per for n in hit))
+        if want > len(chosen):
+            raise TransportError(f"rails={want}: more rails than the {len(chosen)} NICs ifname={spec} matches "
+                                 f"(available: {have})")
+        found = [(if_addr(n), n) for n in chosen[: want or len(chosen)]]
+    elif nics and not options.get("addr") and not spec:
+        usable = [n for n in nics if if_addr(n)]
+        if want > len(usable):
+            raise TransportError(f"rails={want}: more rails than the {len(usable)} NICs with an IPv4 address "
+                                 f"({', '.join(usable) or 'none'})")
+        found = [(if_addr(n), n) for n in usable[: max(1, want)]]
+    elif want > 1:
+        raise TransportError(f"rails={want}: name the NICs (-O ifname=eth0,eth1 or --nic auto) or addresses (-O addr=A,B)")
+    else:
+        found = [select_addr(hostname, options)]
+    if len({a for a, _ in found}) < len(found):
+        raise TransportError(f"rails: two rails on one address ({', '.join(a for a, _ in found)}): each rail needs "
+                             "its own NIC or address")
+    return found
+
+
+def bind_device(s: socket.socket, ifname: str | None) -> bool:
+    """SO_BINDTODEVICE: the socket's packets leave and arrive through ``ifname`` alone (needs CAP_NET_RAW;
+    False where it is refused, the address binding then chooses the route)."""
+    if not ifname:
+        return False
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
+    except OSError:
+        return False
+    return True
+
+
+_TCP_INFO_ACKED, _TCP_INFO_RECEIVED = 120, 128  # struct tcp_info: tcpi_bytes_acked, tcpi_bytes_received (Linux 4.2+)
+
+
+def tcp_bytes(s: socket.socket) -> tuple[int, int]:
+    """The kernel's count of this connection's bytes: (sent and acknowledged, received); (-1, -1) unknown."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except OSError:
+        return -1, -1
+    if len(info) < _TCP_INFO_RECEIVED + 8:
+        return -1, -1
+    return struct.unpack_from("<Q", info, _TCP_INFO_ACKED)[0], struct.unpack_from("<Q", info, _TCP_INFO_RECEIVED)[0]
+
+
 def sysctl(name: str, field: int = 0) -> int:
     try:
         with open(f"/proc/sys/net/{name}") as fh:
@@ -125,15 +196,18 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def dial(addr: str, port: int, peer: int, me: int, token: bytes, deadline: float, sockbuf: int = 0,
-         what: str = "tcp") -> socket.socket:
+         what: str = "tcp", local: tuple[str, str | None] | None = None) -> socket.socket:
     """Connect to ``peer`` (retrying until ``deadline``), present rank and token, expect its ack;
-    ``what`` names the transport in errors."""
+    ``what`` names the transport in errors; ``local``: (address, interface) the connection leaves from (a rail)."""
     where = f"{addr}:{port}"
     while True:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tune(s, sockbuf)
         s.settimeout(max(0.05, deadline - time.monotonic()))
         try:
+            if local is not None:
+                bind_device(s, local[1])
+                s.bind((local[0], 0))
             s.connect((addr, port))
             break
         except OSError as exc:

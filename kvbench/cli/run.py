@@ -236,8 +236,8 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
 
     suite, cases = cfg.suite, cfg.cases
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus)
-                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size), hosts)
-                 + placing.preamble(h.placement, cases, make_pairs(suite.scheme, c.size))):
+                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size, suite.matrix), hosts)
+                 + placing.preamble(h.placement, cases, make_pairs(suite.scheme, c.size, suite.matrix))):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:
@@ -289,13 +289,13 @@ def footer(cfg, writer, printer, h) -> int:
     """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too)."""
     import pandas as pd
 
-    from kvbench.report import setup, summarize
+    from kvbench.report import fabric, setup, summarize
     from kvbench.results.store import transfer_rows
 
     whole = pd.concat(writer.frames, ignore_index=True) if writer.frames else None
     df = transfer_rows(whole) if whole is not None else None  # the setup rows have a table of their own
     st = summarize(df) if df is not None else None
-    for line in setup.table_lines(whole, st) if whole is not None else []:
+    for line in setup.table_lines(whole, st) + fabric.table_lines(whole) if whole is not None else []:
         print(line)
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())

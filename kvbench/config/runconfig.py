@@ -59,7 +59,7 @@ class RunConfig(BaseModel):
     def options(self) -> Options:
         """The harness's ``Options``, built in this one place from the suite and the run's flags."""
         s = self.suite
-        return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
+        return Options(matrix=s.matrix, iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
                        pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,
                        fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption, gpu_map=self.gpu_map,
                        target_ci=s.target_ci, ci_budget=s.ci_budget, pool_sizes=tuple(s.pool_sizes),
@@ -135,6 +135,12 @@ def merge(a) -> S.Suite:
             data[key] = getattr(a, key)
     if a.check is not None:
         data["check"] = a.check
+    if getattr(a, "matrix", None) is not None:
+        from kvbench.model import matrix as X
+
+        if (a.scheme or data.get("scheme")) != "matrix":
+            raise ConfigError("--matrix needs --scheme matrix")
+        data["matrix"] = X.load(a.matrix)
     if a.name:
         data["name"] = a.name
     return S.validate(data, a.suite or "command line")
@@ -200,7 +206,7 @@ def build(a, argv: list[str], world: int) -> RunConfig:
 
 def fresh(a, argv: list[str], world: int) -> RunConfig:
     suite = merge(a)
-    make_pairs(suite.scheme, world)
+    make_pairs(suite.scheme, world, suite.matrix)
     ram = host.meminfo().get("MemTotal", 0)
     if suite.pool_sizes and ram and max(suite.pool_sizes) > ram:  # the rest is the preflight's, on every host
         raise ConfigError(f"--pool-sizes: {max(suite.pool_sizes) / 2**30:.2f} GiB is more than this machine's "

@@ -171,7 +171,9 @@ class Suite(BaseModel):
     rounds: int = Field(default=0, ge=0)
     # False (-c 0), True (-c 1: one checked transfer after timing) or "all" (-c all: every timed iteration too)
     check: bool | Literal["all"] = True
-    scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
+    scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs", "matrix", "bidir"] = "pairwise"
+    # scheme matrix: cell [i][j] = tokens (or bytes with a unit) rank i sends rank j, or a name (model/matrix.py)
+    matrix: list[list[str]] | str | None = None
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     # a pool a million requests deep is already beyond any machine's memory; far larger overflows the byte count
     pool_factor: float = Field(default=2.0, ge=1.0, le=1e6)
@@ -210,6 +212,30 @@ class Suite(BaseModel):
     @classmethod
     def _variants(cls, v):
         return unique(v)
+
+    @field_validator("matrix", mode="before")
+    @classmethod
+    def _matrix(cls, v):
+        from kvbench.model import matrix as X
+
+        if isinstance(v, str):
+            if v not in X.NAMED:
+                raise ValueError(f"matrix '{v}' is not one of: {', '.join(X.NAMED)} (or give its rows)")
+            return v
+        if isinstance(v, list):
+            v = [[str(c).strip() for c in row] if isinstance(row, list) else row for row in v]
+            if not all(isinstance(row, list) for row in v):
+                raise ValueError("matrix: expected a list of rows")
+            X.check_cells(v, "matrix")
+        return v
+
+    @model_validator(mode="after")
+    def _matrix_scheme(self):
+        if self.matrix is not None and self.scheme != "matrix":
+            raise ValueError(f"a matrix needs scheme matrix (this suite's scheme is {self.scheme})")
+        if self.scheme in ("matrix", "bidir") and self.workload is not None:
+            raise ValueError(f"scheme {self.scheme} runs in bandwidth sweeps, not under a workload")
+        return self
 
     @field_validator("pool_sizes", mode="before")
     @classmethod

@@ -81,7 +81,7 @@ class LoadHarness(Harness):
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
             W.parse_prompt(self.wl.prompt)
-            self._pairs = make_pairs(scheme, self.comm.size)
+            self._pairs = make_pairs(scheme, self.comm.size, self.opts.matrix)
         except (ValueError, SchemeError) as exc:
             raise UserError(str(exc)) from None
         super().run(cases, scheme)

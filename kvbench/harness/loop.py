@@ -18,7 +18,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import bounds, checkpass, placing, preflight, railrows, requests, setuprows
+from kvbench.harness import bounds, checkpass, flows, placing, preflight, railrows, requests, setuprows
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.preflight import device_reason
 from kvbench.harness.requests import case_geometry, case_label, pool_bytes
@@ -30,7 +30,7 @@ from kvbench.job.guard import GUARD
 from kvbench.memory import cachestate
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.layout import Pool
-from kvbench.model.schemes import Entry, SchemeError, make_pairs, max_entries_per_rank
+from kvbench.model.schemes import Entry, SchemeError, flow_cells, make_pairs, max_entries_per_rank
 from kvbench.results import costs
 from kvbench.transports.base import Context, TransportError
 
@@ -51,6 +51,8 @@ class Harness(Rows, Calibration):
         self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
         self.check_s = self.timed_s = 0.0  # this rank's seconds verifying (outside the timed windows), and timed
         self.setup_rows: list[dict] = []  # this rank's setup rows of the transport, until its first case's rows go
+        self.cells: list[str] | None = None  # --scheme matrix/bidir: per pair its matrix cell (flows.py)
+        self.flow_state: dict = {}  # rank 0: each flow's isolated time until its congested rows (flows.derive)
 
     def my_place(self) -> dict:
         """This rank's placement (placing.place), or NO_GPU before it or without one."""
@@ -64,13 +66,15 @@ class Harness(Rows, Calibration):
     def preflight(self, cases: list[dict], scheme: str) -> None:
         """Refuse, before anything is allocated or written, pools that do not fit (collective)."""
         try:
-            entries = max_entries_per_rank(make_pairs(scheme, self.comm.size), 1)
+            entries = max_entries_per_rank(make_pairs(scheme, self.comm.size, self.opts.matrix), 1)
+            self.cells = flow_cells(scheme, self.comm.size, self.opts.matrix)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
         groups = []
         for (name, kind), g in groupby(cases, key=lambda c: (c["transport"], c.get("memory", "host"))):
             g = list(g)
-            layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
+            layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers
+                        for c in (flows.largest(c, self.cells) for c in g))
             groups.append((name, self.pool_size(g, entries), layer, kind))
         why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages, self.my_place(),
                               max(self.opts.pool_sizes, default=0))
@@ -79,7 +83,8 @@ class Harness(Rows, Calibration):
 
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
-            pairs = make_pairs(scheme, self.comm.size)
+            pairs = make_pairs(scheme, self.comm.size, self.opts.matrix)
+            self.cells = flow_cells(scheme, self.comm.size, self.opts.matrix)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
         faults.at("before-setup", self.rank)
@@ -126,7 +131,8 @@ class Harness(Rows, Calibration):
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
                       memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
-                      gpu=self.my_place()["gpu"], nic=self.my_place()["nic"])
+                      gpu=self.my_place()["gpu"], nic=self.my_place()["nic"],
+                      duplex=any((d, s) in pairs for s, d in pairs if self.rank in (s, d)))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
@@ -186,7 +192,7 @@ class Harness(Rows, Calibration):
                                            role="", pair=-1, req=0, payload_bytes=0, wire_bytes=0, descriptors=0,
                                            completion=""))
             session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t, self.rank, self.hosts),
-                              ifname=t.info().get("ifname") if active else None)
+                              ifname=t.info().get("ifname") if active else None, cells=None if local else self.cells)
             if staging and active:
                 from kvbench.codecs.path import Session as CodecSession
 
@@ -232,7 +238,7 @@ class Harness(Rows, Calibration):
 
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
-        return pool_bytes(cases, self.opts.pool_factor, entries)
+        return pool_bytes([flows.largest(c, self.cells) for c in cases], self.opts.pool_factor, entries)
 
     # ----- one case ----------------------------------------------------------------------
     def variants(self, case: dict, s: Session) -> list[dict]:
@@ -251,7 +257,7 @@ class Harness(Rows, Calibration):
                          codec="none", prefill="clock") for v in refs]  # references: the pool's bytes as they are
         if "paged" in self.opts.variants:
             out.append(dict(case, variant="paged"))
-        return out
+        return flows.expand(out, len(s.pairs)) if s.cells else out
 
     def run_case(self, case: dict, s: Session) -> None:
         for v in self.variants(case, s):
@@ -291,6 +297,8 @@ class Harness(Rows, Calibration):
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
         entries = self.plan(case, g, s)
+        if case.get("flow_mode") == "isolated":  # this flow alone: the other ranks wait at the barriers
+            entries = [e for e in entries if e.pair == case["flow_only"]]
         s.fill = fill_pools(s.pools, self.rank, s.fill, (self.opts.fill, case["dtype"]))
         t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench import memory
+from kvbench.harness.flows import flow_case
 from kvbench.harness.state import Session
 from kvbench.model import planes
 from kvbench.model import shapes as M
 from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
 from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.matrix import ALL
 from kvbench.model.schemes import Entry, offset_bulk
 from kvbench.transports.base import TransportError
 
@@ -47,6 +49,12 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
                                         g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
+    # a matrix's flows move their own tokens (harness/flows.py); every other scheme's pairs the case's
+    geo = [case_geometry(flow_case(case, c)) if c != ALL else g for c in s.cells] if s.cells else [g] * len(s.pairs)
+    # a rank that sends and receives (bidir, a matrix) takes both sides' blocks from one allocator: disjoint
+    both = any(src == rank for src, _ in s.pairs) and any(dst == rank for _, dst in s.pairs)
+    # flows of several sizes: bulk slices a layer by the largest flow's bytes, so none overlaps the next
+    stride = max(x["full_bytes"] // x["shape"].layers for x in geo) if s.cells else None
     allocs: dict[str, BlockAllocator] = {}
     mine, slots = {}, {}
     for i, (src, dst) in enumerate(s.pairs):
@@ -54,14 +62,15 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
             for side, r in (("src", src), ("dst", dst)):
                 if r != rank:
                     continue
-                if side not in allocs:
-                    allocs[side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
-                ids = allocs[side].allocate(g["nblocks"], "contiguous" if bulk else case["alloc"])
+                pool_side = "both" if both else side
+                if pool_side not in allocs:
+                    allocs[pool_side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
+                ids = allocs[pool_side].allocate(geo[i]["nblocks"], "contiguous" if bulk else case["alloc"])
                 if ids is None:
                     raise TransportError(f"pool of {lay.nblocks} blocks per layer cannot hold the requests "
                                          f"in flight; raise --pool-factor")
                 mine[(i, req, side)] = ids
-                slots[(i, req, side)] = sum(1 for key in slots if key[2] == side)
+                slots[(i, req, side)] = sum(1 for key in slots if both or key[2] == side)
     blocks, allslots = {}, {}
     for part, sl in ([(mine, slots)] if s.local else comm.allgather((mine, slots))):
         blocks.update(part)
@@ -70,12 +79,14 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     for i, (src, dst) in enumerate(s.pairs):
         if rank not in (src, dst):
             continue
+        g, ntok = geo[i], (geo[i]["ntok"] + case["prefix_hit"] if s.cells else 0)
         for req in range(case["inflight"]):
             layers = []
             descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
             if fmt:  # scale planes beside the values: their own descriptors
                 entries.append(Entry(i, req, src, dst, planes.request_layers(
-                    fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")]))
+                    fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")],
+                    ntok))
                 continue
             per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
             for layer, d in enumerate(per_layer):
@@ -85,14 +96,14 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
             if bulk:  # requests sharing a pool get disjoint slices of each layer
                 if case["variant"] == "hot":  # every layer is layer 0's range: the same buffer, cache-hot
                     layers = [layers[0]] * len(layers)
-                layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")])
+                layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")], stride)
                 for j, d in enumerate(layers):
                     start, span = lay.layer_span(0 if case["variant"] == "hot" else j)
                     if int((d[:, :2] + d[:, 2:3]).max()) > start + span:
                         raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
                 if case["variant"] in CHUNKS:
                     layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
-            entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
+            entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")], ntok))
     return entries
 
 

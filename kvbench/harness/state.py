@@ -26,6 +26,7 @@ class Session:
     fill: tuple = ("pattern", None)  # what the pools hold now: (fill, dtype)
     wake_bound: float = float("nan")  # seconds a landing stamp may precede its wait's return here (bounds.py)
     ifname: str | None = None  # the network interface the transport says it uses (tcp), for the link-rate bound
+    cells: list | None = None  # --scheme matrix/bidir: per pair its matrix cell (its tokens; model/matrix.py)
 
 
 class Record(NamedTuple):
@@ -93,3 +94,4 @@ class Options:
     ci_budget: float = 60.0
     pool_sizes: tuple = ()  # --pool-sizes: bytes of each pool whose registration is swept (setuprows.py)
     transport_options: dict = field(default_factory=dict)
+    matrix: Any = None  # --scheme matrix: --matrix's cells or name (model/matrix.py)

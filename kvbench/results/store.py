@@ -40,6 +40,7 @@ CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens
 CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
 CASE_COLUMNS += ["scales", "fill"]  # v3: fp8 scale planes (formats.py); pool contents (memory/values.py)
 CASE_COLUMNS += ["cache"]  # v4: where a request's bytes were when its iteration started (cachestate.py)
+CASE_COLUMNS += ["flow_mode"]  # v7: a matrix's flow alone or all flows at once (harness/flows.py)
 # per row: seconds = until this rank's part of the request was complete, from the iteration's start
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
@@ -119,7 +120,7 @@ ROW_COLUMNS += list(SETUP_DEFAULTS)
 FABRIC_DEFAULTS = {"rails": 0, "rail_nics": "", "rail_bytes": "", "rail_descs": "", "rail_wire_bytes": "",
                    "flow_mode": "", "flow": "", "isolated_s": np.nan, "congested_s": np.nan, "slowdown": np.nan,
                    "fairness": np.nan, "receiver_gbps": np.nan}
-ROW_COLUMNS += list(FABRIC_DEFAULTS)
+ROW_COLUMNS += [c for c in FABRIC_DEFAULTS if c not in ROW_COLUMNS]  # flow_mode is a case column
 
 
 def transfer_rows(df: pd.DataFrame) -> pd.DataFrame:

@@ -114,6 +114,7 @@ class Context:
     gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
     nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
     netdevs: list = field(default_factory=list)  # --nic: this rank's network interfaces, nearest first (placing.py)
+    duplex: bool = False  # some pair of this rank's sends both ways (bidir, a matrix): a stream per direction
 
 
 @dataclass

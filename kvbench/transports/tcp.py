@@ -94,6 +94,8 @@ class TcpTransport(Transport):
         self.acceptor: Acceptor | None = None
         self.conns: dict[int, Conn] = {}  # rail 0's connection to each peer
         self.rails: dict[int, list[Conn]] = {}  # every rail's, by peer (one entry: no striping)
+        # per peer, per lane, every rail's: a pair sending both ways (ctx.duplex) has a lane per direction
+        self.lanes: dict[int, list[list[Conn]]] = {}
         self.rail_list: list[tuple[str, str | None]] = []  # (address, interface) of each rail
         self.listeners: list[socket.socket] = []
         self.acceptors: list[Acceptor] = []
@@ -145,6 +147,9 @@ class TcpTransport(Transport):
                 raise TransportError(f"tcp: rank {p} has {len(m.get('addrs', [m['addr']]))} rails, rank {me} has "
                                      f"{len(self.rail_list)}: give every rank the same number of NICs")
         deadline, c, n = time.monotonic() + self.timeout, self.ctx, 1 + self.caps.signals_ready
+        # a lane per direction when pairs send both ways: each stream then carries one flow's layers in one
+        # order, as the receive FIFO pairs them up (a pull both ways on one stream would interleave two)
+        lanes = 2 if getattr(c, "duplex", False) else 1
         socks: dict[int, list] = {}
         multi = len(self.rail_list) > 1
         try:  # rail by rail, dials going downwards: a rank takes rail r only after its own dials of every rail
@@ -153,9 +158,9 @@ class TcpTransport(Transport):
                     m = metas[p]
                     addr, port = (m["addrs"][r], m["ports"][r]) if multi else (m["addr"], m["port"])
                     socks.setdefault(p, []).append([dial(addr, port, p, c.rank, c.token, deadline, self.sockbuf,
-                                                         local=local if multi else None) for _ in range(n)])
+                                                         local=local if multi else None) for _ in range(n * lanes)])
             for acc in self.acceptors:
-                for p, ss in acc.take({p for p in metas if p > me}, deadline, self.timeout, channels=n).items():
+                for p, ss in acc.take({p for p in metas if p > me}, deadline, self.timeout, channels=n * lanes).items():
                     socks.setdefault(p, []).append(ss)
         finally:  # nobody accepts after setup: a later caller is refused by the kernel, not left waiting
             for acc in self.acceptors:
@@ -163,14 +168,26 @@ class TcpTransport(Transport):
             self.listener = self.acceptor = None
             self.listeners, self.acceptors = [], []
         for p, rails in socks.items():
-            self.rails[p] = []
+            self.lanes[p] = [[] for _ in range(lanes)]
             for ss in rails:
                 for s in ss:
                     s.settimeout(None)  # a blocking fd, as the native writev/readv expect
-                conn = Conn(p, ss[0], self.pool.array, self.poll, ss[1] if n > 1 else None)
-                conn.fault_close = faults.armed("tcp-close", c.rank)
-                self.rails[p].append(conn)
+                for lane in range(lanes):
+                    data, ctl = ss[lane * n], ss[lane * n + 1] if n > 1 else None
+                    conn = Conn(p, data, self.pool.array, self.poll, ctl)
+                    conn.fault_close = faults.armed("tcp-close", c.rank)
+                    self.lanes[p][lane].append(conn)
+            self.rails[p] = self.lanes[p][0]
             self.conns[p] = self.rails[p][0]
+
+    def _lane(self, peer: int, source_here: bool) -> list[Conn]:
+        """Per rail, the connection to ``peer`` of the direction the bytes go (lane 0 unless pairs go both
+        ways: then lane 0 carries the lower rank's data to the higher, lane 1 the other way)."""
+        lanes = self.lanes[peer]
+        if len(lanes) == 1:
+            return lanes[0]
+        src, dst = (self.ctx.rank, peer) if source_here else (peer, self.ctx.rank)
+        return lanes[0 if src < dst else 1]
 
     def _conn(self, peer: int) -> Conn:
         if peer not in self.conns:
@@ -178,29 +195,31 @@ class TcpTransport(Transport):
         return self.conns[peer]
 
     def _checked(self, op: str, peer: int, descs: np.ndarray, initiator: bool) -> Conn:
-        """The connection to ``peer``, once the op and the descriptors (against both pools) are valid."""
+        """The connection to ``peer`` (rail 0 of its lane), once the op and the descriptors (against both pools)
+        are valid."""
         if op not in ("push", "pull"):
             raise TransportError(f"tcp: unknown op '{op}'")
-        conn = self._conn(peer)
+        self._conn(peer)
         local, remote = self.pool.nbytes, self.peer_nbytes[peer]
         source_here = (op == "push") == initiator
         check_descs(descs, *((local, remote) if source_here else (remote, local)))
-        return conn
+        return self._lane(peer, source_here)[0]
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> Job:
         """push: send this layer from the SRC ranges; pull: request it, receive into the DST ranges."""
         return self.start(self.prepare(op, peer, descs, tag))
 
-    def _striped(self, peer: int, descs: np.ndarray) -> list[tuple[Conn, np.ndarray]]:
+    def _striped(self, peer: int, descs: np.ndarray, source_here: bool) -> list[tuple[Conn, np.ndarray]]:
         """Per rail, its connection to ``peer`` and its share of ``descs``."""
-        return list(zip(self.rails[peer], self.splits.of(descs)))
+        return list(zip(self._lane(peer, source_here), self.splits.of(descs)))
 
     def prepare(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> tuple:
         """The checks and the headers, ahead of the layer: ``start`` only writes (push) or queues (pull)."""
         plan = _PLAN[(op, True)]
         conn = self._checked(op, peer, descs, True)
         if self.splits is not None:  # one prepared post per rail
-            return (None, plan, [(c, d, headers(plan, tag, d)) for c, d in self._striped(peer, descs)], op)
+            return (None, plan, [(c, d, headers(plan, tag, d)) for c, d in self._striped(peer, descs, op == "push")],
+                    op)
         heads = headers(plan, tag, descs)
         if op == "push":  # one write in the caller: Conn.push
             return conn, None, descs, heads[0][0]
@@ -215,14 +234,15 @@ class TcpTransport(Transport):
     @property
     def lib_s(self) -> float:
         """Seconds in the caller's sends, over every connection (base.Transport.lib_s)."""
-        return sum(c.lib_s for rails in self.rails.values() for c in rails)
+        return sum(c.lib_s for lanes in self.lanes.values() for rails in lanes for c in rails)
 
     def serve(self, op: str, peer: int, descs: np.ndarray, tag: int = 0) -> Job | Striped:
         """push: receive this layer into the DST ranges; pull: await the request, then send."""
         plan = _PLAN[(op, False)]
         conn = self._checked(op, peer, descs, False)
         if self.splits is not None:
-            return Striped([c.submit(*plan, d, headers(plan, tag, d)) for c, d in self._striped(peer, descs)])
+            return Striped([c.submit(*plan, d, headers(plan, tag, d))
+                            for c, d in self._striped(peer, descs, op == "pull")])
         return conn.submit(*plan, descs, headers(plan, tag, descs))
 
     def post_when_ready(self, peer: int, descs: np.ndarray, tag: int = 0) -> Job | Striped:
@@ -231,7 +251,7 @@ class TcpTransport(Transport):
             raise TransportError("tcp: post_when_ready needs -O ready=socket")
         conn = self._checked("pull", peer, descs, True)
         if self.splits is not None:  # each rail's control thread sends its own rail's request
-            return Striped([c.when_ready(tag, d) for c, d in self._striped(peer, descs)])
+            return Striped([c.when_ready(tag, d) for c, d in self._striped(peer, descs, False)])
         return conn.when_ready(tag, descs)
 
     def prepare_signal(self, peer: int, tags: list[int]) -> tuple:
@@ -239,7 +259,7 @@ class TcpTransport(Transport):
         if not self.caps.signals_ready:
             raise TransportError("tcp: signal_ready needs -O ready=socket")
         self._conn(peer)
-        return self.rails[peer], b"".join(HDR.pack(MAGIC, READY, t, 0, 0) for t in tags)
+        return self._lane(peer, True), b"".join(HDR.pack(MAGIC, READY, t, 0, 0) for t in tags)
 
     def start_signal(self, prepared: tuple) -> None:
         """One write of the packed headers on each rail's control connection."""
@@ -283,12 +303,16 @@ class TcpTransport(Transport):
 
     def rail_counters(self) -> dict[int, list[tuple[int, int]]]:
         """Per peer and rail, the kernel's byte counts of its data connection: (sent and acknowledged, received)."""
-        return {p: [tcp_bytes(c.sock) for c in rails] for p, rails in self.rails.items()}
+        out = {}
+        for p, lanes in self.lanes.items():  # both lanes of a rail summed: one NIC carries them
+            counts = [[tcp_bytes(c.sock) for c in rails] for rails in lanes]
+            out[p] = [tuple(sum(x[r][k] for x in counts) for k in (0, 1)) for r in range(len(lanes[0]))]
+        return out
 
     def close(self) -> None:
         """Stop the threads, close every socket and the listener if setup did not (idempotent)."""
-        rails, self.rails, self.conns = self.rails, {}, {}
-        for c in (c for cs in rails.values() for c in cs):
+        lanes, self.lanes, self.rails, self.conns = self.lanes, {}, {}, {}
+        for c in (c for ls in lanes.values() for cs in ls for c in cs):
             c.close()
         if self._switch is not None:
             sys.setswitchinterval(self._switch)

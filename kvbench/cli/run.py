@@ -137,7 +137,7 @@ def run(a, argv: list[str]) -> int:
         mpich = c.gather(cleanup.mapped_mpich())
         swept = c.gather(swept)
         try:
-            h.placement = placing.place(c, cases, cfg.gpu_map)  # each rank's GPU bound before any pool
+            h.placement = placing.place(c, cases, cfg.gpu_map, cfg.nic)  # each rank's GPU bound before any pool
             h.preflight(cases, suite.scheme)
             err = None
         except (UserError, PlacementError) as exc:
@@ -246,7 +246,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
             "models": cfg.models, "argv": argv, "transport_options": cfg.transport_options,
             "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
             "system": system_description(), "hosts": hosts, "world_size": c.size,
-            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id, "gpu_map": cfg.gpu_map,
+            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id, "gpu_map": cfg.gpu_map, "nic": cfg.nic,
             "placement": h.placement,  # per rank: host, local rank, GPU (-1: none) and its PCI bus, nearest NIC
             "shm_segments": {"kvbench": f"{cleanup.SHM_DIR}/kvbench_{h.run_id}_*",
                              "mpich": sorted({p for part in mpich for p in part})},

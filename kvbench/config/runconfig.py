@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,10 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvbench import transports
 from kvbench.config import suite as S
 from kvbench.harness.state import Options
-from kvbench.memory import device, driver, host, placement
+from kvbench.memory import affinity, device, driver, host, placement
+from kvbench.model import matrix as X
 from kvbench.model import shapes as M
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.transports import options as O
+from kvbench.transports.base import TransportError
+from kvbench.transports.sockets import select_rails
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
              "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales", "memory",
@@ -48,6 +52,7 @@ class RunConfig(BaseModel):
     name: str
     bind: Literal["none", "core"] = "none"
     gpu_map: list[int] | None = None  # --gpu-map: per local rank, its GPU (memory/placement.py)
+    nic: list[str] | None = None  # --nic: ["auto"] or the interfaces named (memory/affinity.py)
     progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/cli/progress.py)
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
@@ -136,8 +141,6 @@ def merge(a) -> S.Suite:
     if a.check is not None:
         data["check"] = a.check
     if getattr(a, "matrix", None) is not None:
-        from kvbench.model import matrix as X
-
         if (a.scheme or data.get("scheme")) != "matrix":
             raise ConfigError("--matrix needs --scheme matrix")
         data["matrix"] = X.load(a.matrix)
@@ -213,7 +216,8 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
                           f"memory ({ram / 2**30:.2f} GiB)")
     cases = S.expand(suite)
     topts = O.parse(a.option or [], suite.axes.transport)
-    check_nics(topts)
+    nic = nic_arg(getattr(a, "nic", None))
+    check_nics(topts, nic, suite.axes.transport)
     # staged alone on host pools can measure nothing: say so at once; in a sweep of several transports (a shipped
     # suite such as procurement) its host cases are skipped rows with the reason, as any unavailable path's are
     if suite.axes.transport == ["staged"] and suite.axes.memory == ["host"]:
@@ -222,28 +226,48 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     real_prefill(suite)
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
-    return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map,
+    return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map, nic=nic,
                      results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), bind=a.bind,
                      name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
 
 
-def check_nics(topts: dict) -> None:
+def nic_arg(text: str | None) -> list[str] | None:
+    """--nic: ["auto"], or the interfaces named, each one this host has (not loopback)."""
+    if text is None:
+        return None
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    if names == ["auto"]:
+        return names
+    if not names or "auto" in names:
+        raise ConfigError(f"--nic {text}: give auto, or interface names (eth0,eth1)")
+    have = [n["name"] for n in affinity.netdevs()]
+    for n in names:
+        if n not in have:
+            raise ConfigError(f"--nic {text}: no interface '{n}' here (have: {', '.join(have) or 'none'})")
+    if len(set(names)) < len(names):
+        raise ConfigError(f"--nic {text}: names an interface twice")
+    return names
+
+
+def check_nics(topts: dict, nic: list[str] | None = None, names: tuple = ("tcp",)) -> None:
     """tcp's NICs and rails against this host's interfaces: a NIC that does not exist, or more rails than NICs, is
     refused before anything is written (every rank is assumed to see the same interface names)."""
     opts = topts.get("tcp") or {}
-    if not (opts.get("ifname") or opts.get("rails") or "," in str(opts.get("addr") or "")):
+    if "tcp" not in names or not (nic or opts.get("ifname") or opts.get("rails") or "," in str(opts.get("addr") or "")):
         return
-    import socket
 
-    from kvbench.transports.base import TransportError
-    from kvbench.transports.sockets import select_rails
 
+    nics = None
+    if nic:
+        nics = [n["name"] for n in affinity.rank_nics(os.sched_getaffinity(0))] if nic == ["auto"] else nic
+        if not (opts.get("addr") or opts.get("ifname")):  # as the transport reads them (tcp.py register)
+            opts = dict(opts, rails=opts.get("rails") or (1 if nic == ["auto"] else len(nic)))
     try:
-        select_rails(socket.gethostname(), opts)
+        select_rails(socket.gethostname(), opts, nics)
     except TransportError as exc:
-        raise ConfigError(f"-O tcp: {exc}") from None
+        raise ConfigError(f"tcp NICs (-O, --nic): {exc}") from None
 
 
 def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:
@@ -324,7 +348,7 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
                        transport_options=meta.get("transport_options", {}),
                        results=root,
                        name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
-                       gpu_map=meta.get("gpu_map"), resume=path, argv=meta.get("argv", []))
+                       gpu_map=meta.get("gpu_map"), nic=meta.get("nic"), resume=path, argv=meta.get("argv", []))
     if gave_sweep(a) or a.option:
         mine = fresh(a, argv, world)
         for field in ("suite", "cases", "transport_options"):

@@ -18,6 +18,7 @@ from kvbench import transports
 from kvbench.codecs import NAMES
 from kvbench.codecs import check as codec_check
 from kvbench.memory.values import check_fill
+from kvbench.model import matrix as X
 from kvbench.model import shapes as M
 from kvbench.model.inputs import (
     MAX_MS,
@@ -216,8 +217,6 @@ class Suite(BaseModel):
     @field_validator("matrix", mode="before")
     @classmethod
     def _matrix(cls, v):
-        from kvbench.model import matrix as X
-
         if isinstance(v, str):
             if v not in X.NAMED:
                 raise ValueError(f"matrix '{v}' is not one of: {', '.join(X.NAMED)} (or give its rows)")

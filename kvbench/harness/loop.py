@@ -132,6 +132,7 @@ class Harness(Rows, Calibration):
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
                       memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
                       gpu=self.my_place()["gpu"], nic=self.my_place()["nic"],
+                      netdevs=self.my_place().get("netdevs", []), nic_rails=self.my_place().get("nic_rails", 1),
                       duplex=any((d, s) in pairs for s, d in pairs if self.rank in (s, d)))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)

@@ -31,7 +31,11 @@ def delta(before: dict | None, after: dict | None, into: dict) -> None:
 def columns(t, itr, entries, rank: int, wire: dict, iters: int) -> dict[int, dict]:
     """Per entry (by its index in ``entries``), its rows' rail columns."""
     names = getattr(t, "rail_names", None)
-    names = names() if names is not None else []
+    if names is None:  # an engine that picks its own paths: the NICs --nic handed it (UCX_NET_DEVICES), rails 0
+        ctx = getattr(t, "ctx", None)
+        given = ",".join(ctx.netdevs[: ctx.nic_rails]) if ctx is not None and t.caps.network and ctx.netdevs else ""
+        return {k: dict(EMPTY, rail_nics=given) for k in range(len(entries))}
+    names = names()
     if len(names) < 2:
         return {k: dict(EMPTY, rails=len(names), rail_nics=",".join(names)) for k in range(len(entries))}
     n, out = len(names), {}

@@ -3,8 +3,8 @@ with a unit: 64MiB, 1GB); 0 sends nothing.  The pairing schemes are named matric
 tokens (``*``); ``incast`` is many-to-one, ``bidir`` every pairwise pair in both directions.
 
 A matrix comes from a CSV file (one row per line), a YAML file (a list of rows, or ``matrix:`` holding one), or a
-name.  Pure data: parsing and checking here, the runs that measure each flow alone and all flows together in
-harness/flows.py.
+name (model/schemes.py expands it for the run's ranks).  Pure data: parsing and checking here, the runs that
+measure each flow alone and all flows together in harness/flows.py.
 """
 from __future__ import annotations
 
@@ -77,34 +77,6 @@ def parse_cell(c: str, what: str = "cell") -> tuple[int, int]:
     if x != int(x):
         raise MatrixError(f"{what} = {c!r}: tokens are whole numbers")
     return 0, int(x)
-
-
-def expand(matrix: list[list[str]] | str, world: int) -> list[list[str]]:
-    """The cells for ``world`` ranks: a name expanded, a file's cells checked against the rank count."""
-    if isinstance(matrix, str):
-        return named(matrix, world)
-    if len(matrix) != world:
-        raise MatrixError(f"--matrix: a {len(matrix)}x{len(matrix)} matrix for {world} ranks (it must be "
-                          f"{world}x{world}: one row and one column per rank)")
-    return matrix
-
-
-def named(name: str, world: int) -> list[list[str]]:
-    """A pairing scheme as a matrix of the case's tokens."""
-    from kvbench.model.schemes import SchemeError, make_pairs
-
-    if name == "bidir":
-        pairs = make_pairs("pairwise", world)
-        pairs = [p for s, d in pairs for p in ((s, d), (d, s))]
-    else:
-        try:
-            pairs = make_pairs("many-to-one" if name == "incast" else name, world)
-        except SchemeError as exc:
-            raise MatrixError(f"--matrix {name}: {exc}") from None
-    cells = [["0"] * world for _ in range(world)]
-    for s, d in pairs:
-        cells[s][d] = ALL
-    return cells
 
 
 def flows(cells: list[list[str]]) -> list[tuple[int, int]]:

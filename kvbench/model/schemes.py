@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.model import matrix as X
 from kvbench.model.descriptors import DST, LEN, SRC
 
 SCHEMES = ("pairwise", "many-to-one", "one-to-many", "all-pairs", "matrix", "bidir")
@@ -35,14 +36,9 @@ def make_pairs(scheme: str, world: int, matrix=None) -> list[tuple[int, int]]:
     if world == 1:
         return []
     if scheme in FLOWS:
-        from kvbench.model import matrix as X
-
         if scheme == "matrix" and matrix is None:
             raise SchemeError("scheme 'matrix' needs --matrix FILE (CSV or YAML) or a name: " + ", ".join(X.NAMED))
-        try:
-            return X.flows(X.expand("bidir" if scheme == "bidir" else matrix, world))
-        except X.MatrixError as exc:
-            raise SchemeError(str(exc)) from None
+        return X.flows(matrix_cells("bidir" if scheme == "bidir" else matrix, world))
     if scheme == "pairwise":
         if world % 2:
             raise SchemeError(f"scheme 'pairwise' needs an even number of ranks (got {world}): "
@@ -62,10 +58,26 @@ def flow_cells(scheme: str, world: int, matrix=None) -> list[str] | None:
     schemes whose pairs all move the case's tokens."""
     if scheme not in FLOWS or world == 1:
         return None
-    from kvbench.model import matrix as X
-
-    cells = X.expand("bidir" if scheme == "bidir" else matrix, world)
+    cells = matrix_cells("bidir" if scheme == "bidir" else matrix, world)
     return [cells[s][d] for s, d in X.flows(cells)]
+
+
+def matrix_cells(matrix: list[list[str]] | str, world: int) -> list[list[str]]:
+    """A matrix's cells for ``world`` ranks: a name (a scheme as a matrix of the case's tokens; incast is
+    many-to-one, bidir pairwise both ways) expanded, a file's cells checked against the rank count."""
+    if not isinstance(matrix, str):
+        if len(matrix) != world:
+            raise SchemeError(f"--matrix: a {len(matrix)}x{len(matrix)} matrix for {world} ranks (it must be "
+                              f"{world}x{world}: one row and one column per rank)")
+        return matrix
+    if matrix == "bidir":
+        pairs = [p for s, d in make_pairs("pairwise", world) for p in ((s, d), (d, s))]
+    else:
+        pairs = make_pairs("many-to-one" if matrix == "incast" else matrix, world)
+    cells = [["0"] * world for _ in range(world)]
+    for s, d in pairs:
+        cells[s][d] = X.ALL
+    return cells
 
 
 def max_entries_per_rank(pairs: list[tuple[int, int]], inflight: int) -> int:

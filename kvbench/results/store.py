@@ -108,7 +108,7 @@ ROW_COLUMNS += list(SETUP_DEFAULTS)
 # --- schema 7, fabric (harness/railrows.py, harness/flows.py; rows of 1-6 read with these defaults) -------------
 # rails = the connections a request was striped over (tcp: one per NIC of -O ifname=X,Y / addr=A,B / rails=N; 1:
 # one, its NIC in rail_nics; 0: a transport that does not say); rail_nics = per rail its NIC (or address), comma-
-# separated; rail_bytes / rail_descs = per rail the request's payload bytes and descriptors it carried (GB/s and
+# separated (rails 0: the NICs --nic handed the engine through UCX_NET_DEVICES, "" without --nic); rail_bytes / rail_descs = per rail the request's payload bytes and descriptors it carried (GB/s and
 # Mpps per NIC: these over seconds); rail_wire_bytes = per rail the kernel's count (TCP_INFO) on this rank's
 # connection to the row's peer over the case's timed iterations, per iteration: acknowledged on a source, received
 # on a destination (every request of the pair, headers included)

@@ -114,6 +114,7 @@ class Context:
     gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
     nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
     netdevs: list = field(default_factory=list)  # --nic: this rank's network interfaces, nearest first (placing.py)
+    nic_rails: int = 1  # how many of them a striping transport uses unless told (--nic auto: 1; names: all)
     duplex: bool = False  # some pair of this rank's sends both ways (bidir, a matrix): a stream per direction
 
 

@@ -110,7 +110,10 @@ class TcpTransport(Transport):
     def register(self, pool) -> bytes:
         """Open the listener; the metadata is JSON: host, addr, port, rank, nbytes."""
         self.pool = pool
-        self.rail_list = select_rails(self.ctx.hostname, self.ctx.options, getattr(self.ctx, "netdevs", None))
+        c = self.ctx
+        named = c.options.get("addr") or c.options.get("ifname")  # -O beats --nic
+        opts = dict(c.options, rails=c.options.get("rails") or (c.nic_rails if c.netdevs and not named else 0))
+        self.rail_list = select_rails(c.hostname, opts, c.netdevs or None)
         self.addr, self.ifname = self.rail_list[0]
         if len(self.rail_list) > 1:
             self.splits = Splits(len(self.rail_list))

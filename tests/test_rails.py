@@ -7,8 +7,7 @@ import pytest
 
 from kvbench.model.descriptors import LEN
 from kvbench.transports.base import TransportError
-from kvbench.transports.rails import Splits, shares, split
-from kvbench.transports.sockets import select_rails
+from kvbench.transports.rails import Splits, select_rails, shares, split
 
 
 def _bytes_of(descs: np.ndarray) -> np.ndarray:

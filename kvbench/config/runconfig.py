@@ -23,7 +23,7 @@ from kvbench.model import shapes as M
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.transports import options as O
 from kvbench.transports.base import TransportError
-from kvbench.transports.sockets import select_rails
+from kvbench.transports.rails import select_rails
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
              "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales", "memory",

@@ -36,6 +36,11 @@ def largest(case: dict, cells: list[str] | None) -> dict:
     return max((flow_case(case, c) for c in cells), key=lambda c: c["tokens"])
 
 
+def only(case: dict, entries: list) -> list:
+    """A measurement's entries: every one, or (``isolated``) its one flow's; the other ranks then have none."""
+    return [e for e in entries if e.pair == case["flow_only"]] if case.get("flow_mode") == "isolated" else entries
+
+
 def expand(variants: list[dict], npairs: int) -> list[dict]:
     """Per measurement of a case: each flow alone, then all of them (its rows compare the two)."""
     out = []

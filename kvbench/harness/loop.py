@@ -73,8 +73,7 @@ class Harness(Rows, Calibration):
         groups = []
         for (name, kind), g in groupby(cases, key=lambda c: (c["transport"], c.get("memory", "host"))):
             g = list(g)
-            layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers
-                        for c in (flows.largest(c, self.cells) for c in g))
+            layer = max(requests.layer_bytes(c, self.cells) for c in g)
             groups.append((name, self.pool_size(g, entries), layer, kind))
         why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages, self.my_place(),
                               max(self.opts.pool_sizes, default=0))
@@ -128,11 +127,11 @@ class Harness(Rows, Calibration):
         local = cls.caps.local_only
         my_pairs = [(0, 0)] if local else pairs
         token = self.token if not faults.armed("token", self.rank) else bytes(16)
+        where = self.my_place()
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
-                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
-                      gpu=self.my_place()["gpu"], nic=self.my_place()["nic"],
-                      netdevs=self.my_place().get("netdevs", []), nic_rails=self.my_place().get("nic_rails", 1),
+                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"), gpu=where["gpu"],
+                      nic=where["nic"], netdevs=where.get("netdevs", []), nic_rails=where.get("nic_rails", 1),
                       duplex=any((d, s) in pairs for s, d in pairs if self.rank in (s, d)))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
@@ -183,7 +182,8 @@ class Harness(Rows, Calibration):
                 setuprows.sweep(self, t, self.opts.pool_sizes, ctx.memory, not local, ph)
             infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes,
                                           completion="transport" if t.caps.stamps else "harness",
-                                          pages=self.pages_of(t, pools)) if active else None)
+                                          pages=setuprows.pages_of(t, pools, self.opts.pages))
+                                if active else None)
             if self.rank == 0:
                 self.transport_info[name] = infos
             GUARD.disarm()
@@ -227,15 +227,6 @@ class Harness(Rows, Calibration):
                 p.release()
         GUARD.case = ""  # (kept when an exception passes: the one line names the case)
         self.sample(name, "closed")
-
-    def pages_of(self, t, pools: list[Pool]) -> dict:
-        """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
-        got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=self.opts.pages)
-               if p.array is not None else {"applied": p.kind, "note": "device memory: no host pages"} for p in pools]
-        out = {"requested": self.opts.pages, **(got[0] if got else {})}
-        if len(got) > 1:
-            out["more_pools"] = got[1:]
-        return out
 
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
@@ -297,9 +288,7 @@ class Harness(Rows, Calibration):
         self.case_no += 1
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
-        entries = self.plan(case, g, s)
-        if case.get("flow_mode") == "isolated":  # this flow alone: the other ranks wait at the barriers
-            entries = [e for e in entries if e.pair == case["flow_only"]]
+        entries = flows.only(case, self.plan(case, g, s))  # a matrix's flow alone: the others wait at barriers
         s.fill = fill_pools(s.pools, self.rank, s.fill, (self.opts.fill, case["dtype"]))
         t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)

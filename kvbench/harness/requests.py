@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench import memory
-from kvbench.harness.flows import flow_case
+from kvbench.harness.flows import flow_case, largest
 from kvbench.harness.state import Session
 from kvbench.model import planes
 from kvbench.model import shapes as M
@@ -30,6 +30,12 @@ def case_geometry(case: dict) -> dict:
     return {"shape": shape, "ntok": ntok, "block_bytes": bb, "nblocks": nb, "last_bytes": last,
             "full_bytes": shape.layers * shape.regions * nb * bb,
             "payload": M.bytes_per_token(shape, case["dtype"]) * ntok}
+
+
+def layer_bytes(case: dict, cells: list[str] | None = None) -> int:
+    """The largest layer a case moves (a matrix: its largest flow's; the preflight's)."""
+    g = case_geometry(largest(case, cells))
+    return g["payload"] // g["shape"].layers
 
 
 def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:

@@ -157,3 +157,31 @@ def rdma_rates(root: str = SYS) -> dict[str, str]:
             except OSError:
                 pass
     return out
+
+
+def git_commit() -> str:
+    """The commit of the kvbench checkout, with -dirty if it has local changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape the numbers."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("kvbench", "numpy", "pandas", "pyarrow", "mpi4py", "mpich", "openmpi", "nixl", "ucxx-cu12",
+                "mooncake-transfer-engine-non-cuda", "torch", "cupy-cuda12x"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out

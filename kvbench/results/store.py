@@ -13,7 +13,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 import threading
 
@@ -24,6 +23,7 @@ from kvbench.job import faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
+from kvbench.results.machine import git_commit, library_versions  # noqa: F401 (their home was here)
 
 SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
@@ -105,18 +105,10 @@ ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "win
 # status "none", no seconds, and the reason
 SETUP_DEFAULTS = {"row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": np.nan}
 ROW_COLUMNS += list(SETUP_DEFAULTS)
-# --- schema 7, fabric (harness/railrows.py, harness/flows.py; rows of 1-6 read with these defaults) -------------
-# rails = the connections a request was striped over (tcp: one per NIC of -O ifname=X,Y / addr=A,B / rails=N; 1:
-# one, its NIC in rail_nics; 0: a transport that does not say); rail_nics = per rail its NIC (or address), comma-
-# separated (rails 0: the NICs --nic handed the engine through UCX_NET_DEVICES, "" without --nic); rail_bytes / rail_descs = per rail the request's payload bytes and descriptors it carried (GB/s and
-# Mpps per NIC: these over seconds); rail_wire_bytes = per rail the kernel's count (TCP_INFO) on this rank's
-# connection to the row's peer over the case's timed iterations, per iteration: acknowledged on a source, received
-# on a destination (every request of the pair, headers included)
-# flow_mode = "" (a scheme's plain case), "isolated" (--scheme matrix/bidir: the row's flow ran alone) or
-# "congested" (every flow of the matrix at once); flow = "SRC->DST" ranks; isolated_s / congested_s = the flow's p50
-# seconds (per iteration the later of its two ranks) alone and with every flow; slowdown = congested_s /
-# isolated_s; fairness = min/max GB/s over the case's flows (congested); receiver_gbps = GB/s into the row's
-# destination rank over all its flows (congested: their bytes over the slowest flow's p50; isolated: the flow's)
+# --- schema 7, fabric (rows of 1-6 read with these defaults; docs/fabric.md says what each holds): per rail of a
+# striping transport its NIC, the request's bytes and descriptors, and the kernel's count per iteration
+# (harness/railrows.py); per flow of a traffic matrix alone or with all flows (flow_mode), its p50 seconds alone and
+# together, slowdown, fairness over the flows and GB/s into its receiver (harness/flows.py)
 FABRIC_DEFAULTS = {"rails": 0, "rail_nics": "", "rail_bytes": "", "rail_descs": "", "rail_wire_bytes": "",
                    "flow_mode": "", "flow": "", "isolated_s": np.nan, "congested_s": np.nan, "slowdown": np.nan,
                    "fairness": np.nan, "receiver_gbps": np.nan}
@@ -316,34 +308,6 @@ def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
                 os.unlink(path)
             except OSError:
                 pass
-
-
-def git_commit() -> str:
-    """The commit of the kvbench checkout, with -dirty if it has local changes."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if sha.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return sha.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries that shape the numbers."""
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for pkg in ("kvbench", "numpy", "pandas", "pyarrow", "mpi4py", "mpich", "openmpi", "nixl", "ucxx-cu12",
-                "mooncake-transfer-engine-non-cuda", "torch", "cupy-cuda12x"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 def pair_times(df: pd.DataFrame) -> pd.Series:

@@ -61,6 +61,7 @@ data are all still on the measured path.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -113,9 +114,9 @@ class Context:
     copy: str = "batch"  # copy engine for device bytes (copy.py): memcpy, kernel, batch
     gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
     nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
-    netdevs: list = field(default_factory=list)  # --nic: this rank's network interfaces, nearest first (placing.py)
-    nic_rails: int = 1  # how many of them a striping transport uses unless told (--nic auto: 1; names: all)
-    duplex: bool = False  # some pair of this rank's sends both ways (bidir, a matrix): a stream per direction
+    netdevs: list = field(default_factory=list)  # --nic: this rank's interfaces, nearest first; nic_rails of them
+    nic_rails: int = 1  # used unless told (auto: 1; names: all); duplex: a pair goes both ways (bidir, a matrix)
+    duplex: bool = False
 
 
 @dataclass
@@ -340,8 +341,6 @@ class _Whole:
 
 def rdma_present() -> bool:
     """An RDMA device exists (its registrations pin memory)."""
-    import os
-
     return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
 
 

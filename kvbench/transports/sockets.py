@@ -68,51 +68,6 @@ def select_addr(hostname: str, options: dict) -> tuple[str, str | None]:
     return addr, next((n for n in names if if_addr(n) == addr), None)
 
 
-def select_rails(hostname: str, options: dict, nics: list[str] | None = None) -> list[tuple[str, str | None]]:
-    """(address, interface) of each rail: ``addr=A,B`` (one rail per address), ``ifname=X,Y`` (one per entry,
-    its first interface with an IPv4 address), ``rails=N`` (the first N interfaces ``ifname`` matches, or of
-    ``nics``, the ones --nic auto ranked nearest); else the one rail of ``select_addr``."""
-    want = int(options.get("rails") or 0)
-    addrs = [a for a in str(options.get("addr") or "").split(",") if a]
-    spec = options.get("ifname") or os.environ.get("KVBENCH_SOCKET_IFNAME")
-    names = [n for _, n in socket.if_nameindex()]
-    if addrs:
-        if want > len(addrs):
-            raise TransportError(f"rails={want}: more rails than the {len(addrs)} addresses of addr={options['addr']}")
-        found = [(a, next((n for n in names if if_addr(n) == a), None)) for a in addrs[: want or len(addrs)]]
-    elif spec and not spec.startswith("^") and (want or "," in spec):
-        exact = spec.startswith("=")
-        pats = [p for p in spec.lstrip("=").split(",") if p]
-        per = [[n for n in names if (n == p if exact else n.startswith(p)) and if_addr(n)] for p in pats]
-        have = ", ".join(f"{n} ({if_addr(n) or 'no IPv4'})" for n in names)
-        if not want:
-            missing = [p for p, hit in zip(pats, per) if not hit]
-            if missing:
-                raise TransportError(f"ifname={spec}: no interface with an IPv4 address matches '{missing[0]}'; "
-                                     f"available: {have}")
-            chosen = [hit[0] for hit in per]
-        else:
-            chosen = list(dict.fromkeys(n for hit in per for n in hit))
-        if want > len(chosen):
-            raise TransportError(f"rails={want}: more rails than the {len(chosen)} NICs ifname={spec} matches "
-                                 f"(available: {have})")
-        found = [(if_addr(n), n) for n in chosen[: want or len(chosen)]]
-    elif nics and not options.get("addr") and not spec:
-        usable = [n for n in nics if if_addr(n)]
-        if want > len(usable):
-            raise TransportError(f"rails={want}: more rails than the {len(usable)} NICs with an IPv4 address "
-                                 f"({', '.join(usable) or 'none'})")
-        found = [(if_addr(n), n) for n in usable[: max(1, want)]]
-    elif want > 1:
-        raise TransportError(f"rails={want}: name the NICs (-O ifname=eth0,eth1 or --nic auto) or addresses (-O addr=A,B)")
-    else:
-        found = [select_addr(hostname, options)]
-    if len({a for a, _ in found}) < len(found):
-        raise TransportError(f"rails: two rails on one address ({', '.join(a for a, _ in found)}): each rail needs "
-                             "its own NIC or address")
-    return found
-
-
 def bind_device(s: socket.socket, ifname: str | None) -> bool:
     """SO_BINDTODEVICE: the socket's packets leave and arrive through ``ifname`` alone (needs CAP_NET_RAW;
     False where it is refused, the address binding then chooses the route)."""

@@ -55,8 +55,8 @@ from dataclasses import replace
 import numpy as np
 
 from kvbench.job import faults
-from kvbench.transports.rails import Splits, Striped
-from kvbench.transports.sockets import Acceptor, bind_device, dial, select_rails, tcp_bytes, tune
+from kvbench.transports.rails import Splits, Striped, select_rails
+from kvbench.transports.sockets import Acceptor, bind_device, dial, tcp_bytes, tune
 
 from .base import DST, SRC, Caps, Transport, TransportError, check_descs
 from .tcp_conn import HDR, MAGIC, PUSH, READY, REPLY, REQUEST, Conn, Job, headers

@@ -9,6 +9,7 @@
 #   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them; AA=1: the reference against itself, the noise floor)
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
 #   make bench-engines      nixl, ucx, mooncake bulk and hot rows next to the engines' own tools; nixl on 4k/thp pages
+#   make bench-connect      connect seconds per peer and in all, per transport, on 2, 4 and 8 ranks (all-pairs)
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
@@ -37,7 +38,7 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
+.PHONY: gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
 
 help:
 	@sed -n '2,23p' Makefile
@@ -86,6 +87,10 @@ bench-fidelity: $(STAMP) benchdeps
 # transfer_engine_bench; then nixl bulk vs nixl_reference on 4k and thp pages (the same scattered 1 MiB blocks)
 bench-engines: $(STAMP) benchdeps
 	$(BIN)/python benchmarks/engines.py --mpirun "$(MPIRUN)"
+
+# the bootstrap storm: each transport's connect against its peers, all-pairs on RANKS (default 2,4,8) ranks here
+bench-connect: $(STAMP) benchdeps
+	$(BIN)/python benchmarks/connect.py --mpirun "$(MPIRUN)" $(if $(RANKS),--ranks $(RANKS))
 
 # control plane: build + coalesce 1M descriptors, sorting per layer (old) vs runs from the block tables (new); < 50 ms
 bench-descriptors: $(STAMP)

@@ -37,7 +37,7 @@ per back-to-back pair, median over repeats (the machine is noisy).
     python benchmarks/engines.py [--mpirun .venv/bin/mpiexec] [--engines nixl,ucx,mooncake] [--repeat 3]
            [--sizes 65536,262144,1048576,4194304] [--layers 16] [-n 20] [-w 3]
            [--pages 4k,thp] [--pages-sizes 1048576] [--parts tools,pages]
-           [--nixl-prep on|off] [--kvbench-args "mooncake:-O notify=mpi"]
+           [--nixl-prep on|off] [--kvbench-args "mooncake:-O notify=mpi"] [--variants bulk,hot|hot|bulk]
 
 This process never imports MPI or an engine; every child runs with a timeout
 and is killed (with its process tree) if it outlives it.  Exit code 0 when
@@ -234,18 +234,20 @@ def header(a, infos, engines, load0):
         lanes = next(iter(i.get("lanes", {}).values()), {}).get("tag_send", [])
         print(f"#   ucx_perftest (UCX_TLS={a.tls}, one buffer, back to back, -n from {a.ucx_budget:.0e} B): tag_bw is"
               " two-sided like kvbench's ucx transport (compare push with it; kvbench adds a 32 B header message per")
-        print("#   layer); put_bw/get are one-sided (ucxx has none); kvbench's ucx pull is two-sided (a request, then"
-              " the source tag-sends), shown against ucp_get as the tool's read")
+        print("#   request, sent when it is prepared); put_bw/get are one-sided (ucxx has none); kvbench's ucx pull is"
+              " two-sided (a request, then the source tag-sends), shown against ucp_get as the tool's read")
         if lanes:
-            print(f"#   ucx kvbench: UCX_TLS={i.get('UCX_TLS')}, tag protocol for large messages: {lanes[-1]}")
+            print(f"#   ucx kvbench: UCX_TLS={i.get('UCX_TLS')}, tag protocol for large messages: {lanes[-1]};"
+                  f" progress: {i.get('progress')} (ucx_perftest spins)")
     if "mooncake" in engines:
         i = infos.get("mooncake", {})
         print(f"#   transfer_engine_bench: tcp, --batch_size={L} (= descriptors of one kvbench request, at distinct"
               f" offsets, the same {L} every batch: bulk's working set) --threads=1, {a.mc_duration} s, busy-polls"
               " each task, no notification;")
-        print(f"#   mooncake kvbench: protocol={i.get('protocol')}, one batch of 1 descriptor per layer ({L} batches"
-              f" submitted, then waited); notify={i.get('notify', '?').split()[0]} (socket: the initiator sends the tag"
-              " per layer on a TCP socket the destination sleeps on; mpi: the harness's MPI message)")
+        print(f"#   mooncake kvbench: protocol={i.get('protocol')}, a request's {L} layers as one batch of {L} descriptors,"
+              f" one get_batch_transfer_status; notify={i.get('notify', '?').split()[0]} (socket: the initiator sends"
+              " the tag per request on a TCP socket the destination sleeps on; mpi: the harness's MPI message); a"
+              " rank done early (a pull's source) sleeps in the barrier after the iteration, as the tool's target idles")
 
 
 def _stats(num: dict, den: dict) -> tuple[float, float, float, str]:
@@ -389,6 +391,8 @@ def main() -> int:
     ap.add_argument("--parts", default="tools,pages",
                     help="what to run: tools (kvbench bulk and hot rows against each engine's own tool), pages"
                          " (nixl by page size against nixl_reference); comma-separated, default both")
+    ap.add_argument("--variants", default="bulk,hot", choices=("bulk,hot", "hot", "bulk"),
+                    help="kvbench's rows beside the tools (default bulk,hot; hot: the tools' own pattern only)")
     ap.add_argument("--keep", metavar="DIR", help="keep kvbench's result files under DIR (default: discarded)")
     a = ap.parse_args()
     a.sizes = [int(s) for s in a.sizes.split(",") if s]
@@ -446,7 +450,8 @@ def main() -> int:
         for what in (["kvbench", "native"] if rep % 2 == 0 else ["native", "kvbench"]):
             if what == "kvbench":
                 try:
-                    got = kvbench_run(a, kv, mpirun, e, model, os.path.join(a.work, f"{e}-{rep}"), a.sizes)
+                    got = kvbench_run(a, kv, mpirun, e, model, os.path.join(a.work, f"{e}-{rep}"), a.sizes,
+                                      variants=a.variants)
                 except RuntimeError as exc:
                     note(notes.setdefault(e, []), str(exc).splitlines()[0])
                     print(f"engines: {exc}", file=sys.stderr)

@@ -209,3 +209,17 @@ def test_engines_prints_kvbench_beside_the_native_tool():
         assert all(0 <= float(x) <= 1 for col in row[-2:] for x in col.split("/"))  # huge shares r0/r1
     assert pages[("4k", "push")][-2:] == ["0.00/0.00"] * 2  # MADV_NOHUGEPAGE: no huge page in either pool
     assert "# pages: kvbench / script (target 0.95)" in out
+
+
+def test_connect_prints_connect_per_peer_and_in_all_per_transport_and_rank_count():
+    r = bench("connect.py", "-t", "shm,tcp", "--ranks", "2,4", timeout=420)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {(x[0], int(x[1])): x for x in (ln.split() for ln in r.stdout.splitlines())
+            if x and x[0] in ("shm", "tcp")}
+    assert set(rows) == {(t, n) for t in ("shm", "tcp") for n in (2, 4)}, r.stdout
+    cpus = len(os.sched_getaffinity(0))
+    for (_, n), x in rows.items():
+        peers, per_peer, total = int(x[2]), float(x[3]), float(x[4])
+        assert peers == n // 2  # all-pairs: every even rank with every odd rank
+        assert per_peer > 0 and total == pytest.approx(per_peer * peers, rel=0.01, abs=0.02)
+        assert ("oversubscribed" in " ".join(x[6:])) == (n > cpus)

@@ -11,6 +11,10 @@ def test_list_shows_every_transport_with_a_status():
         assert "available" in line
     assert "unavailable: " in r.stdout  # cuda_ipc, verbs, staged at least
     assert "deepseek-v3" in r.stdout and "quick" in r.stdout
+    assert "   8,192 tokens context" in next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == ["llama-3-8b"])
+    # the shipped traces, with their requests and duration (kvbench trace prints the same from every line)
+    assert "  mooncake-conversation   12,031 requests   3,537.0 s" in r.stdout
+    assert "  mooncake-synthetic       3,993 requests" in r.stdout
     assert "# /dev/shm (shared memory" in r.stdout  # and what of kvbench's and MPICH's is there (test_cleanup.py)
 
 

@@ -44,3 +44,16 @@ def test_ucx_and_mpi_in_one_process(kvrun):
     assert_clean(r, "ucx")
     if not unavailable("nixl"):
         assert_clean(r, "nixl")  # and NIXL's UCX beside both, exiting cleanly (code 0, nothing left in /dev/shm)
+
+
+@pytest.mark.parametrize("progress,says", [("event", "sleep on the worker's event fd"), ("poll", "polled")])
+def test_ucx_waits_by_event_or_by_polling_move_the_same_bytes(kvrun, progress, says):
+    """ucx's wait either sleeps on the worker's event fd between progress calls (the default) or spins: both
+    complete every request, push and pull, one range per layer (bulk) and packed (paged), with the bytes
+    checked; the sidecar says which the run used."""
+    if reason := unavailable("ucx"):
+        pytest.skip(f"unavailable: {reason}")
+    r = kvrun(["-t", "ucx", "--op", "push,pull", "--variants", "bulk,paged", "--tokens", "64", "-b", "16", "-e", "16",
+               "-n", "2", "-w", "1", "-O", f"ucx.progress={progress}"], timeout=180)
+    assert_clean(r, "ucx")
+    assert all(says in i["progress"] for i in r.meta()["transports"]["ucx"] if i)

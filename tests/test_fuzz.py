@@ -35,7 +35,10 @@ FLAGS = {"-t": pick("shm", "tcp", "mpi", "loopback", "verbs", "shm,tcp"), "--op"
          "--layers": pick("2", "32"), "--kv-heads": pick("1", "8"), "--head-dim": pick("64", "128"),
          "-c": pick("0", "1"), "--inject-corruption": pick("0", "1"), "--scheme": pick("pairwise", "all-pairs"),
          "--handshake": pick("off", "serial", "overlap"), "--decode-pool-tokens": NUM,
-         "--cache": pick("as-is", "warm", "cold"), "--memory": pick("host", "cuda")}
+         "--cache": pick("as-is", "warm", "cold"), "--memory": pick("host", "cuda"),
+         # a trace read per example would pass the deadline: test_trace_replay.py runs the real ones
+         "--trace": pick("mooncake-nope", "no/such.jsonl"), "--speed": pick("50", "0", "-1", "nan"),
+         "--cache-blocks": pick("2", "0", "-1"), "--trace-block": pick("16", "0", "-1", "x")}
 OPTION = st.tuples(st.sampled_from(["", "tcp.", "mpi.", "nixl.", "shm.", "x."]),
                    st.sampled_from(["poll", "polll", "sockbuf", "split", "window", "prep", "batch", "connect_timeout",
                                     "ready", ""]),

@@ -30,7 +30,7 @@ GOOD = {"-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "-
         "--alloc-timeout": "10", "--decode-pool-tokens": "0", "--variants": "bulk", "-O": "poll=spin",
         "-o": "x", "--name": "n", "--inject-corruption": "0", "-m": "llama-3-8b", "--layers": "2",
         "--kv-heads": "8", "--head-dim": "64", "--attention": "gqa", "--kv-lora-rank": "64", "--rope-dim": "16",
-        "--tp": "1", "--pp": "1", "--prefix-hit": "0", "--pool-sizes": "1MiB,2MiB"}
+        "--tp": "1", "--pp": "1", "--prefix-hit": "0", "--pool-sizes": "1MiB,2MiB", "--register": "once"}
 CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival", "interval:10"],
            "--decode-ms": ["--arrival", "interval:10"], "--alloc-timeout": ["--arrival", "interval:10"],
            "--decode-pool-tokens": ["--arrival", "interval:10"], "--prefill-tflops": ["--prefill-ms", "auto"],

@@ -45,8 +45,9 @@ def lifecycle(tmp_path_factory):
 
 def test_each_rank_times_each_phase_once_per_region_peer_and_pool_size(lifecycle):
     _, df, meta = lifecycle
-    assert meta["schema_version"] == SCHEMA_VERSION >= 6
+    assert meta["schema_version"] == SCHEMA_VERSION >= 6  # 6 added the setup rows
     s = df[df["row_kind"] == "setup"]
+    assert (s["world_size"] == 2).all()  # the rank count: connection scale compares runs by it (bench-connect)
     assert (s["iter"] == -2).all() and set(s["phase"]) <= set(PHASES)
     assert (df[df["row_kind"] == "transfer"]["phase"] == "").all()
     for name in ("shm", "mpi"):
@@ -111,6 +112,9 @@ def test_the_report_has_the_setup_table_and_section_with_the_registration_plot(l
     assert "*setup per transport*" in section and "| reg@1M | reg@2M |" in section
     assert "*first transfer against steady p50, per case*" in section
     assert "![Seconds to register one pool of each --pool-sizes size" in section
+    assert "![Each case's first transfer (its first warm-up" in section  # the first-vs-steady plot
+    shown = [ln for ln in section.splitlines() if ln.startswith("![")]
+    assert len(shown) == 2 and all((tmp_path / ln.split("](", 1)[1].rstrip(")")).stat().st_size > 0 for ln in shown)
 
 
 def _old_file(tmp_path, schema: int) -> str:

@@ -127,9 +127,11 @@ def test_tags_are_new_every_iteration_and_the_same_lists_are_reused():
     assert itr.t.tags == [(5 << 16) | 3, (6 << 16) | 3]
 
 
-def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_setting(monkeypatch):
+@pytest.mark.parametrize("asleep", [False, True])
+def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_setting(monkeypatch, asleep):
     """A rank done first (a pull's source) waits for its peers before it records its times or sets its caches
-    for the next iteration, so none of the harness's work runs beside a peer's timed transfer."""
+    for the next iteration, so none of the harness's work runs beside a peer's timed transfer; asleep where its
+    transport's own threads move the peer's bytes (``idle_sleeps``), spinning in MPI otherwise."""
     from kvbench.harness.loop import Harness
     from kvbench.harness.state import Measurement, Options, Session
 
@@ -143,6 +145,9 @@ def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_settin
 
         def allgather(self, obj):
             return [obj] * self.size
+
+        def barrier_asleep(self):
+            self.log.append("barrier asleep")
 
     class Itr:  # the iteration's transfer and the bookkeeping the harness asks of it afterwards
         t0, order, cost, prefill_s = 0.0, [], {}, 0.0
@@ -167,6 +172,10 @@ def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_settin
     monkeypatch.setattr(h, "sample", lambda *a, **k: None)
     case = {"transport": "recorder", "op": "pull", "model": "m", "tokens": 1, "variant": "bulk"}
     m = Measurement(1, case, {}, [], Itr(), cache=Cache())
-    h.iterate(m, Session(object(), [], [], False, 0), warmup=1, iters=2)
-    assert log == ["apply", "barrier", "transfer", "barrier", "bookkeeping"] * 3
+    class T:
+        idle_sleeps = asleep
+
+    h.iterate(m, Session(T(), [], [], False, 0), warmup=1, iters=2)
+    end = "barrier asleep" if asleep else "barrier"
+    assert log == ["apply", "barrier", "transfer", end, "bookkeeping"] * 3
     assert len(m.rec) == 2 and m.cache_set == [True, True]

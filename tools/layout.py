@@ -21,6 +21,7 @@ DOC = ROOT / "docs" / "layout.md"
 WINGS: list[tuple[str, ...]] = [
     ("kvbench",),
     ("job",),
+    ("fabric",),
     ("model",),
     ("memory",),
     ("transports",),
@@ -30,6 +31,7 @@ WINGS: list[tuple[str, ...]] = [
     ("harness",),
     ("config",),
     ("selftest", "gpucheck"),
+    ("lab",),
     ("cli",),
     ("__main__",),
 ]

@@ -10,7 +10,9 @@ from kvbench.config import suite as S
 from kvbench.config.runconfig import custom_model
 from kvbench.job import cleanup, comm
 from kvbench.memory import affinity
+from kvbench.model import layers as L
 from kvbench.model import shapes as M
+from kvbench.model import trace as T
 from kvbench.results import machine as hwfacts
 
 
@@ -25,6 +27,9 @@ def cmd_size(a) -> int:
     shape = M.shard(shape0, tp, pp)
     M.check_block_size(a.block_size)
     if a.dtype == "nvfp4" or a.scales != "none":  # a format with scale planes (formats.py)
+        if shape0.hybrid:
+            raise ValueError(f"--dtype {a.dtype} --scales {a.scales}: scale planes of a hybrid model "
+                             f"({shape0.name}) are not modelled; give a plain dtype")
         return size_scaled(a, shape0, shape, tp, pp, hit)
     db = M.dtype_bytes(a.dtype)
     ntok = M.transferred_tokens(a.tokens, hit)
@@ -34,24 +39,64 @@ def cmd_size(a) -> int:
     nb = M.num_blocks(ntok, a.block_size)
     kind = (f"mla, latent {shape.kv_lora_rank}+{shape.rope_dim}" if shape.attention == "mla"
             else f"{shape.attention}, {shape.kv_heads} KV heads x {shape.head_dim}")
-    print(f"# {shape.name}: {shape.layers} layers, {kind}, {a.dtype} ({db} B/element), tp={tp} pp={pp}"
+    print(f"# {shape.name}: {shape.layers} layers{_kinds(shape)}, {kind}, {a.dtype} ({db} B/element), tp={tp} pp={pp}"
           f"{'  [per rank]' if tp > 1 or pp > 1 else ''}")
     if shape0.source:
         print(f"# source: {shape0.source}")
-    print(f"{bpt:>16,} B per token")
+    if shape.linear_layers:
+        print(f"# linear layers: state {shape.state_heads} heads x {shape.state_k_dim} x {shape.state_v_dim} "
+              f"{shape.state_dtype} + convolution ({shape.conv_kernel} - 1) x {shape.conv_dim} {shape.conv_dtype} "
+              f"= {L.state_layer_bytes(shape):,} B per layer per request, whatever the prompt")
+    print(f"{bpt:>16,} B per token{' (full-attention layers)' if shape.hybrid else ''}")
     print(f"{M.layer_bytes_per_token(shape, a.dtype):>16,} B per token per layer")
     print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
+    for line in parts_lines(shape0, shape, a.dtype, ntok, tp, pp):
+        print(line)
     print(f"{req:>16,} B per request ({req / 1e9:.3f} GB, {req / 2**30:.3f} GiB)")
-    print(f"{req // shape.layers:>16,} B per layer per request")
+    if not shape.hybrid:
+        print(f"{req // shape.layers:>16,} B per layer per request")
     print(f"{bb:>16,} B per block ({a.block_size} tokens, one region; {shape.regions} region(s) per layer)")
     print(f"{nb:>16,} blocks per layer")
-    print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request uncoalesced "
-          f"({shape.regions} x {shape.layers} layers x {nb} blocks)")
+    if shape.hybrid:
+        print(f"{L.descriptors(shape, ntok, a.block_size):>16,} descriptors per request uncoalesced (a block and "
+              "region each in the full and window layers, one state each in the linear layers)")
+    else:
+        print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request uncoalesced "
+              f"({shape.regions} x {shape.layers} layers x {nb} blocks)")
     print("# transfer time at line rate (GB = 10^9 B; achieved bandwidth is lower: measure it with kvbench run)")
     for link, gbps in M.LINKS.items():
         ms = req / (gbps * 1e9) * 1e3
         print(f"  {link:<18} {gbps:8.1f} GB/s {ms:12.2f} ms")
     return 0
+
+
+def _kinds(m) -> str:
+    if not m.hybrid:
+        return ""
+    n = {"full": m.full_layers, "sliding": m.sliding_layers, "linear": m.linear_layers}
+    window = f", window {m.window} tokens" if m.sliding_layers else ""
+    return " (" + ", ".join(f"{v} {k}" for k, v in n.items() if v) + window + ")"
+
+
+def parts_lines(shape0, shape, dtype: str, ntok: int, tp: int, pp: int) -> list[str]:
+    """KV, window and state bytes apart, one rank's beside the whole TP x PP group's, and the replication."""
+    one, group = L.parts(shape, dtype, ntok), M.group_parts(shape0, dtype, ntok, tp)
+    wt = L.window_tokens(shape, ntok)
+    what = {"kv": f"KV, {shape.full_layers} full-attention layers x {ntok:,} tokens",
+            "window": f"window, {shape.sliding_layers} sliding layers x {wt:,} tokens (at most {shape.window})",
+            "state": f"state, {shape.linear_layers} linear layers x {L.state_layer_bytes(shape):,} B"}
+    out = [f"# {'one rank':>14} {f'whole group ({tp * pp} ranks: tp={tp} x pp={pp})':>40}"]
+    for k, v in one.items():
+        if v or group[k] or k == "kv":
+            out.append(f"{v:>16,} {group[k]:>40,} B {what[k]}")
+    out.append(f"{sum(one.values()):>16,} {sum(group.values()):>40,} B per request (one rank; whole group)")
+    rep = M.replication(shape0, tp)
+    if rep > 1:
+        held = ("the MLA latent whole on every rank" if shape0.attention == "mla" else
+                f"{shape0.kv_heads} KV heads < tp={tp}: each rank holds max(1, {shape0.kv_heads}/{tp}) = "
+                f"{shape.kv_heads}, the group {shape.kv_heads * tp}")
+        out.append(f"# replication factor {rep:g}: {held}; the group moves {rep:g}x the model's logical KV")
+    return out
 
 
 def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int) -> int:
@@ -79,7 +124,12 @@ def cmd_list(a) -> int:
     for m in M.PRESETS.values():
         desc = (f"mla {m.kv_lora_rank}+{m.rope_dim}" if m.attention == "mla"
                 else f"{m.attention} {m.kv_heads}x{m.head_dim}")
-        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16)")
+        ctx = f"{m.context:>8,} tokens context" if m.context else ""
+        print(f"  {m.name:<16} {m.layers:>4} layers  {desc:<16} {M.bytes_per_token(m, 'fp16'):>9,} B/token (fp16)  {ctx}")
+    print("# traces (kvbench run --trace NAME, kvbench trace NAME; Apache-2.0, Mooncake FAST'25)")
+    for name in T.NAMED:
+        n, dur = T.brief(name)
+        print(f"  {name:<22} {n:>7,} requests {dur:>9,.1f} s  {n / dur if dur else 0:>6.2f} req/s")
     print("# suites")
     for name in S.list_suites():
         try:

@@ -1,4 +1,4 @@
-"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan, probe.
+"""kvbench command line: run, size, trace, list, env, report, compare, fit, plan, probe (selftest and lab parse their own).
 
 A user mistake is one line on rank 0 and exit code 1 from every rank; a
 failed rank aborts the whole job; only rank 0 prints tables.
@@ -14,11 +14,13 @@ from kvbench.cli.info import cmd_env, cmd_list, cmd_size
 from kvbench.cli.probe import add_parser as add_probe_parser
 from kvbench.cli.probe import cmd_probe
 from kvbench.cli.trace import add_parser as add_trace_parser
-from kvbench.cli.trace import cmd_trace
+from kvbench.cli.trace import cmd_trace, positive
 from kvbench.config import suite as S
+from kvbench.lab import main as lab_main
 from kvbench.memory.cachestate import HELP as CACHE_HELP
 from kvbench.memory.cachestate import MODES
 from kvbench.model import shapes as M
+from kvbench.model import trace as T
 from kvbench.model.schemes import SCHEME_HELP
 from kvbench.results.samples import DEFAULT_BUDGET_S
 from kvbench.selftest import main as selftest_main
@@ -29,7 +31,7 @@ vocabulary:
   block      block_size tokens of one layer (one region: K, V or an MLA latent); -b/-e/-f sweep it
   descriptor one contiguous copy (src offset, dst offset, bytes); paged = one per block per region
   coalesce   merge descriptors adjacent on both sides (on/off)
-  alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>, tail
+  alloc      how blocks are picked from the pool: contiguous, random, fragmented:<run>, tail, aged:<N>
   push/pull  push = prefill writes into decode's pool; pull = decode reads from prefill's pool
   bulk       the payload as one descriptor per layer (the link model's reference)
   ceiling    the best of bulk and the payload as contiguous 64 KiB-4 MiB chunks, measured alongside
@@ -53,6 +55,11 @@ def check_arg(text: str):
         return S.check_level(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from 0, 1, all)") from None
+
+
+def positive_blocks(text: str) -> int:
+    """--cache-blocks of a run: one positive block count."""
+    return positive(text, "blocks")
 
 
 def build_parser() -> Parser:
@@ -94,7 +101,7 @@ def build_parser() -> Parser:
     r.add_argument("--op", type=csv(str), help="push, pull (or both: push,pull)")
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>, tail (the pool's last "
-                   "blocks, as kvbench probe takes them)")
+                   "blocks, as kvbench probe takes them), aged:<N> (decode's free list after N requests)")
     r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
     r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
     r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "
@@ -118,6 +125,9 @@ def build_parser() -> Parser:
                    "register, connect) may take (default: 120 + pool bytes / 100 MB/s)")
     r.add_argument("--pool-sizes", type=text, metavar="SIZES", help="after each transport's setup, register and "
                    "deregister a pool of each size, timed: registration against pool size (e.g. 0.25,1,4GiB)")
+    r.add_argument("--register", type=csv(str), help="once (default: each pool registered at setup) or per-request "
+                   "(the initiator registers each request's blocks before its transfer and deregisters them after, "
+                   "timed: nixl, mooncake); once,per-request for both side by side (docs/methodology.md)")
     r.add_argument("--pages", choices=("4k", "thp", "huge"), help="page size of the host pools kvbench allocates: "
                    "4k (default), thp (transparent huge pages, madvise) or huge (the kernel's reserved huge pages; "
                    "vm.nr_hugepages); the sidecar records what the kernel gave")
@@ -149,7 +159,17 @@ def build_parser() -> Parser:
     wl.add_argument("--prompt", type=text, help="prompt lengths: N, a,b,c (cycled), uniform:lo:hi, lognormal:median:sigma")
     wl.add_argument("--decode-ms", type=float, help="how long a request holds its decode blocks after landing")
     wl.add_argument("--alloc-timeout", type=float, help="ms a request may wait for decode blocks before it is dropped")
-    wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded)")
+    wl.add_argument("--decode-pool-tokens", type=int, help="decode pool capacity in tokens (0: unbounded; under "
+                    "--trace: 4 x its longest request)")
+    wl.add_argument("--trace", type=text, metavar="FILE|NAME", help="replay a request trace (Mooncake JSONL, or "
+                    f"{', '.join(T.NAMED)}): its arrivals, prompts and decode prefix-cache hits; --requests per "
+                    "prefill rank from its start (docs/usage.md, Replaying a trace)")
+    wl.add_argument("--speed", type=csv(float), metavar="X", help="--trace: timestamps divided by X (50: 50 times "
+                    "faster; default 1)")
+    wl.add_argument("--cache-blocks", type=positive_blocks, metavar="N", help="--trace: the decode prefix cache, an "
+                    "LRU of N blocks of the trace (default: unbounded)")
+    wl.add_argument("--trace-block", type=positive, metavar="N", help=f"--trace: tokens per hash id in the trace "
+                    f"(default {T.BLOCK}, Mooncake's)")
     r.add_argument("--variants", type=csv(str), help="what each payload is measured as: bulk (one descriptor per "
                    "layer), ceiling (contiguous 64K-4M chunks), hot (one layer's buffer re-sent), paged (the block "
                    "table); default bulk,ceiling,paged")
@@ -180,6 +200,8 @@ def build_parser() -> Parser:
     sub.add_parser("env", help="what this machine is: CPU, memory, MPI, GPUs, NICs, library versions")
     sub.add_parser("selftest", help="(root) kvbench's tcp/mpi rates and exposed time against a tc-shaped veth "
                    "between two network namespaces; options: kvbench selftest --help")
+    sub.add_parser("lab", help="(root) a fabric of network namespaces: kvbench lab up --nodes N --rails R --rate "
+                   "1gbit; kvbench lab run -- <run arguments>; kvbench lab down; options: kvbench lab --help")
     rep = sub.add_parser("report", help="print the table of result files, or (-o DIR) write a report: Markdown, "
                          "one self-contained HTML page with plots, and CSV")
     rep.add_argument("files", nargs="+", help="results/runs/<machine>/<stamp>_<suite>.parquet (any mix of bandwidth, "
@@ -208,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["selftest"]:  # its own parser (kvbench/selftest/run.py): every option passes through
         return selftest_main(argv[1:])
+    if argv[:1] == ["lab"]:  # its own parser (kvbench/lab/cmd.py): up, run -- <run arguments>, down, status
+        return lab_main(argv[1:])
     parser = build_parser()
     try:
         a = parser.parse_args(argv)

@@ -50,8 +50,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--prefill-tflops", type=float, default=400.0, help="achieved prefill TFLOP/s per rank (10^12 "
                    "FLOP/s; default 400): P = (2 x active params x tokens + causal attention) / rate")
     p.add_argument("--ttft-ms", type=float, default=200.0, help="time-to-first-token budget, ms (default 200)")
-    p.add_argument("--rate", type=float, default=1.0, help="requests per second per prefill rank, for the "
-                   "bandwidth needed (default 1)")
+    p.add_argument("--rate", type=float, default=1.0, help="requests per second per prefill instance (its tp x "
+                   "pp ranks serve each request together), for the bandwidth and the egress needed (default 1)")
     p.add_argument("--saving", type=float, default=0.5, help="share of the prefill time that disaggregation saves "
                    "by removing interference with decode (default 0.5: the seeds' 51 ms transfer pays above "
                    "~100 ms of prefill)")

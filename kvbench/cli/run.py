@@ -10,7 +10,7 @@ from kvbench import __version__, transports
 from kvbench.cli import progress
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
-from kvbench.harness import placing
+from kvbench.harness import carriage, placing
 from kvbench.harness.loop import Harness
 from kvbench.harness.state import UserError
 from kvbench.job import cleanup, comm, faults, reaper
@@ -124,7 +124,7 @@ def run(a, argv: list[str]) -> int:
         if suite.workload is not None:  # many requests, bounded decode pool, back-pressure
             from kvbench.harness.load import LoadHarness
 
-            h = LoadHarness(c, opts, suite.workload)
+            h = LoadHarness(c, opts, suite.workload, cfg.trace_plan())
         else:
             h = Harness(c, opts)
         GUARD.run_id = h.run_id
@@ -235,9 +235,9 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
 
     suite, cases = cfg.suite, cfg.cases
-    for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus)
-                 + same_host_warnings(cases, make_pairs(suite.scheme, c.size, suite.matrix), hosts)
-                 + placing.preamble(h.placement, cases, make_pairs(suite.scheme, c.size, suite.matrix))):
+    pairs = make_pairs(suite.scheme, c.size, suite.matrix)
+    for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
+                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.workload_lines(c.size)):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:
@@ -250,7 +250,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
             "placement": h.placement,  # per rank: host, local rank, GPU (-1: none) and its PCI bus, nearest NIC
             "shm_segments": {"kvbench": f"{cleanup.SHM_DIR}/kvbench_{h.run_id}_*",
                              "mpich": sorted({p for part in mpich for p in part})},
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "trace": cfg.trace_plan().facts() if cfg.trace else None}
     if cfg.resume:
         writer = ResultWriter.reopen(cfg.resume, meta, lock)
         done = list(writer.meta.get("groups_done", []))
@@ -302,7 +302,7 @@ def footer(cfg, writer, printer, h) -> int:
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
     sus = bounds.suspects(df, st)  # a time beyond physics (results/bounds.py)
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))
-    for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)):
+    for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)) + carriage.footer_lines(df):
         print(line)
     for s in sus:
         print(f"# {bounds.line(s)}")
@@ -315,7 +315,7 @@ def footer(cfg, writer, printer, h) -> int:
                   clocks=pair_clocks(df),
                   reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
                   suspects=[bounds.line(s) for s in sus], harness_overhead_us=overhead_us(printer),
-                  layer_cost_us=layer_costs(df),
+                  layer_cost_us=layer_costs(df), carriers=carriage.sidecar(df),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
 

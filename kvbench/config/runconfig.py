@@ -9,35 +9,33 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench import transports
+from kvbench.config import ConfigError
 from kvbench.config import suite as S
+from kvbench.config.niccfg import check_nics, nic_arg
+from kvbench.config.tracecfg import TRACE_FLAGS, read_trace, trace_flags
 from kvbench.harness.state import Options
-from kvbench.memory import affinity, device, driver, host, placement
+from kvbench.memory import device, driver, host, placement
+from kvbench.model import ageing, traceplan
 from kvbench.model import matrix as X
 from kvbench.model import shapes as M
+from kvbench.model.layout import aged_n
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.transports import options as O
-from kvbench.transports.base import TransportError
-from kvbench.transports.rails import select_rails
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
              "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec", "scales", "memory",
-             "copy", "prefill")
+             "copy", "prefill", "register")
 WORKLOAD_FLAGS = {"requests": "requests", "prompt": "prompt", "decode_ms": "decode_ms",
                   "alloc_timeout": "alloc_timeout_ms", "decode_pool_tokens": "decode_pool_tokens"}
 SUITE_FLAGS = ("iters", "warmup", "rounds", "seed", "pool_factor", "timeout", "setup_timeout", "scheme",
                "prefill_tflops", "pages", "fill", "cache", "target_ci", "ci_budget", "pool_sizes")
 DEFAULT_RESULTS = "results/runs"  # -o's default (a --resume has none: it continues where its file is)
 RESUMABLE = ("INCOMPLETE", "ERROR", "TIMEOUT", "INTERRUPTED")
-
-
-class ConfigError(ValueError):
-    """A mistake in what the user asked for: one line, exit 1, nothing written."""
 
 
 class RunConfig(BaseModel):
@@ -57,6 +55,23 @@ class RunConfig(BaseModel):
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
     argv: list[str] = []
+    trace: dict[str, Any] | None = None  # workload.trace read on rank 0: traceplan.TracePlan's fields
+
+    def trace_plan(self) -> traceplan.TracePlan | None:
+        return None if self.trace is None else traceplan.TracePlan(**self.trace)
+
+    def workload_lines(self, world: int) -> list[str]:
+        """The preamble's word on a trace's replay (what it replays, its hit rates, every clip it makes) and on
+        the requests that aged each aged:<N> decode pool."""
+        p = self.trace_plan()
+        ages = sorted({n for n in (aged_n(c["alloc"]) for c in self.cases) if n is not None})
+        if p is None:
+            return [ageing.drawn_line(n) for n in ages]
+        speeds = [float(a.partition(":")[2]) for a in self.suite.axes.arrival]
+        contexts = {m: self.shapes()[m].context for m in dict.fromkeys(c["model"] for c in self.cases)}
+        srcs = len({s for s, _ in make_pairs(self.suite.scheme, world, self.suite.matrix)})
+        return (traceplan.preamble(p, srcs, speeds, contexts, self.suite.workload.decode_pool_tokens)
+                + [traceplan.aged_line(p, n) for n in ages])
 
     def shapes(self) -> dict[str, M.ModelShape]:
         return {n: M.ModelShape(**f) for n, f in self.models.items()}
@@ -111,7 +126,7 @@ def gave_sweep(a) -> bool:
     """Did the user name a suite or override any of its fields?"""
     return bool(a.suite or a.layers is not None or block_sweep(a) or a.variants or a.check is not None
                 or any(getattr(a, k, None) for k in FLAG_AXES)
-                or any(getattr(a, k, None) is not None for k in (*SUITE_FLAGS, *WORKLOAD_FLAGS)))
+                or any(getattr(a, k, None) is not None for k in (*SUITE_FLAGS, *WORKLOAD_FLAGS, *TRACE_FLAGS)))
 
 
 def merge(a) -> S.Suite:
@@ -133,8 +148,11 @@ def merge(a) -> S.Suite:
     if a.variants:
         data["variants"] = a.variants
     wl = {key: getattr(a, attr) for attr, key in WORKLOAD_FLAGS.items() if getattr(a, attr) is not None}
+    wl.update(trace_flags(a, axes))
     if wl or (a.arrival and any(x != "none" for x in a.arrival) and data.get("workload") is None):
         data["workload"] = dict(data.get("workload") or {}, **wl)
+    if (data.get("workload") or {}).get("trace") and axes["arrival"] == ["none"]:
+        axes["arrival"] = ["trace:1"]  # a suite's trace replayed at its own pace
     for key in SUITE_FLAGS:
         if getattr(a, key, None) is not None:
             data[key] = getattr(a, key)
@@ -224,50 +242,15 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
         raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
                           "bounce buffer (use --memory torch-cpu, pinned or cuda)")
     real_prefill(suite)
+    per_request(suite)
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map, nic=nic,
+                     trace=read_trace(suite, world),
                      results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), bind=a.bind,
                      name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
                      progress=getattr(a, "progress", "auto"),
                      inject_corruption=a.inject_corruption, argv=argv)
-
-
-def nic_arg(text: str | None) -> list[str] | None:
-    """--nic: ["auto"], or the interfaces named, each one this host has (not loopback)."""
-    if text is None:
-        return None
-    names = [n.strip() for n in str(text).split(",") if n.strip()]
-    if names == ["auto"]:
-        return names
-    if not names or "auto" in names:
-        raise ConfigError(f"--nic {text}: give auto, or interface names (eth0,eth1)")
-    have = [n["name"] for n in affinity.netdevs()]
-    for n in names:
-        if n not in have:
-            raise ConfigError(f"--nic {text}: no interface '{n}' here (have: {', '.join(have) or 'none'})")
-    if len(set(names)) < len(names):
-        raise ConfigError(f"--nic {text}: names an interface twice")
-    return names
-
-
-def check_nics(topts: dict, nic: list[str] | None = None, names: tuple = ("tcp",)) -> None:
-    """tcp's NICs and rails against this host's interfaces: a NIC that does not exist, or more rails than NICs, is
-    refused before anything is written (every rank is assumed to see the same interface names)."""
-    opts = topts.get("tcp") or {}
-    if "tcp" not in names or not (nic or opts.get("ifname") or opts.get("rails") or "," in str(opts.get("addr") or "")):
-        return
-
-
-    nics = None
-    if nic:
-        nics = [n["name"] for n in affinity.rank_nics(os.sched_getaffinity(0))] if nic == ["auto"] else nic
-        if not (opts.get("addr") or opts.get("ifname")):  # as the transport reads them (tcp.py register)
-            opts = dict(opts, rails=opts.get("rails") or (1 if nic == ["auto"] else len(nic)))
-    try:
-        select_rails(socket.gethostname(), opts, nics)
-    except TransportError as exc:
-        raise ConfigError(f"tcp NICs (-O, --nic): {exc}") from None
 
 
 def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:
@@ -299,6 +282,28 @@ def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:
         except placement.PlacementError as exc:
             raise ConfigError(str(exc)) from None
     return gpu_map
+
+
+def per_request(suite: S.Suite) -> None:
+    """--register per-request needs a transport that registers memory with a library; among several, those that
+    do not are skipped rows with the reason (harness/loop.py per_request_reason)."""
+    if "per-request" not in suite.axes.register:
+        return
+    if suite.workload is not None:
+        raise ConfigError("--register per-request runs in bandwidth sweeps, not under a workload (not yet)")
+    able = []
+    for name in suite.axes.transport:
+        try:
+            cls = transports.load(name)
+        except Exception:  # its library is missing here: its rows say so
+            able.append(name)
+            continue
+        if cls.per_request() and not cls.caps.local_only:
+            able.append(name)
+    if not able:
+        names = suite.axes.transport
+        raise ConfigError(f"--register per-request: {', '.join(names)} {'registers' if len(names) == 1 else 'register'} "
+                          "nothing per request (per-request registration: nixl, mooncake)")
 
 
 def real_prefill(suite: S.Suite) -> None:
@@ -349,6 +354,7 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
                        results=root,
                        name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
                        gpu_map=meta.get("gpu_map"), nic=meta.get("nic"), resume=path, argv=meta.get("argv", []))
+    stored.trace = read_trace(stored.suite, world)
     if gave_sweep(a) or a.option:
         mine = fresh(a, argv, world)
         for field in ("suite", "cases", "transport_options"):

@@ -30,10 +30,12 @@ from kvbench.model.inputs import (
     Positive,
     PrefixHit,
     Tokens,
+    check_level,
     sizes,
     unique,
 )
 from kvbench.model.layout import LAYOUTS, parse_alloc
+from kvbench.model.trace import BLOCK as TRACE_BLOCK
 from kvbench.model.workload import ARRIVAL_HELP, parse_arrival, parse_prompt
 from kvbench.model.yamlfile import read
 from kvbench.results import samples
@@ -50,6 +52,7 @@ STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 warnings.filterwarnings("ignore", message='Field name "copy"', category=UserWarning)  # the axis is named copy
+warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)  # ... and register
 
 
 def _checked(check):
@@ -115,6 +118,9 @@ class Axes(BaseModel):
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
     memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
     copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)
+    # once: the pool registered at setup; per-request: each request's blocks registered around its transfer
+    # (nixl, mooncake; docs/methodology.md, Registration per request)
+    register: list[Literal["once", "per-request"]] = Field(default=["once"], min_length=1)
     # prefill: the clock (a timer of prefill_ms) or real (the model's matmuls where the pools live, prefill.py)
     prefill: list[Literal["clock", "real"]] = Field(default=["clock"], min_length=1)
     # wire encodings (docs/codecs.md): none, exp-split, cast-fp8-e4m3, cast-fp8-e5m2, zstd, lz4
@@ -136,6 +142,12 @@ class Workload(BaseModel):
     decode_ms: float = Field(default=20.0, ge=0, le=MAX_MS)  # a request holds its decode blocks this long after landing
     alloc_timeout_ms: float = Field(default=1000.0, ge=0, le=MAX_MS)  # back-pressure wait before a request is dropped
     decode_pool_tokens: int = Field(default=0, ge=0)  # decode pool capacity in tokens (0: room for every request)
+    # a request trace to replay (a .jsonl[.gz] path or a named one; model/traceplan.py): arrivals, prompts and
+    # prefix hits come from it, its speed from axes.arrival (trace:<speed>); 0 decode_pool_tokens: 4 x its
+    # longest request
+    trace: str | None = Field(default=None, min_length=1)
+    cache_blocks: int | None = Field(default=None, ge=1)  # the trace's decode prefix cache, LRU (None: unbounded)
+    trace_block: int = Field(default=TRACE_BLOCK, ge=1)  # tokens per hash id of the trace (Mooncake's: 512)
 
     @field_validator("prompt")
     @classmethod
@@ -143,20 +155,13 @@ class Workload(BaseModel):
         parse_prompt(v)
         return v
 
-
-CHECK_LEVELS = "0 (none), 1 (one checked transfer after timing, the default) or all (every timed iteration too)"
-
-
-def check_level(v):
-    """-c / check: 0, 1, all (also every, true, false) -> False, True or "all"; anything else is refused."""
-    if isinstance(v, bool):
-        return v
-    word = str(v).strip().lower()
-    if word in ("all", "every"):
-        return "all"
-    if word in ("0", "1", "false", "true", "off", "on"):
-        return word in ("1", "true", "on")
-    raise ValueError(f"check must be {CHECK_LEVELS}, not {v!r}")
+    @model_validator(mode="after")
+    def _trace(self):
+        if self.cache_blocks is not None and self.trace is None:
+            raise ValueError("cache_blocks is the decode prefix cache of a trace's replay: it needs a trace")
+        if self.trace_block != TRACE_BLOCK and self.trace is None:
+            raise ValueError("trace_block is the block size of a trace's hash ids: it needs a trace")
+        return self
 
 
 class Suite(BaseModel):
@@ -217,16 +222,7 @@ class Suite(BaseModel):
     @field_validator("matrix", mode="before")
     @classmethod
     def _matrix(cls, v):
-        if isinstance(v, str):
-            if v not in X.NAMED:
-                raise ValueError(f"matrix '{v}' is not one of: {', '.join(X.NAMED)} (or give its rows)")
-            return v
-        if isinstance(v, list):
-            v = [[str(c).strip() for c in row] if isinstance(row, list) else row for row in v]
-            if not all(isinstance(row, list) for row in v):
-                raise ValueError("matrix: expected a list of rows")
-            X.check_cells(v, "matrix")
-        return v
+        return X.suite_value(v)
 
     @model_validator(mode="after")
     def _matrix_scheme(self):
@@ -325,7 +321,7 @@ def list_suites() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(SUITE_DIR) if f.endswith(".yaml"))
 
 
-CASE_KEYS = ("transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
+CASE_KEYS = ("transport", "memory", "copy", "register", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
              "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec",
              "scales", "prefill")
 
@@ -361,6 +357,14 @@ def expand(suite: Suite) -> list[dict]:
         if (case["arrival"] == "none") != (suite.workload is None):
             raise SuiteError("an arrival other than 'none' needs a 'workload:' section, and a workload needs "
                              f"axes.arrival ({ARRIVAL_HELP})")
+        traced = suite.workload is not None and suite.workload.trace is not None
+        if case["arrival"].startswith("trace:") != traced:
+            raise SuiteError(f"workload.trace takes its arrivals from the trace: arrival {case['arrival']} is not "
+                             "trace:<speed>" if traced else
+                             f"arrival {case['arrival']} replays a trace: it needs workload.trace")
+        if traced and case["prefix_hit"]:
+            raise SuiteError(f"prefix_hit {case['prefix_hit']}: a trace's replay takes each request's prefix hit "
+                             "from its decode prefix cache (leave prefix_hit 0)")
         case["workload"] = case["arrival"]
         from kvbench.model.formats import Format
 
@@ -372,6 +376,11 @@ def expand(suite: Suite) -> list[dict]:
         if not fmt.plain and (suite.workload is not None or case["inflight"] > 1):
             raise SuiteError(f"{fmt.describe()}: formats with scale planes run in bandwidth sweeps with inflight 1 "
                              "(not yet in workloads)")
+        if shape.hybrid and (not fmt.plain or suite.workload is not None or case["codec"] != "none"
+                             or not shape.attn_layers or case["prefill"] != "clock"):
+            raise SuiteError(f"model '{case['model']}' mixes layer kinds (docs/models.md): it runs in bandwidth "
+                             "sweeps of a plain dtype with attention layers, no codec, no workload, prefill clock "
+                             "(those are not yet layer-kind aware)")
         if case["codec"] != "none" and (why := codec_check(case["codec"], case["dtype"])):
             dropped.append(why)  # a codec x dtype pair that does not exist (exp-split on e4m3): the sweep skips it
             continue

@@ -51,6 +51,7 @@ from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
 from kvbench.job.guard import GUARD
 from kvbench.memory import verify
 from kvbench.model import shapes as M
+from kvbench.model import traceplan as TP
 from kvbench.model import workload as W
 from kvbench.model.descriptors import SRC
 from kvbench.model.layout import Layout
@@ -63,9 +64,10 @@ DROPPED = "dropped: no decode blocks within alloc_timeout_ms"
 class LoadHarness(Harness):
     """Harness for suites with a ``workload:`` section: one row per (case, rank, request)."""
 
-    def __init__(self, comm, opts, workload):
+    def __init__(self, comm, opts, workload, trace=None):
         super().__init__(comm, opts)
         self.wl = workload
+        self.trace = trace  # a TracePlan (model/traceplan.py): its requests replace the drawn arrivals and prompts
         self.extra_meta: dict = {"load": {}}  # for the sidecar: occupancy timelines, clock sync, check time
         self.violations = 0  # rank 0: writes into blocks nobody granted (they fail the run like wrong elements)
         self._seen: list[dict] = []
@@ -78,6 +80,13 @@ class LoadHarness(Harness):
         self.sink = keep
 
     # ----- sizing --------------------------------------------------------------------
+    def preflight(self, cases: list[dict], scheme: str) -> None:
+        try:  # the pools are sized from the requests of each prefill rank: the ranks must be known here already
+            self._pairs = make_pairs(scheme, self.comm.size, self.opts.matrix)
+        except SchemeError:
+            pass  # the base class says it, in its words
+        super().preflight(cases, scheme)
+
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
             W.parse_prompt(self.wl.prompt)
@@ -110,16 +119,21 @@ class LoadHarness(Harness):
         ref = self._work(g, M.transferred_tokens(case["tokens"], hit))
         plans, demand = {}, {}
         for i, s in enumerate(srcs):
-            limit = cap * bs + hit if cap else None  # a prompt never needs more than the whole pool
-            tok = np.maximum(W.prompts(w.prompt, w.requests, W.rng_for(self.opts.seed, "prompt", i), limit), hit + 1)
-            ntok = tok - hit
+            if self.trace is not None:  # arrivals, prompts and hits from the trace, clipped as the preamble says
+                got = TP.deal(self.trace, i, len(srcs), w.requests, g["shape"].context, cap * bs)
+                arrival, ntok = got.arrival_s / rate, got.ntok
+            else:
+                limit = cap * bs + hit if cap else None  # a prompt never needs more than the whole pool
+                tok = np.maximum(W.prompts(w.prompt, w.requests, W.rng_for(self.opts.seed, "prompt", i), limit), hit + 1)
+                arrival, ntok, got = W.arrivals(kind, rate, w.requests, W.rng_for(self.opts.seed, "arrival", i)), tok - hit, None
             nb = -(-ntok // bs)
-            plans[s] = {"arrival": W.arrivals(kind, rate, w.requests, W.rng_for(self.opts.seed, "arrival", i)),
-                        "ntok": ntok, "nblocks": nb,
+            plans[s] = {"arrival": arrival, "ntok": ntok, "nblocks": nb, "trace": got,
                         "prefill_s": float(case["prefill_ms"]) / 1e3 * self._work(g, ntok) / ref}
             for k, b in enumerate(nb.tolist()):
                 d = dests[s][k % len(dests[s])]
                 demand[d] = demand.get(d, 0) + b
+        if self.trace is not None and not cap:  # a trace's summed demand is no pool: the prefill side's size
+            cap = SLOTS * max((int(p["nblocks"].max()) for p in plans.values()), default=1)
         return plans, cap or max(demand.values(), default=1)  # 0: room for every request
 
     @staticmethod
@@ -156,10 +170,14 @@ class LoadHarness(Harness):
                      pool=s.pools[0].array, elem=M.dtype_bytes(case["dtype"]), n=self.wl.requests,
                      bpt=M.bytes_per_token(sh, case["dtype"]), seed=self.opts.seed * 1_000_003 + self.case_no,
                      no=self.case_no)
+        if self.trace is not None:  # aged:<N> ages the decode pool with the trace's requests at the replay's speed
+            x.aged_by = TP.ageing(self.trace, W.parse_arrival(case["arrival"])[1], sh.context)
         self._watchdog(self.case_no, case)
         rows, info = [], {}
         if self.opts.check == "all":  # what each request's slot holds, computed before any clock runs
             x.prime([r for r in srcs if r == self.rank or self.rank in dests[r]])
+        if any(self.rank in d for d in dests.values()) and self.rank not in srcs:
+            x.dalloc = x.decode_allocator(self.rank)  # aged:<N> ages its free list here, before any clock runs
         try:
             self.comm.barrier()
             x.t0 = t0 = time.perf_counter()  # the workload's clock: clk() = perf_counter() - t0
@@ -176,7 +194,7 @@ class LoadHarness(Harness):
         self.deliver(rows)
         infos = self.comm.gather(dict(info, clock=clock) if info else None)
         if self.rank == 0:
-            self._summary(case, cap, self._seen, [i for i in infos if i])
+            self._summary(case, cap, self._seen, [i for i in infos if i], plans)
 
     def _sync_clocks(self, x: LoadCase) -> dict:
         """Decode side: {prefill rank: (this clock minus the prefill's, round trip of that sample)}."""
@@ -306,10 +324,15 @@ class LoadHarness(Harness):
                            partial(self._row, x))
 
     # ----- summary (rank 0) ----------------------------------------------------------
-    def _summary(self, case, cap, rows, infos) -> None:
+    def _summary(self, case, cap, rows, infos, plans) -> None:
         st = W.summarize(rows, infos)
         self.violations += st["violations"]  # a write into a block nobody granted fails the run like a wrong byte
         if not self.extra_meta["load"]:
             print(W.SUMMARY_HEADER, flush=True)
         print(W.summary_line(self.case_no, case, cap, st, self.opts.check), flush=True)
-        self.extra_meta["load"][self.case_no] = {"arrival": case["arrival"], "cap_blocks": cap, **st, "per_rank": infos}
+        facts = {"arrival": case["arrival"], "cap_blocks": cap, **st, "per_rank": infos}
+        if self.trace is not None:
+            line, facts["trace"] = TP.summary_line(self.case_no, self.trace, W.parse_arrival(case["arrival"])[1],
+                                                   [p["trace"] for p in plans.values()])
+            print(line, flush=True)
+        self.extra_meta["load"][self.case_no] = facts

@@ -25,7 +25,7 @@ from kvbench.job.comm import TAG_D2P, TAG_FACTS, TAG_P2D
 from kvbench.memory import verify
 from kvbench.memory.verify import layer_is_right
 from kvbench.model.descriptors import DST, LEN
-from kvbench.model.layout import BlockAllocator, block_array
+from kvbench.model.layout import block_array
 from kvbench.transports.base import wait_landed
 
 
@@ -63,7 +63,7 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
     n, L = x.n, x.lay.layers
     srcs = [s for s in x.srcs if me in x.dests[s]]
     expect = sum(1 for s in srcs for k in range(n) if x.dests[s][k % len(x.dests[s])] == me)
-    alloc = BlockAllocator(cap, seed=x.seed * 7919 + me * 2 + 1)
+    alloc = x.dalloc or x.decode_allocator(me)
     blocks = block_array(pool, lay)
     wide = np.uint64 if lay.block_bytes % 8 == 0 else np.uint8  # poison checks 8 bytes at a time
     words = block_array(pool, lay, wide)

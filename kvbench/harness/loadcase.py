@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 
 from kvbench.harness.checkpass import epoch_of
+from kvbench.harness.requests import pool_allocator
 from kvbench.memory.verify import Expected
+from kvbench.model.ageing import TraceRequests
 from kvbench.model.descriptors import coalesce, request_descs
-from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
 
 SLOTS = 4  # source-side request slots: a prefill rank's pool holds this many of its largest request
 POLL_S = 0.0  # idle loops yield the core but keep polling (as MPI waits do): wake-up latency is ms under load
@@ -40,13 +42,21 @@ class LoadCase:
     t0: float = 0.0  # perf_counter at the end of the case's first barrier: the workload's clock starts there
     clk: Callable[[], float] = None  # seconds since t0
     pats: dict = field(default_factory=dict)  # -c all: prefill rank -> SlotPatterns of its slots (primed)
+    dalloc: BlockAllocator | None = None  # this decode rank's allocator, built before the clock (decode_allocator)
+    aged_by: TraceRequests | None = None  # aged:<N> under a trace: its requests age the pool (None: drawn ones)
 
     def slots(self, rank: int) -> list:
         """Prefill rank ``rank``'s request slots (SLOTS x its largest request; None where the pool is too small):
         seeded, so its decode ranks know them too."""
         nb = int(self.plans[rank]["nblocks"].max())
         alloc = BlockAllocator(self.lay.nblocks, seed=self.seed * 7919 + rank * 2)
-        return [alloc.allocate(nb, self.case["alloc"]) for _ in range(SLOTS)]
+        spec = "contiguous" if parse_alloc(self.case["alloc"])[0] == "aged" else self.case["alloc"]  # decode's ages
+        return [alloc.allocate(nb, spec) for _ in range(SLOTS)]
+
+    def decode_allocator(self, rank: int) -> BlockAllocator:
+        """Decode rank ``rank``'s allocator of ``cap`` blocks (``aged:<N>``: its free list aged, which takes a
+        while: built before the workload's clock starts)."""
+        return pool_allocator(self.cap, self.seed * 7919 + rank * 2 + 1, self.case, "dst", self.aged_by)
 
     def prime(self, ranks) -> None:
         """-c all: the slot patterns of ``ranks`` computed now, before the workload's clock runs."""

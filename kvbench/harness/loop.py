@@ -1,14 +1,12 @@
 """The one timing loop: pools, registration, warm-up, barrier, iterations; then the check and the rows.
 
-Beside it: requests.py (a case's geometry, pool size and plan of requests), checkpass.py (the clock match
-and the check transfer after the timed iterations) and rows.py (building and delivering result rows).
-
-The harness owns *how* a case is measured; transports own *what* moves.
-An iteration starts when a barrier ends.  Each rank records, for each of
-its requests, when its part was complete; for the destination that means
-the bytes are visible in its pool (its own receive completed, or the
-initiator's notification arrived).  The headline per request is the max
-over the two ranks of its pair, computed when results are read.
+Beside it: requests.py (a case's geometry, pool size and plan of requests), checkpass.py (the clock match and
+the check transfer after the timed iterations), rows.py (building and delivering result rows) and carriage.py
+(the NICs' counters around the timed iterations).  The harness owns *how* a case is measured; transports own
+*what* moves.  An iteration starts when a barrier ends.  Each rank records, for each of its requests, when its
+part was complete; for the destination that means the bytes are visible in its pool (its own receive
+completed, or the initiator's notification arrived).  The headline per request is the max over the two ranks
+of its pair, computed when results are read.
 """
 from __future__ import annotations
 
@@ -18,8 +16,9 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import bounds, checkpass, flows, placing, preflight, railrows, requests, setuprows
+from kvbench.harness import bounds, checkpass, flows, placing, preflight, railrows, registering, requests, setuprows
 from kvbench.harness.calibrate import Calibration
+from kvbench.harness.carriage import Carrying
 from kvbench.harness.preflight import device_reason
 from kvbench.harness.requests import case_geometry, case_label, pool_bytes
 from kvbench.harness.rows import Rows
@@ -35,7 +34,7 @@ from kvbench.results import costs
 from kvbench.transports.base import Context, TransportError
 
 
-class Harness(Rows, Calibration):
+class Harness(Rows, Calibration, Carrying):
     """Runs expanded cases on every rank; rank 0 gets the rows through ``sink``."""
 
     def __init__(self, comm, opts: Options, sink=None):
@@ -53,6 +52,7 @@ class Harness(Rows, Calibration):
         self.setup_rows: list[dict] = []  # this rank's setup rows of the transport, until its first case's rows go
         self.cells: list[str] | None = None  # --scheme matrix/bidir: per pair its matrix cell (flows.py)
         self.flow_state: dict = {}  # rank 0: each flow's isolated time until its congested rows (flows.derive)
+        self.extra_meta: dict = {}  # rank 0: more sidecar fields (registering.count: per_request)
 
     def my_place(self) -> dict:
         """This rank's placement (placing.place), or NO_GPU before it or without one."""
@@ -79,6 +79,7 @@ class Harness(Rows, Calibration):
                               max(self.opts.pool_sizes, default=0))
         if why:
             raise UserError(why)
+        self.check_routes(cases, scheme)  # pinned NICs: one that does not exist, a route leaving by another
 
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
@@ -90,8 +91,8 @@ class Harness(Rows, Calibration):
         for i, (name, group) in enumerate(groupby(cases, key=lambda c: c["transport"])):
             if i:
                 faults.at("between-transports", self.rank)
-            # one pool and one transport per (memory kind, copy engine): the pool's kind is fixed at allocation
-            for _, sub in groupby(group, key=lambda c: (c.get("memory", "host"), c.get("copy", "batch"))):
+            # one pool and one transport per (memory kind, copy engine, --register): a pool's kind is fixed at allocation
+            for _, sub in groupby(group, key=registering.session_key):
                 self.run_transport(name, list(sub), pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
@@ -100,8 +101,7 @@ class Harness(Rows, Calibration):
         self.check_cost = self.comm.gather((self.check_s, self.timed_s))  # rank 0: per rank (verifying, timed) s
 
     def sample(self, group: str, phase: str, case: int = 0) -> None:
-        """This rank's resident memory and open files now (the soak's leak check reads them); one sample per
-        (case, phase), the last one kept."""
+        """This rank's resident memory and open files now, the last per (case, phase) kept (the soak reads them)."""
         self.resources = [x for x in self.resources if (x["case"], x["phase"], x["transport"]) != (case, phase, group)]
         self.resources.append(dict(preflight.process_usage(), rank=self.rank, transport=group, case=case, phase=phase))
 
@@ -117,7 +117,7 @@ class Harness(Rows, Calibration):
             elif all(c["op"] not in cls.caps.ops for c in cases):
                 reason = f"supports only {', '.join(cls.caps.ops)}"
             else:
-                reason = device_reason(cls, cases[0])
+                reason = device_reason(cls, cases[0]) or registering.reason(cls, cases[0])
         reasons = [r for r in self.comm.allgather(reason) if r]
         if reasons:
             for case in cases:
@@ -127,12 +127,11 @@ class Harness(Rows, Calibration):
         local = cls.caps.local_only
         my_pairs = [(0, 0)] if local else pairs
         token = self.token if not faults.armed("token", self.rank) else bytes(16)
-        where = self.my_place()
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
-                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"), gpu=where["gpu"],
-                      nic=where["nic"], netdevs=where.get("netdevs", []), nic_rails=where.get("nic_rails", 1),
-                      duplex=any((d, s) in pairs for s, d in pairs if self.rank in (s, d)))
+                      memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
+                      register=cases[0].get("register", "once"), reached=registering.reached(self.rank, cases[0]["op"], pairs),
+                      **placing.context_fields(self.my_place(), self.rank, pairs))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
@@ -156,7 +155,7 @@ class Harness(Rows, Calibration):
                 for p in pools:  # once per pool, never per request
                     a = time.perf_counter()
                     metas.append(t.register(p))
-                    ph.add("register", time.perf_counter() - a, p.nbytes, reason=t.caps.unregistered)
+                    ph.add("register", time.perf_counter() - a, p.nbytes, reason=registering.setup_note(t))
                 register_s = sum(g[1] for g in ph.got if g[0] == "register")
             c0 = time.perf_counter()
             peers = {}
@@ -216,6 +215,7 @@ class Harness(Rows, Calibration):
             # one-sided peers may still be reading our pool: nobody closes until everybody is done
             with GUARD.deadline(f"the end of {name}'s cases (barrier)", self.opts.timeout):
                 self.comm.barrier()
+                registering.count(self, t, cases[0], active)
         except Exception as exc:  # the exit path before this rank's pools go: a peer opening them would be named instead
             GUARD.fail_early(exc)
             raise
@@ -321,14 +321,14 @@ class Harness(Rows, Calibration):
 
     def iterate(self, m: Measurement, s: Session, warmup: int, iters: int, rnd: int = 0) -> None:
         """``warmup`` untimed then ``iters`` timed iterations; each starts when a barrier ends."""
-        itr, began, rails0 = m.itr, time.perf_counter(), None
+        itr, began = m.itr, time.perf_counter()
         self._watchdog(m.no, m.case)
         try:
             for k in range(warmup + iters):
-                if k == warmup:  # the kernel's per-rail counts around the timed iterations (railrows.py)
-                    rails0 = railrows.counters(s.t)
                 cache0 = m.cache.count if m.cache is not None else 0
                 every = m.every if k >= warmup else None  # -c all: this timed iteration is checked
+                if k == warmup:  # the NICs' and rails' (railrows.py) counters before the first timed iteration
+                    self.nic_mark(m, s.t)
                 if every is not None:
                     every.before(m.next)
                 done, inside, hs, offset = self._once(m, m.next)  # from the end of a barrier
@@ -340,7 +340,8 @@ class Harness(Rows, Calibration):
                     every.landed()
                 # every rank done before any rank's bookkeeping (and --cache setting): a pull's source is done
                 # first, and its work would otherwise share the CPU caches with its peer's timed transfer
-                self.comm.barrier()
+                # asleep where the transport asks: a pull's source would otherwise spin beside its library's threads
+                (self.comm.barrier_asleep if s.t.idle_sleeps else self.comm.barrier)()
                 if every is not None:
                     every.count()
                 stages = s.t.take_stages() if hasattr(s.t, "take_stages") else None  # staged: per-stage seconds
@@ -366,10 +367,9 @@ class Harness(Rows, Calibration):
                 if k + 1 == warmup + iters // 2 and not m.mid:  # half-way: the steady state's start
                     m.mid = True
                     self.sample(m.case["transport"], "mid", m.no)
+            self.nic_take(m, s.t, iters)
         finally:
             GUARD.disarm()
-        railrows.delta(rails0, railrows.counters(s.t) if rails0 else None, m.rail_wire)
-        m.timed += iters
         m.spent, m.ran = m.spent + time.perf_counter() - began, m.ran + warmup + iters  # --ci-budget's clock
         self.sample(m.case["transport"], "end", m.no)
 
@@ -396,5 +396,5 @@ class Harness(Rows, Calibration):
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
                   every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
-                  first=[m.first[p] for p in pos] if m.first else None,
+                  first=[m.first[p] for p in pos] if m.first else None, carry=self.carrier_columns(m, s),
                   rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed))

@@ -59,6 +59,13 @@ def place(comm, cases: list[dict], gpu_map: list[int] | None, nic: list[str] | N
     return where
 
 
+def context_fields(where: dict, rank: int, pairs) -> dict:
+    """What a transport's Context takes from this rank's placement: its GPU, NICs and rails, and whether one of
+    its pairs also runs the other way (a duplex pair: bidir, a matrix)."""
+    return {"gpu": where["gpu"], "nic": where["nic"], "netdevs": where.get("netdevs", []),
+            "nic_rails": where.get("nic_rails", 1), "duplex": any((d, s) in pairs for s, d in pairs if rank in (s, d))}
+
+
 def same_gpu(where: list[dict], a: int, b: int) -> bool:
     """Ranks ``a`` and ``b`` use one GPU (one host, one device)."""
     x, y = where[a], where[b]

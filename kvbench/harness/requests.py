@@ -8,10 +8,11 @@ import numpy as np
 from kvbench import memory
 from kvbench.harness.flows import flow_case, largest
 from kvbench.harness.state import Session
-from kvbench.model import planes
+from kvbench.model import hybridpool, planes
 from kvbench.model import shapes as M
+from kvbench.model.ageing import TraceRequests, aged_order, trace_aged_order
 from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
-from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
 from kvbench.model.matrix import ALL
 from kvbench.model.schemes import Entry, offset_bulk
 from kvbench.transports.base import TransportError
@@ -23,6 +24,8 @@ def case_geometry(case: dict) -> dict:
     ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
     if planes.scaled(case):  # values, block scales, tensor scales in planes of their own
         return planes.geometry(case, shape, ntok)
+    if shape.hybrid:  # sliding windows and linear states beside the attention blocks
+        return hybridpool.geometry(case, shape, ntok)
     bs = case["block_size"]
     bb = M.block_bytes(shape, bs, case["dtype"])
     nb = M.num_blocks(ntok, bs)
@@ -48,12 +51,26 @@ def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
     return -(-int(need * factor) // memory.PAGE) * memory.PAGE
 
 
+def pool_allocator(nblocks: int, seed: int, case: dict, side: str,
+                   trace: TraceRequests | None = None) -> BlockAllocator:
+    """A rank's allocator for one side of a case: ``aged:<N>`` ages the decode side's (``dst``) free list first
+    (untimed: the control plane), by ``trace``'s requests under a trace's replay, else by drawn ones seeded by
+    ``seed``; every other allocator starts fresh."""
+    alloc = BlockAllocator(nblocks, seed=seed)
+    kind, n = parse_alloc(case["alloc"])
+    if kind == "aged" and side == "dst" and case.get("variant", "paged") == "paged":
+        bs = case["block_size"]
+        alloc.age(aged_order(nblocks, bs, n, seed) if trace is None else trace_aged_order(nblocks, bs, n, trace))
+    return alloc
+
+
 def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[Entry]:
     """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (``seed``: the
     case's own, from the run's seed and the case number)."""
     fmt = planes.fit(case["layout"], g, s.nbytes) if "fmt" in g else None
-    lay = fmt[0] if fmt else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
-                                        g["block_bytes"], s.nbytes)
+    hyb = hybridpool.fit(case["layout"], g, s.nbytes) if "hybrid" in g else None
+    lay = fmt[0] if fmt else hyb.attn if hyb else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
+                                                             g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
     # a matrix's flows move their own tokens (harness/flows.py); every other scheme's pairs the case's
     geo = [case_geometry(flow_case(case, c)) if c != ALL else g for c in s.cells] if s.cells else [g] * len(s.pairs)
@@ -61,6 +78,7 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     both = any(src == rank for src, _ in s.pairs) and any(dst == rank for _, dst in s.pairs)
     # flows of several sizes: bulk slices a layer by the largest flow's bytes, so none overlaps the next
     stride = max(x["full_bytes"] // x["shape"].layers for x in geo) if s.cells else None
+    aged = parse_alloc(case["alloc"])[0] == "aged"  # the decode pool aged, the prefill's fresh: its runs are decode's
     allocs: dict[str, BlockAllocator] = {}
     mine, slots = {}, {}
     for i, (src, dst) in enumerate(s.pairs):
@@ -68,10 +86,12 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
             for side, r in (("src", src), ("dst", dst)):
                 if r != rank:
                     continue
-                pool_side = "both" if both else side
+                pool_side = "both" if both else side  # a rank on both sides ages its one pool as decode's
                 if pool_side not in allocs:
-                    allocs[pool_side] = BlockAllocator(lay.nblocks, seed=seed * 7919 + r * 2 + (side == "dst"))
-                ids = allocs[pool_side].allocate(geo[i]["nblocks"], "contiguous" if bulk else case["alloc"])
+                    allocs[pool_side] = pool_allocator(lay.nblocks, seed * 7919 + r * 2 + (side == "dst"), case,
+                                                       "dst" if both else side)
+                spec = "contiguous" if bulk or (aged and side == "src") else case["alloc"]
+                ids = allocs[pool_side].allocate(geo[i]["nblocks"], spec)
                 if ids is None:
                     raise TransportError(f"pool of {lay.nblocks} blocks per layer cannot hold the requests "
                                          f"in flight; raise --pool-factor")
@@ -94,6 +114,10 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
                     fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")],
                     ntok))
                 continue
+            if hyb:  # each layer by its kind: blocks, a window, or one state slot
+                entries.append(Entry(i, req, src, dst, hybrid_layers(hyb, case, g, blocks, allslots, (i, req), descs),
+                                     blocks[(i, req, "dst")]))
+                continue
             per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
             for layer, d in enumerate(per_layer):
                 if bulk:
@@ -111,6 +135,22 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
                     layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
             entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")], ntok))
     return entries
+
+
+def hybrid_layers(hyb, case: dict, g: dict, blocks: dict, allslots: dict, key: tuple, descs) -> list[np.ndarray]:
+    """A hybrid model's request, layer by layer (hybridpool.py); a reference's ranges moved to the request's slot."""
+    slots = (allslots[key + ("src",)], allslots[key + ("dst",)])
+    if hyb.linear_layers and max(slots) >= hyb.nslots:
+        raise TransportError(f"pool holds {hyb.nslots} request states per linear layer, fewer than the requests "
+                             "in flight; raise --pool-factor")
+    layers = hybridpool.request_layers(hyb, g, blocks[key + ("src",)], blocks[key + ("dst",)], slots, descs,
+                                       case["coalesce"] == "on", case["variant"])
+    if case["variant"] == "paged":
+        return layers
+    layers = offset_bulk(layers, *slots)
+    if not hybridpool.check_bulk(hyb, g, layers, case["variant"] == "hot"):
+        raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
+    return [chunked(d, CHUNKS[case["variant"]]) for d in layers] if case["variant"] in CHUNKS else layers
 
 
 def case_label(no: int, case: dict) -> str:

@@ -8,7 +8,7 @@ build their rows through the same ``base_row`` and ``deliver``.
 from __future__ import annotations
 
 from kvbench.codecs.path import codec_columns, lossy_columns
-from kvbench.harness import flows, placing, railrows, setuprows
+from kvbench.harness import carriage, flows, placing, railrows, setuprows
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
 from kvbench.job import faults
@@ -39,21 +39,24 @@ class Rows:
             "handshake": case["handshake"], "prefill_ms_set": case["prefill_ms_set"], "workload": case["workload"],
             "layers": (g or case_geometry(case))["shape"].layers,
             "tp": case["tp"], "pp": case["pp"], "world_size": self.comm.size, "inflight": case["inflight"],
+            "register": case.get("register", "once"),
             "pages": self.opts.pages, "cache": self.opts.cache, "cache_bytes": 0,
             "gpu": -1, "nic": "", "same_gpu": False,  # placement (placing.columns) in a measured row
             # why its timed iterations ended (calibrate.py sets it on the case; schema 5)
             "ci_stop": case.get("ci_stop", "fixed"), "ci_target_pct": self.opts.target_ci or float("nan"),
             "row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": nan,  # setup rows: setuprows.py
             **dict(FABRIC_DEFAULTS, flow_mode=case.get("flow_mode", "")),  # rails (railrows.py), flows (flows.py)
+            **carriage.DEFAULTS,  # a timed row's carrier columns (schema 7): carriage.py
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
              errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None, first=None,
-             rails=None) -> None:
+             rails=None, carry=None) -> None:
         """A case's rows on this rank: one per (entry, timed iteration) and the check pass's; ``every`` (-c all):
         per timed iteration the wrong elements per entry, each timed row's ``nwrong``; ``bounds``: (this rank's
         wake-up bound, per entry (GB/s bound, kind)) from harness/bounds.py; ``first``: per entry, its first
-        transfer's seconds (setuprows.py); ``rails``: per entry its rail columns (railrows.py)."""
+        transfer's seconds (setuprows.py); ``rails``: per entry its rail columns (railrows.py); ``carry``: this
+        rank's carrier columns of the timed rows (carriage.py)."""
         rows, bases = [], []
         wake_bound, per_entry = bounds or (nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -80,7 +83,7 @@ class Rows:
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
                                  **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
                                  **real_prefill_s(took, it, e.src),
-                                 cache_bytes=0 if cache is None or not cache[1][it] else cache[0][k]))
+                                 cache_bytes=0 if cache is None or not cache[1][it] else cache[0][k], **(carry or {})))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,

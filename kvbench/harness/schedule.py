@@ -61,6 +61,11 @@ class Iteration:
         self.offs = {id(e): [[(e.req << 12) | k for k in ks] for ks in self.groups] for e in entries}
         # a request's layers as one post where the transport joins them (base.one_post)
         self.one = {id(e): t.one_post(self.lists[id(e)][0]) for e in entries}
+        # --register per-request: the initiator registers each request's blocks inside the timed request, before
+        # its first post, and deregisters them once its transfers completed (docs/methodology.md)
+        self.per_req = case.get("register", "once") == "per-request"
+        if self.per_req and self.signal:  # its reads are posted before the iteration starts
+            raise ValueError("--register per-request with a transport that posts pulls on its own signals")
 
     def run(self, tag0: int, barrier=None):
         """Returns (done per entry, seconds inside the transport, handshake seconds, clock offset).
@@ -89,6 +94,12 @@ class Iteration:
             handles = self._register(tag0)
             inside += time.perf_counter() - a
         offs, one = self.offs, self.one
+        regs, reg_s = {}, {}
+        for e, peer in self.init if self.per_req else ():
+            a = time.perf_counter()
+            regs[id(e)] = t.register_request(op, peer, self.lists[id(e)])
+            reg_s[id(e)] = time.perf_counter() - a
+        inside += sum(reg_s.values())
         for g, ks in enumerate(self.groups):
             last = ks[-1] if len(ks) else -1
             # what can be done before the layers are final: the posts' checks and headers, the signals' tags
@@ -139,7 +150,7 @@ class Iteration:
                     self.bound_at[(e.pair, e.req)] = time.perf_counter()
                 handles[id(e)] += t.start_request(prepared)
             inside += time.perf_counter() - a
-        post, lib = inside, t.lib_s - lib0  # everything so far was posting: the waits follow
+        post, lib = inside - sum(reg_s.values()), t.lib_s - lib0  # everything so far was posting: the waits follow
         done = []
         for e in self.order:
             a = time.perf_counter()
@@ -171,7 +182,15 @@ class Iteration:
             inside += b - a
             # done when the bytes landed, or when the message that completes them arrived
             done.append((b if self.state_msg else landed) - t0)
-        self.cost = {"post_s": post, "lib_s": lib, "notify_s": note, "wake_s": wake, "lead_s": lead, "window_s": window}
+        dereg_s = {}
+        for e, _ in self.init if regs else ():  # after every landing: no request's time waits for another's
+            a = time.perf_counter()
+            t.deregister_request(regs.pop(id(e)))
+            dereg_s[id(e)] = time.perf_counter() - a
+        inside += sum(dereg_s.values())
+        self.cost = {"post_s": post, "lib_s": lib, "notify_s": note, "wake_s": wake, "lead_s": lead, "window_s": window,
+                     "register_s": [reg_s.get(id(e)) for e in self.order],
+                     "deregister_s": [dereg_s.get(id(e)) for e in self.order]}
         return done, inside, hs, self.clock.t0 - t0
 
     def _register(self, tag0: int) -> dict[int, list]:

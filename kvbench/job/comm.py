@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 _MPI = None
 
@@ -71,6 +72,13 @@ class Comm:
 
     def barrier(self) -> None:
         self.world.Barrier()
+
+    def barrier_asleep(self, nap_s: float = 50e-6) -> None:
+        """A barrier that sleeps between tests instead of spinning in MPI, so that a rank done early leaves its
+        CPU to the threads of a library still moving its peer's bytes."""
+        req = self.world.Ibarrier()
+        while not req.Test():
+            time.sleep(nap_s)
 
     def bcast(self, obj, root: int = 0):
         return self.world.bcast(obj, root=root)

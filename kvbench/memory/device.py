@@ -280,12 +280,32 @@ def count_wrong(copy, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: 
     wrong = 0
     whole = descs[:, 2] % elem_bytes == 0
     limit = max(elem_bytes, step(int(copy.numel())) // 2 // elem_bytes * elem_bytes)
+    dev = _check_device(torch, copy)
     for sel, per_elem in ((whole, True), (~whole, False)):
         for d in pieces(descs[sel], limit):
-            got = copy[_positions(torch, d, 1, copy.device)]
-            diff = got != expected(torch, src_rank, d, epoch, copy.device)
+            slab, d = _slab(copy, d, dev)
+            got = slab[_positions(torch, d, 1, dev)]
+            diff = got != expected(torch, src_rank, d, epoch, dev)
             wrong += int(diff.view(-1, elem_bytes).any(dim=1).sum()) if per_elem else int(diff.sum())
     return wrong
+
+
+def _check_device(torch, copy):
+    """Where a host copy of device bytes is compared: the rank's GPU when CUDA is up (the pattern's per-byte
+    arithmetic runs a hundred times faster there than on the host), else where the copy is."""
+    if copy.device.type == "cpu" and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return copy.device
+
+
+def _slab(copy, d: np.ndarray, dev):
+    """(the bytes of ``copy`` that piece ``d``'s destination ranges span, on ``dev``; ``d`` relative to them):
+    one contiguous copy per piece instead of a host-side gather of every byte."""
+    lo = int(d[:, 1].min())
+    hi = int((d[:, 1] + d[:, 2]).max())
+    d = d.copy()
+    d[:, 1] -= lo
+    return copy[lo:hi].to(dev, non_blocking=False), d
 
 
 def on_device(pool) -> bool:

@@ -163,6 +163,19 @@ def chunked(d: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+def regions(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Byte ranges ``[start, start + len)`` merged where they overlap or touch, sorted: an ``(n, 2)`` int64 array of
+    (start, length).  What a per-request registration pins: each contiguous run of a request's blocks once."""
+    if len(starts) == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    s = np.asarray(starts, dtype=np.int64)[order]
+    reach = np.maximum.accumulate(s + np.asarray(lens, dtype=np.int64)[order])
+    first = np.flatnonzero(np.r_[True, s[1:] > reach[:-1]])  # a range that starts past everything before it
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    return np.stack([s[first], reach[last] - s[first]], axis=1)
+
+
 def stats(per_layer: list[np.ndarray]) -> dict[str, float]:
     """Descriptor count, payload bytes and mean bytes per descriptor over layers."""
     count = sum(len(d) for d in per_layer)

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.model.ageing import MAX_AGE, FreeQueue
+
 LAYOUTS = ("layer-major", "block-major", "mla")
-ALLOC_HELP = ("contiguous, random, fragmented:<run> (runs of <run> adjacent blocks) or tail (the pool's last "
-              "blocks: kvbench probe's request touches the pool's last page)")
+ALLOC_HELP = ("contiguous, random, fragmented:<run> (runs of <run> adjacent blocks), tail (the pool's last "
+              "blocks: kvbench probe's request touches the pool's last page) or aged:<N> (the decode pool's free "
+              "list after N requests came and went, N = 0 to 1000000)")
 
 
 class Pool:
@@ -82,11 +85,25 @@ class Layout:
         return layer * per, per
 
 
+def aged_n(spec: str) -> int | None:
+    """'aged:1000' -> 1000; any other allocation, or one parse_alloc refuses, -> None."""
+    try:
+        kind, n = parse_alloc(spec)
+    except ValueError:
+        return None
+    return n if kind == "aged" else None
+
+
 def parse_alloc(spec: str) -> tuple[str, int]:
-    """'random' -> ('random', 1); 'fragmented:4' -> ('fragmented', 4)."""
-    m = re.fullmatch(r"(contiguous|random|tail|fragmented:(\d+))", spec)
+    """'random' -> ('random', 1); 'fragmented:4' -> ('fragmented', 4); 'aged:1000' -> ('aged', 1000)."""
+    m = re.fullmatch(r"(contiguous|random|tail|fragmented:(\d+)|aged:(\d+))", spec)
     if not m:
         raise ValueError(f"alloc '{spec}' is not one of: {ALLOC_HELP}")
+    if spec.startswith("aged"):
+        n = int(m.group(3))
+        if n > MAX_AGE:
+            raise ValueError(f"alloc '{spec}': aged:<N> takes at most {MAX_AGE} requests")
+        return "aged", n
     if spec.startswith("fragmented"):
         run = int(m.group(2))
         if run < 1:
@@ -99,13 +116,23 @@ class BlockAllocator:
     """Hands out block ids of one pool; seeded, so runs are reproducible.
 
     ``allocate`` returns ``None`` when there are not enough free blocks
-    (the caller decides between back-pressure and failure).
+    (the caller decides between back-pressure and failure).  After ``age``
+    it is a free queue (model/ageing.py): ``aged:<N>`` takes from its head and
+    ``release`` gives back to its tail, a request's blocks last first.
     """
 
     def __init__(self, nblocks: int, seed: int = 0):
         self.nblocks = nblocks
         self.free_mask = np.ones(nblocks, dtype=bool)
         self.rng = np.random.default_rng(seed)
+        self.queue: FreeQueue | None = None
+
+    def age(self, order: np.ndarray) -> BlockAllocator:
+        """Hand out blocks from now on in the order of ``order`` (every block, head first: ageing.aged_order)."""
+        if self.nfree != self.nblocks or len(order) != self.nblocks:
+            raise ValueError("an aged free list replaces a whole, unused pool")
+        self.queue = FreeQueue(self.nblocks, np.asarray(order, dtype=np.int64))
+        return self
 
     @property
     def nfree(self) -> int:
@@ -114,8 +141,14 @@ class BlockAllocator:
     def allocate(self, n: int, spec: str = "random") -> np.ndarray | None:
         """Reserve ``n`` blocks with pattern ``spec``; int64 ids in request order."""
         kind, run = parse_alloc(spec)
+        if (kind == "aged") != (self.queue is not None):
+            raise ValueError(f"alloc '{spec}' on a pool that was {'' if self.queue is not None else 'not '}aged")
         if n > self.nfree:
             return None
+        if kind == "aged":
+            ids = self.queue.take(n)
+            self.free_mask[ids] = False
+            return ids
         free = np.flatnonzero(self.free_mask)
         if kind == "contiguous":
             ids = self._first_run(n)
@@ -134,6 +167,8 @@ class BlockAllocator:
     def release(self, ids: np.ndarray) -> None:
         """Return ``ids`` to the free set."""
         self.free_mask[ids] = True
+        if self.queue is not None:
+            self.queue.put(np.asarray(ids, dtype=np.int64)[::-1])
 
     def _first_run(self, n: int) -> np.ndarray | None:
         # first fit: the first window of n consecutive free blocks

@@ -90,3 +90,17 @@ def tokens(cell: str, case_tokens: int, bytes_per_token: int) -> int:
         return case_tokens
     nbytes, ntok = parse_cell(cell)
     return ntok if ntok else max(1, math.ceil(nbytes / bytes_per_token))
+
+
+def suite_value(v):
+    """A suite's ``matrix``: a name from NAMED, or its rows as strings, checked (ValueError: the one line)."""
+    if isinstance(v, str):
+        if v not in NAMED:
+            raise ValueError(f"matrix '{v}' is not one of: {', '.join(NAMED)} (or give its rows)")
+        return v
+    if isinstance(v, list):
+        v = [[str(c).strip() for c in row] if isinstance(row, list) else row for row in v]
+        if not all(isinstance(row, list) for row in v):
+            raise ValueError("matrix: expected a list of rows")
+        check_cells(v, "matrix")
+    return v

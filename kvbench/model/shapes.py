@@ -3,6 +3,10 @@
 bytes per token (MHA/GQA/MQA) = 2 x layers x kv_heads x head_dim x dtype_bytes   (K and V)
 bytes per token (MLA)         = layers x (kv_lora_rank + rope_dim) x dtype_bytes  (one latent)
 request bytes                 = bytes per token x (prompt tokens - prefix-hit tokens)
+
+A hybrid model mixes three kinds of layer (layers.py holds their order and arithmetic):
+full attention (the above, per token), sliding-window attention (the same per token, for at
+most ``window`` tokens) and linear attention / state space (a fixed state per request).
 """
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvbench.model import layers as L
+from kvbench.model.dtypes import DTYPES, dtype_bytes  # noqa: F401 - re-exported: M.DTYPES, M.dtype_bytes
 from kvbench.model.yamlfile import read
 
-DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8-e4m3": 1, "fp8-e5m2": 1}
 ATTENTION = ("mha", "gqa", "mqa", "mla")
 
 
@@ -33,12 +38,26 @@ class ModelShape:
     q_heads: int = 0
     active_params_b: float = 0.0  # parameters a token passes through (MoE: fewer than params_b); 0 = params_b
     source: str = ""
+    context: int = 0  # the longest prompt it takes (max_position_embeddings), in tokens; 0 = not known
+    sliding_layers: int = 0  # of ``layers``: sliding-window attention, KV of the last ``window`` tokens
+    window: int = 0  # tokens a sliding layer keeps
+    linear_layers: int = 0  # of ``layers``: linear attention / state space, a fixed state per request
+    state_heads: int = 0  # recurrent state: state_heads x state_k_dim x state_v_dim (heads split by TP)
+    state_k_dim: int = 0
+    state_v_dim: int = 0
+    state_dtype: str = "fp32"
+    conv_kernel: int = 0  # convolution state: (conv_kernel - 1) x conv_dim (channels split by TP)
+    conv_dim: int = 0
+    conv_dtype: str = "bf16"
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise ValueError(f"attention '{self.attention}' is not one of: {', '.join(ATTENTION)}")
         if self.layers <= 0:
             raise ValueError("layers must be a positive integer")
+        L.check_kinds(self)
+        if self.attn_layers == 0:
+            return  # all layers linear: no KV heads to check
         if self.attention == "mla":
             if self.kv_lora_rank <= 0:
                 raise ValueError("an MLA model needs kv_lora_rank > 0 (and usually rope_dim)")
@@ -46,11 +65,27 @@ class ModelShape:
                 raise ValueError(f"rope_dim {self.rope_dim} is negative")
         elif self.kv_heads <= 0 or self.head_dim <= 0:
             raise ValueError("kv_heads and head_dim must be positive integers")
+        if self.context < 0:
+            raise ValueError(f"context {self.context} is negative (0: not known)")
 
     @property
     def regions(self) -> int:
         """Regions per layer in the pool: 2 (K, V) or 1 (MLA latent)."""
         return 1 if self.attention == "mla" else 2
+
+    @property
+    def full_layers(self) -> int:
+        """Layers of full attention (all of them in an attention-only model)."""
+        return self.layers - self.sliding_layers - self.linear_layers
+
+    @property
+    def attn_layers(self) -> int:
+        """Layers that hold KV per token: full and sliding attention."""
+        return self.layers - self.linear_layers
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.sliding_layers or self.linear_layers)
 
     @property
     def row_elems(self) -> int:
@@ -64,34 +99,39 @@ class ModelShape:
 PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in [
-        # meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192
-        ModelShape("llama-2-70b", 80, 8, 128, "gqa", params_b=69.0, q_heads=64, source="meta-llama/Llama-2-70b-hf config.json"),
-        # meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096
-        ModelShape("llama-3-8b", 32, 8, 128, "gqa", params_b=8.0, q_heads=32, source="meta-llama/Meta-Llama-3-8B config.json"),
-        # meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads, 8 KV heads
-        ModelShape("llama-3-70b", 80, 8, 128, "gqa", params_b=70.6, q_heads=64, source="meta-llama/Meta-Llama-3-70B config.json"),
-        # meta-llama/Llama-3.1-405B config.json: 126 layers, 128 heads, 8 KV heads, hidden 16384
-        ModelShape("llama-3.1-405b", 126, 8, 128, "gqa", params_b=405.0, q_heads=128, source="meta-llama/Llama-3.1-405B config.json"),
-        # Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads, 4 KV heads, hidden 3584 (head_dim 128)
-        ModelShape("qwen2.5-7b", 28, 4, 128, "gqa", params_b=7.6, q_heads=28, source="Qwen/Qwen2.5-7B config.json"),
-        # Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192
-        ModelShape("qwen2.5-72b", 80, 8, 128, "gqa", params_b=72.7, q_heads=64, source="Qwen/Qwen2.5-72B config.json"),
-        # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096
-        ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, active_params_b=12.9, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
-        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64
-        ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, active_params_b=37.0, source="deepseek-ai/DeepSeek-V3 config.json"),
-        # facebook/opt-66b config.json: 64 layers, 72 heads x 128 (MHA, hidden 9216)
-        ModelShape("opt-66b", 64, 72, 128, "mha", params_b=66.0, q_heads=72, source="facebook/opt-66b config.json"),
+        # meta-llama/Llama-2-70b-hf config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192; max_position_embeddings 4096
+        ModelShape("llama-2-70b", 80, 8, 128, "gqa", params_b=69.0, q_heads=64, context=4096, source="meta-llama/Llama-2-70b-hf config.json"),
+        # meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096; max_position_embeddings 8192
+        ModelShape("llama-3-8b", 32, 8, 128, "gqa", params_b=8.0, q_heads=32, context=8192, source="meta-llama/Meta-Llama-3-8B config.json"),
+        # meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads, 8 KV heads; max_position_embeddings 8192
+        ModelShape("llama-3-70b", 80, 8, 128, "gqa", params_b=70.6, q_heads=64, context=8192, source="meta-llama/Meta-Llama-3-70B config.json"),
+        # meta-llama/Llama-3.1-405B config.json: 126 layers, 128 heads, 8 KV heads, hidden 16384; max_position_embeddings 131072
+        ModelShape("llama-3.1-405b", 126, 8, 128, "gqa", params_b=405.0, q_heads=128, context=131072, source="meta-llama/Llama-3.1-405B config.json"),
+        # Qwen/Qwen2.5-7B config.json: 28 layers, 28 heads, 4 KV heads, hidden 3584 (head_dim 128); max_position_embeddings 131072
+        ModelShape("qwen2.5-7b", 28, 4, 128, "gqa", params_b=7.6, q_heads=28, context=131072, source="Qwen/Qwen2.5-7B config.json"),
+        # Qwen/Qwen2.5-72B config.json: 80 layers, 64 heads, 8 KV heads, hidden 8192; max_position_embeddings 131072
+        ModelShape("qwen2.5-72b", 80, 8, 128, "gqa", params_b=72.7, q_heads=64, context=131072, source="Qwen/Qwen2.5-72B config.json"),
+        # mistralai/Mixtral-8x7B-v0.1 config.json: 32 layers, 32 heads, 8 KV heads, hidden 4096; max_position_embeddings 32768
+        ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, active_params_b=12.9, context=32768, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
+        # deepseek-ai/DeepSeek-V3 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64; max_position_embeddings 163840
+        ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, active_params_b=37.0, context=163840, source="deepseek-ai/DeepSeek-V3 config.json"),
+        # facebook/opt-66b config.json: 64 layers, 72 heads x 128 (MHA, hidden 9216); max_position_embeddings 2048
+        ModelShape("opt-66b", 64, 72, 128, "mha", params_b=66.0, q_heads=72, context=2048, source="facebook/opt-66b config.json"),
+        # Qwen/Qwen3-235B-A22B config.json: 94 layers, 64 heads, 4 KV heads x 128 (docs/models.md)
+        ModelShape("qwen3-235b-a22b", 94, 4, 128, "gqa", params_b=235.0, q_heads=64, active_params_b=22.0,
+                   context=40960, source="Qwen/Qwen3-235B-A22B config.json"),
+        # openai/gpt-oss-120b config.json: 36 layers alternating sliding (window 128) and full, 8 KV heads x 64
+        ModelShape("gpt-oss-120b", 36, 8, 64, "gqa", params_b=116.8, q_heads=64, active_params_b=5.1,
+                   sliding_layers=18, window=128, context=131072, source="openai/gpt-oss-120b config.json"),
+        # Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers, 3 of 4 Gated DeltaNet (32 value heads, 128 x 128
+        # state, conv kernel 4 over 2 x 16 x 128 + 32 x 128 channels), 1 of 4 full attention (2 KV heads x 256);
+        # the recurrent state in float32, the convolution state in the model's bf16 (docs/models.md)
+        ModelShape("qwen3-next-80b-a3b", 48, 2, 256, "gqa", params_b=80.0, q_heads=16, active_params_b=3.0,
+                   linear_layers=36, state_heads=32, state_k_dim=128, state_v_dim=128, state_dtype="fp32",
+                   conv_kernel=4, conv_dim=8192, conv_dtype="bf16", context=262144,
+                   source="Qwen/Qwen3-Next-80B-A3B-Instruct config.json"),
     ]
 }
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a KV dtype name."""
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype '{dtype}' is not one of: {', '.join(DTYPES)}") from None
 
 
 def get_model(name: str) -> ModelShape:
@@ -121,6 +161,28 @@ class ModelFile(BaseModel):
     q_heads: int = Field(0, ge=0)
     active_params_b: float = Field(0.0, ge=0)
     source: str = ""
+    context: int = Field(0, ge=0)
+    kinds: dict[Literal["full", "sliding", "linear"], int] | None = None  # layers of each kind; they sum to layers
+    window: int = 0  # sliding layers: tokens kept
+    state_heads: int = 0  # linear layers: recurrent state heads x state_k_dim x state_v_dim
+    state_k_dim: int = 0
+    state_v_dim: int = 0
+    state_dtype: str = "fp32"
+    conv_kernel: int = 0  # linear layers: convolution state (conv_kernel - 1) x conv_dim
+    conv_dim: int = 0
+    conv_dtype: str = "bf16"
+
+
+def _kinds(path: str, fields: dict) -> dict:
+    """A model file's ``kinds`` mapping as ModelShape's counts; one line when they do not add up to ``layers``."""
+    kinds = fields.pop("kinds")
+    if kinds is None:
+        return fields
+    if any(n < 0 for n in kinds.values()) or sum(kinds.values()) != fields["layers"]:
+        given = " + ".join(f"{n} {k}" for k, n in kinds.items())
+        raise ValueError(f"model file {path}: field 'kinds': {given} = {sum(kinds.values())} layers, not the "
+                         f"model's {fields['layers']} (layers): each layer is one of full, sliding, linear")
+    return dict(fields, sliding_layers=kinds.get("sliding", 0), linear_layers=kinds.get("linear", 0))
 
 
 def load_model_yaml(path: str) -> ModelShape:
@@ -142,7 +204,7 @@ def load_model_yaml(path: str) -> ModelShape:
         elif err["type"] == "missing":
             msg = "required"
         raise ValueError(f"model file {path}: field '{field}': {msg}") from None
-    fields = m.model_dump()
+    fields = _kinds(path, m.model_dump())
     fields["name"] = fields["name"] or path
     try:
         return ModelShape(**fields)
@@ -156,24 +218,46 @@ def shard(m: ModelShape, tp: int = 1, pp: int = 1) -> ModelShape:
     TP divides KV heads across ranks; when there are fewer KV heads than ranks
     each rank holds one replicated head (vLLM's behaviour).  The MLA latent is
     not split by TP (every rank keeps it whole).  PP divides layers, the
-    first stages taking the remainder.
+    first stages taking the remainder (of a hybrid model, the first stage's
+    layers in the model's order).  A linear layer's state heads and
+    convolution channels are split by TP, never replicated.
     """
     if tp < 1 or pp < 1:
         raise ValueError("tp and pp must be >= 1")
     if pp > m.layers:
         raise ValueError(f"pp={pp} exceeds the model's {m.layers} layers")
     layers = math.ceil(m.layers / pp)
-    if m.attention == "mla":
-        return replace(m, layers=layers)
+    kinds = {}
+    if m.hybrid:
+        first = L.layer_kinds(m)[:layers]
+        kinds = dict(sliding_layers=first.count("sliding"), linear_layers=first.count("linear"))
+        if m.linear_layers:
+            if m.state_heads % tp or m.conv_dim % tp:
+                raise ValueError(f"tp={tp} does not divide the model's {m.state_heads} state heads and "
+                                 f"{m.conv_dim} convolution channels")
+            kinds.update(state_heads=m.state_heads // tp, conv_dim=m.conv_dim // tp)
+    if m.attention == "mla" or m.attn_layers == 0:
+        return replace(m, layers=layers, **kinds)
     if m.kv_heads >= tp and m.kv_heads % tp:
         raise ValueError(f"tp={tp} does not divide the model's {m.kv_heads} KV heads")
     heads = max(1, m.kv_heads // tp)
-    return replace(m, layers=layers, kv_heads=heads)
+    return replace(m, layers=layers, kv_heads=heads, **kinds)
+
+
+def replication(m: ModelShape, tp: int) -> float:
+    """How many copies of each KV head a TP group of ``tp`` ranks holds: tp x max(1, kv_heads / tp) / kv_heads
+    (1 when TP divides the heads; tp for an MLA latent, which every rank keeps whole)."""
+    if m.attn_layers == 0:
+        return 1.0
+    if m.attention == "mla":
+        return float(tp)
+    return tp * max(1, m.kv_heads // tp) / m.kv_heads
 
 
 def bytes_per_token(m: ModelShape, dtype: str) -> int:
-    """KV bytes one token adds to the cache, over all layers."""
-    return m.layers * m.regions * m.row_elems * dtype_bytes(dtype)
+    """KV bytes one token adds to the cache over the full-attention layers (all layers of an attention-only model;
+    a sliding layer adds them only inside its window, a linear layer never: layers.py)."""
+    return m.full_layers * m.regions * m.row_elems * dtype_bytes(dtype)
 
 
 def layer_bytes_per_token(m: ModelShape, dtype: str) -> int:
@@ -196,8 +280,15 @@ def transferred_tokens(tokens: int, prefix_hit: int = 0) -> int:
 
 
 def request_bytes(m: ModelShape, dtype: str, tokens: int, prefix_hit: int = 0) -> int:
-    """KV bytes of one request that cross the wire."""
-    return bytes_per_token(m, dtype) * transferred_tokens(tokens, prefix_hit)
+    """Bytes of one request that cross the wire: full-attention KV, sliding windows and linear states."""
+    return sum(L.parts(m, dtype, transferred_tokens(tokens, prefix_hit)).values())
+
+
+def group_parts(m: ModelShape, dtype: str, ntok: int, tp: int) -> dict[str, int]:
+    """layers.parts over the whole TP group (every PP stage too): one rank's KV and windows x tp (a replicated head
+    counted on every rank that holds it), its states x tp = the model's states (TP splits them)."""
+    one = L.parts(shard(m, tp, 1), dtype, ntok)
+    return {k: v * tp for k, v in one.items()}
 
 
 def num_blocks(tokens: int, block_size: int) -> int:

@@ -63,6 +63,12 @@ class Trace:
     def blocks_per_request(self) -> np.ndarray:
         return np.diff(self.start)
 
+    def head(self, n: int) -> Trace:
+        """The first ``n`` requests (a prefix cache replayed over them sees what it sees in the whole trace)."""
+        n = min(n, self.requests)
+        return Trace(self.name, self.block, self.timestamp_ms[:n], self.input_len[:n], self.output_len[:n],
+                     self.ids[: self.start[n]], self.start[: n + 1])
+
 
 def resolve(source: str) -> Path:
     """A named trace's shipped file, or the path given; a missing file is a TraceError."""
@@ -70,6 +76,21 @@ def resolve(source: str) -> Path:
     if not path.is_file():
         raise TraceError(f"trace '{source}': no such file (named traces: {', '.join(NAMED)})")
     return path
+
+
+def brief(source: str) -> tuple[int, float]:
+    """(requests, duration in s) of a trace from its line count and its first and last lines: `kvbench list`'s
+    glance, no line checked (read() checks them all)."""
+    path = resolve(source)
+    first = last = None
+    n = 0
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                first, last, n = first or line, line, n + 1
+    if not n:
+        return 0, 0.0
+    return n, (json.loads(last)["timestamp"] - json.loads(first)["timestamp"]) / 1e3
 
 
 def _number(rec: dict, key: str, where: str, integer: bool) -> float:
@@ -164,6 +185,10 @@ class CacheStats:
     def token_hit_rate(self) -> float:
         return self.hit_tokens / self.tokens if self.tokens else 0.0
 
+    def hit_tokens_each(self, input_len: np.ndarray) -> np.ndarray:
+        """Per request: its hit tokens, min(hit_blocks x block, input_length)."""
+        return np.minimum(self.hit_blocks * self.block, input_len)
+
     @property
     def moved_tokens(self) -> int:
         """Prompt tokens whose KV is not cached at decode, and must move there."""
@@ -220,5 +245,5 @@ def replay(trace: Trace, capacity: int | None = None) -> CacheStats:
     """The trace through a prefix cache of ``capacity`` blocks, LRU (None: unbounded, nothing evicted)."""
     check_capacity(capacity)
     hits = hits_unbounded(trace) if capacity is None else hits_lru(trace, capacity)
-    hit_tokens = int(np.minimum(hits * trace.block, trace.input_len).sum())
+    hit_tokens = int(np.minimum(hits * trace.block, trace.input_len).sum())  # as hit_tokens_each
     return CacheStats(capacity, trace.block, hits, int(len(trace.ids)), int(trace.input_len.sum()), hit_tokens)

@@ -23,11 +23,13 @@ PROMPT_HELP = "N, a,b,c (cycled), uniform:lo:hi or lognormal:median:sigma (token
 MAX_PROMPT = 2**31 - 1
 
 
-ARRIVAL_HELP = "none, poisson:<requests per second> or interval:<ms between requests>"
+ARRIVAL_HELP = ("none, poisson:<requests per second>, interval:<ms between requests> or trace:<speed> (a trace's "
+                "timestamps divided by speed; with workload.trace)")
 
 
 def parse_arrival(spec: str) -> tuple[str, float]:
-    """'poisson:20' -> ('poisson', 20.0); 'interval:50' -> ('interval', 50.0); 'none' -> ('none', 0)."""
+    """'poisson:20' -> ('poisson', 20.0); 'interval:50' -> ('interval', 50.0); 'trace:50' -> ('trace', 50.0);
+    'none' -> ('none', 0)."""
     kind, _, val = spec.partition(":")
     if kind == "none" and not val:
         return "none", 0.0
@@ -35,7 +37,7 @@ def parse_arrival(spec: str) -> tuple[str, float]:
         x = float(val)
     except ValueError:
         x = -1.0
-    if kind not in ("poisson", "interval") or not x > 0 or not math.isfinite(x):  # nan compares false: refused
+    if kind not in ("poisson", "interval", "trace") or not x > 0 or not math.isfinite(x):  # nan compares false: refused
         raise ValueError(f"arrival '{spec}' is not one of: {ARRIVAL_HELP}")
     # mean gap 1/x s (poisson) or x ms (interval): beyond the longest wait a run takes is a typo, not a workload
     if (kind == "poisson" and x * MAX_SECONDS < 1) or (kind == "interval" and x > MAX_MS):

@@ -8,7 +8,7 @@ import pandas as pd
 
 from kvbench.results.samples import FOOTNOTE
 
-from . import codecs, fabric, fitsection, plots, setup, summary
+from . import codecs, fabric, fitsection, plots, setup, summary, tracesection
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
@@ -177,6 +177,7 @@ def bandwidth_section(page: Page, runs: list[Run]) -> None:
             "--link-gbps overrides; 'unknown' where kvbench cannot tell."],
             tables=[compact("bandwidth rows", bandwidth_table(bw))],
             figures=chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),
+                          plots.bandwidth_vs_age(bw),
                           plots.latency_percentiles(bw)))
 
 
@@ -218,6 +219,7 @@ def skipped_section(page: Page, runs: list[Run]) -> None:
 # runs hold no rows of its kind.  ``register`` adds one before Skipped (the reasons close the page).
 SECTIONS: list = [summary.add_section,  # the first screen: the best of each path, exposed time per model, the machine
                   runs_section, bandwidth_section, exposed_section, workload_section,
+                  tracesection.add_section,  # a workload that replayed a trace: its hit rates and tails
                   setup.add_section,  # what each transport's setup cost, when a run has setup rows (schema 6)
                   fabric.add_section,  # flows isolated against congested, per-NIC rails (schema 7)
                   fitsection.add_section,  # the link model, when a run sweeps enough block sizes

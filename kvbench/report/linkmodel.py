@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from kvbench.model import layers as L
 from kvbench.model import shapes as M
 
 # what makes two rows the same path: the link, the direction and everything that changes its costs; "kind"
@@ -142,9 +143,8 @@ def fit_cases(st: pd.DataFrame, leave_out: set[int] = frozenset()) -> tuple[list
 
 def predict_request(fit: LinkFit, shape: M.ModelShape, tokens: int, block_size: int, dtype: str) -> dict:
     """The model's time for one request of ``shape`` in ``block_size``-token blocks, one descriptor per block."""
-    nb = M.num_blocks(tokens, block_size)
-    n = shape.layers * shape.regions * nb
-    nbytes = M.bytes_per_token(shape, dtype) * tokens
+    n = L.descriptors(shape, tokens, block_size)
+    nbytes = M.request_bytes(shape, dtype, tokens)
     s = float(fit.predict(shape.layers, n, nbytes))
     return {"layers": shape.layers, "descriptors": n, "bytes": nbytes, "seconds": s, "gbps": nbytes / s / 1e9}
 

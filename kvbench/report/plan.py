@@ -37,7 +37,7 @@ class PlanInput(BaseModel):
     mean_tokens: float | None = Field(None, gt=0)  # the mean prompt when the distribution gives one (load)
     prefill_tflops: float = Field(gt=0)
     ttft_ms: float = Field(gt=0)
-    rate: float = Field(ge=0)  # requests per second per prefill rank
+    rate: float = Field(ge=0)  # requests per second per prefill instance (each of its ranks moves its shard)
     saving: float = Field(ge=0, le=10)  # share of the prefill time disaggregation saves
     block_size: BlockSize
     tp: Positive
@@ -145,7 +145,7 @@ class Fabric:
 
     def transfer_s(self, shape: M.ModelShape, tokens: int, dtype: str, block_size: int) -> tuple[float, str]:
         """Seconds to move one request, and how they were obtained."""
-        nbytes = M.bytes_per_token(shape, dtype) * tokens
+        nbytes = M.request_bytes(shape, dtype, tokens)
         if self.fit is not None:
             from .linkmodel import predict_request
 
@@ -236,7 +236,7 @@ def rows(inp: PlanInput, fabrics: list[Fabric]) -> list[dict]:
             for fab in fabrics:
                 for label, tokens in inp.prompts.items():
                     ntok = M.transferred_tokens(tokens, min(inp.prefix_hit, tokens - 1))
-                    nbytes = M.bytes_per_token(shape, dtype) * ntok
+                    nbytes = M.request_bytes(shape, dtype, ntok)
                     t_s, how = fab.transfer_s(shape, ntok, dtype, inp.block_size)
                     p_s = prefill_s(name, tokens, inp)
                     stream = max(0.0, t_s - p_s) + t_s / shape.layers
@@ -260,7 +260,7 @@ def load_of(inp: PlanInput, fab: Fabric, name: str, dtype: str) -> dict:
     shape = M.shard(M.get_model(name), inp.tp, inp.pp)
     ntok = max(1, round(tokens) - inp.prefix_hit)
     t_s, _ = fab.transfer_s(shape, ntok, dtype, inp.block_size)
-    nbytes = M.bytes_per_token(shape, dtype) * ntok
+    nbytes = M.request_bytes(shape, dtype, ntok)
     return dict(label="mean" if inp.mean_tokens else "p50", tokens=tokens, rate=inp.rate, busy=inp.rate * t_s,
                 need_gbps=inp.rate * nbytes / 1e9, gbps=nbytes / t_s / 1e9)
 
@@ -333,6 +333,7 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
                        f"{r['serial_ms']:>9.2f} {r['stream_ms']:>8.2f} {r['ttft_serial']:>8.1f}% "
                        f"{r['ttft_stream']:>8.1f}% {r['need_gbps']:>9.3f} {r['breakeven_gbps']:>11.3f} "
                        f"{r['net_ms']:>+9.2f}")
+    out += group_lines(inp)
     out += ["#", "# verdict per fabric, model and dtype, from the worst percentile (pays: net >= half the saving, "
             f"fabric under {100 * BUSY_LIMIT:.0f}% busy, TTFT kept; does not: net < 0 or the fabric saturated)"]
     for fab in fabrics:
@@ -342,6 +343,26 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
                 word, why = verdict(group, inp.overlap, inp.ttft_ms, load_of(inp, fab, name, dtype))
                 tag = "nominal" if not fab.measured else "measured"
                 out.append(f"{fab.name} [{tag}] {name} {dtype}: {word.upper()}: {why}")
+    return out
+
+
+def group_lines(inp: PlanInput) -> list[str]:
+    """One prefill instance (its tp x pp ranks) per request: one rank's bytes, the whole group's (replicated KV
+    heads counted on every rank that holds them), and the egress the instance needs at ``inp.rate``."""
+    out = ["#", f"# one prefill instance = tp={inp.tp} x pp={inp.pp} ranks; egress = rate x the group's bytes at "
+           f"{inp.rate:g} req/s (Gbit/s = 10^9 bit/s); repl = copies of each KV head in the group",
+           f"#{'model':>17} {'dtype':>8} {'prompt':>6} {'tokens':>7} {'rank bytes(B)':>16} {'group bytes(B)':>17} "
+           f"{'repl':>5} {'egress Gbit/s':>13}"]
+    for name in inp.models:
+        shape0 = M.get_model(name)
+        shape = M.shard(shape0, inp.tp, inp.pp)
+        for dtype in inp.dtypes:
+            for label, tokens in inp.prompts.items():
+                ntok = M.transferred_tokens(tokens, min(inp.prefix_hit, tokens - 1))
+                rank = M.request_bytes(shape, dtype, ntok)
+                group = sum(M.group_parts(shape0, dtype, ntok, inp.tp).values())
+                out.append(f"{name:>18} {dtype:>8} {label:>6} {tokens:>7} {rank:>16,} {group:>17,} "
+                           f"{M.replication(shape0, inp.tp):>5g} {inp.rate * group * 8 / 1e9:>13.3f}")
     return out
 
 

@@ -71,7 +71,7 @@ def _groups(d: pd.DataFrame):
 
 
 X_NAMES = {"block_size": "block size", "tokens": "prompt length", "rate_rps": "arrival rate (req/s)",
-           "descriptors": "descriptor count"}
+           "descriptors": "descriptor count", "age": "pool age"}
 MAX_SERIES = 12  # legend entries a panel carries readably (more overlap below it and repeat colours)
 
 
@@ -197,6 +197,63 @@ def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
            f"{_n(d)} samples per point); colour = transport, marker = op", fig)
 
 
+def pool_age(alloc: str) -> float:
+    """Requests a case's decode pool had served: aged:<N> -> N; a fresh pool (random, contiguous) -> 0; else NaN."""
+    kind, _, n = str(alloc).partition(":")
+    return float(n) if kind == "aged" else 0.0 if kind in ("random", "contiguous") else float("nan")
+
+
+AGE_KEYS = ["run", "op", "coalesce", "layout", "block_size", "inflight", "memory"]  # one line of an age panel
+FRESH_MARKS = {"random": "s", "contiguous": "^"}
+
+
+def bandwidth_vs_age(bw: pd.DataFrame) -> Iterator[tuple]:
+    """Paged GB/s against the decode pool's age (aged:<N>, model/ageing.py), per transport; fresh pools (random,
+    contiguous) as markers at age 0; each point labelled with its descriptors per request.  Nothing when no run
+    has an aged pool."""
+    d = bw[(bw["variant"] == "paged") & bw["gbps"].notna()].copy()
+    if not d["allocation"].astype(str).str.startswith("aged:").any():
+        return
+    d["age"] = d["allocation"].map(pool_age)
+    d = d[d["age"].notna()]
+    for key, g in _groups(d):
+        transports = list(dict.fromkeys(g["transport"]))
+        lines = max(g[g["transport"] == t].groupby(AGE_KEYS, dropna=False).ngroups for t in transports)
+        why = degenerate(g, "age", lines * 3)
+        if why:
+            yield f"Plot of GB/s against pool age, {_group_title(key)}: not drawn: {why}.", None
+            continue
+        fig, axes = _panels(len(transports), f"GB/s against decode pool age: {_group_title(key)}",
+                            w=7.5 if len(transports) == 1 else 5.2)
+        vary = [k for k in AGE_KEYS if g[k].nunique() > 1] or ["op"]
+        for ax, t in zip(axes, transports):
+            gt = g[g["transport"] == t]
+            for i, (lk, gl) in enumerate(gt.groupby(AGE_KEYS, dropna=False)):
+                label = " ".join(str(dict(zip(AGE_KEYS, lk))[k]) for k in vary)
+                aged = gl[gl["allocation"].str.startswith("aged:")].sort_values("age")
+                ax.plot(aged["age"], aged["gbps"], "o-", color=f"C{i}", label=f"aged {label} {_n(aged)}")
+                for name, mark in FRESH_MARKS.items():
+                    fresh = gl[gl["allocation"] == name]
+                    ax.plot(fresh["age"], fresh["gbps"], mark, ms=8, mfc="none", color=f"C{i}",
+                            label=f"fresh {name} {label}" if len(fresh) else None)
+                for _, r in gl.iterrows():
+                    ax.annotate(f"{int(r['descriptors'])}", (r["age"], r["gbps"]), fontsize=6,
+                                textcoords="offset points", xytext=(4, 4))
+            pos = gt.loc[gt["age"] > 0, "age"]
+            ax.set_xscale("symlog", linthresh=float(pos.min()) if len(pos) else 1.0)  # age 0 sits on the axis
+            _xticks(ax, gt["age"])
+            ax.set_xlabel("pool age (requests served before the case)")
+            ax.set_ylabel("GB/s (10^9 B/s)")
+            ax.set_ylim(bottom=0)
+            ax.set_title(t)
+            ax.grid(alpha=.3)
+            _legend(ax)
+        yield (f"GB/s against the decode pool's age, {_group_title(key)}: aged:N = the free list vLLM's free queue "
+               "is left with after N requests came and went (docs/usage.md); age 0 = a fresh pool (circle: aged:0, "
+               "square: random, triangle: contiguous); numbers = descriptors per request; GB/s at p50, n = samples "
+               "per point (legend)", fig)
+
+
 def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
     """p50, p95 and p99 request time (ms) against block size, per transport; colour = op."""
     for key, fig, why, panels in _block_panels(bw, "p50", "Request time percentiles", per_line=3):
@@ -298,3 +355,29 @@ def register_vs_pool(reg: pd.DataFrame) -> Iterator[tuple]:
     ax.grid(alpha=.3)
     _legend(ax)
     yield "Seconds to register one pool of each --pool-sizes size (then deregistered), per transport.", fig
+
+
+def first_vs_steady(fvs: pd.DataFrame) -> Iterator[tuple]:
+    """Each case's first transfer against its steady p50 (ms, log-log), one series per transport (and run, and
+    --register where it varies), with the line where the two are equal: a point far above it is a cold start
+    (setup rows, report/setup.py first_vs_steady)."""
+    fvs = fvs.dropna(subset=["first_ms", "p50_ms"])
+    fvs = fvs[(fvs["first_ms"] > 0) & (fvs["p50_ms"] > 0)]
+    if fvs.empty:
+        return
+    fig, (ax,) = _panels(1, "first transfer against steady p50")
+    keys = ["run", "transport"] + (["register"] if "register" in fvs and fvs["register"].nunique() > 1 else [])
+    for key, g in fvs.groupby(keys, sort=False):
+        run, rest = key[0], " ".join(str(k) for k in key[1:])
+        ax.scatter(g["p50_ms"], g["first_ms"], s=18, label=f"{rest} ({run})" if fvs["run"].nunique() > 1 else rest)
+    lo = min(fvs["p50_ms"].min(), fvs["first_ms"].min())
+    hi = max(fvs["p50_ms"].max(), fvs["first_ms"].max())
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="first = steady")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("steady p50 (ms)")
+    ax.set_ylabel("first transfer (ms)")
+    ax.grid(alpha=.3, which="both")
+    _legend(ax)
+    yield ("Each case's first transfer (its first warm-up: connections, descriptor lists and handles built) against "
+           "its steady p50, per transport; above the dashed line the first costs more.", fig)

@@ -59,7 +59,12 @@ VARIANT_AXES = {
     "arrival": ("none", ("arrival", 13, lambda r: _axis(r, "arrival")), "infl"),
     # a traffic matrix (harness/flows.py): the row's one flow alone ("0->1"), or all flows at once
     "flow": ("", ("flow", 7, lambda r: _axis(r, "flow") or "-"), "pairs"),
+    # --register per-request: each request registers its blocks inside its time; reg(us) is that cost's p50
+    "register": ("once", ("register", 11, lambda r: _axis(r, "register")), "transport"),
 }
+# a variant axis's further columns, after its own
+AXIS_EXTRA = {"register": [("reg(us)", 8, lambda r: _f(_us(r.get("register_p50")), ".1f")),
+                           ("dereg(us)", 9, lambda r: _f(_us(r.get("deregister_p50")), ".1f"))]}
 STORED_AS = {"arrival": "workload", "flow": "flows"}  # a suite case's axis -> the result rows' column that holds it
 OVERLAP_ANCHORS = {"dtype": "tokens", "infl": "handshk"}  # the exposed-time table has neither dtype nor infl
 
@@ -84,7 +89,7 @@ def columns_for(cases, overlap: bool = False) -> list:
     extra: dict[str, list] = {}
     for key in variant_axes(cases):
         _, col, anchor = VARIANT_AXES[key]
-        extra.setdefault(OVERLAP_ANCHORS.get(anchor, anchor) if overlap else anchor, []).append(col)
+        extra.setdefault(OVERLAP_ANCHORS.get(anchor, anchor) if overlap else anchor, []).extend([col, *AXIS_EXTRA.get(key, ())])
     return [c for col in (OVERLAP_COLUMNS if overlap else COLUMNS) for c in (col, *extra.get(col[0], ()))]
 
 
@@ -96,6 +101,10 @@ def _clock(r) -> str:
 def _stop(r) -> str:
     """'+' after the p50's interval when --target-ci's budget ran out before the target was met."""
     return "+" if r.get("ci_stop") == "budget" else ""
+
+
+def _us(x):
+    return None if x is None or pd.isna(x) else x * 1e6
 
 
 def _i(x) -> str:
@@ -129,7 +138,10 @@ VARIANT_NOTES = {"flow": "flow = a matrix's flow alone (SRC->DST) or all flows a
                  "mem": "mem = where the pools live", "copy": "copy = the copy engine of device bytes",
                  "scales": "scales = fp8 scale planes", "codec": "codec = the wire encoding",
                  "prefill": "prefill = clock (a timer) or real (the model's matmuls)",
-                 "arrival": "arrival = the workload's arrival process (requests/s per prefill rank)"}
+                 "arrival": "arrival = the workload's arrival process (requests/s per prefill rank)",
+                 "register": "register = once (the pool at setup) or per-request (each request's blocks, inside its "
+                             "time; reg(us)/dereg(us) = that request's registering/deregistering p50, dereg after "
+                             "the landing)"}
 
 
 def _variant_note(columns) -> list[str]:
@@ -153,6 +165,7 @@ BULK_KEYS = ["transport", "memory", "copy", "op", "model", "tokens", "prefix_hit
              "world_size", "inflight"]
 BULK_KEYS += ["scales"]  # v3: each fp8 scale-plane format has its own references (kvbench/model/planes.py)
 BULK_KEYS += ["flow_mode", "flows"]  # v7: a matrix's flow alone against its own references, all flows against theirs
+BULK_KEYS += ["register"]  # v7: a per-request case's references register per request too
 
 
 def spread_pct(df: pd.DataFrame) -> pd.Series:
@@ -171,7 +184,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """case_stats plus bulk% (each paged case against the bulk case of the same payload)."""
     df = transfer_rows(df)  # setup rows have tables of their own (report/setup.py)
     st = case_stats(df)
-    for col, dflt in (("memory", "host"), ("copy", "batch")):  # rows without the GPU columns: host rows
+    for col, dflt in (("memory", "host"), ("copy", "batch"), ("register", "once")):  # older rows: the defaults
         if col in st:
             st[col] = st[col].astype(object).where(st[col].notna(), dflt)
     # the check pass is the iter == -1 row; under a workload every admitted request carries its own count

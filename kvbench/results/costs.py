@@ -28,7 +28,8 @@ NAN = float("nan")
 
 
 # per entry, the iteration's lists -> the row's column: wake_s here, the other two for results/bounds.py
-PER_ENTRY = {"wake_s": "wake_s", "lead_s": "stamp_lead_s", "window_s": "window_s"}
+PER_ENTRY = {"wake_s": "wake_s", "lead_s": "stamp_lead_s", "window_s": "window_s",
+             "register_s": "register_s", "deregister_s": "deregister_s"}  # --register per-request (schema 7)
 
 
 def reorder(cost: list[dict], pos: list[int]) -> list[tuple]:

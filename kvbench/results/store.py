@@ -19,17 +19,18 @@ import threading
 import numpy as np
 import pandas as pd
 
+from kvbench.fabric.carriers import COLUMNS as CARRIER_DEFAULTS
 from kvbench.job import faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, lock_path, sweep_stale
-from kvbench.results.machine import git_commit, library_versions  # noqa: F401 (their home was here)
+from kvbench.results.machine import git_commit, library_versions  # noqa: F401  (the sidecar's facts, as before)
 
 SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
 # blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
-# 7: the fabric columns (schema 7 below)
+# 7: --register (schema 7 below; 1-6 read as "once"), carriers and the fabric columns (schema 7 below)
 READS = (1, 2, 3, 4, 5, 6, 7)  # schema versions the readers (report, compare) upgrade to this one
 RESUMES = (3, 4, 5, 6, 7)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
@@ -48,16 +49,14 @@ CASE_COLUMNS += ["flow_mode"]  # v7: a matrix's flow alone or all flows at once 
 ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "seconds", "harness_seconds", "payload_bytes",
                               "wire_bytes", "descriptors", "status", "reason", "nwrong", "prefill_s", "handshake_s",
                               "exposed_s", "queue_s", "arrival_s", "skew_s", "clock_err_s", "clock_offset_s", "completion"]
-# --- v3, codecs (kvbench/codecs/path.py): per row and iteration, this rank's seconds encoding (source) or decoding
-# and scattering (destination) the request's layers
-# codec_max_abs_err / codec_max_rel_err: on a lossy codec's check row, the largest errors (nwrong counts the
-# elements outside its stated tolerance, docs/codecs.md)
+# --- v3, codecs (kvbench/codecs/path.py): per row and iteration, this rank's seconds encoding (source) or decoding and
+# scattering (destination) the request's layers; codec_max_abs_err / codec_max_rel_err: on a lossy codec's check
+# row, the largest errors (nwrong counts the elements outside its stated tolerance, docs/codecs.md)
 ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_max_rel_err"]
 # skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
 # clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
-# its source's; completion: who stamped the landing,
-# "transport" (its own receive or progress thread) or "harness" (the moment its wait or notification returned)
-
+# its source's; completion: who stamped the landing, "transport" (its own receive or progress thread) or "harness"
+# (the moment its wait or notification returned)
 # --- v3, device memory: copy = the copy engine of device bytes (copy.py; "batch" for host rows, where it is unused);
 # gather_s / wire_s / scatter_s = seconds this rank spent in each stage of the staged transport in this iteration
 # (device -> bounce, the inner transport, bounce -> device; NaN for every other transport)
@@ -105,6 +104,15 @@ ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "win
 # status "none", no seconds, and the reason
 SETUP_DEFAULTS = {"row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": np.nan}
 ROW_COLUMNS += list(SETUP_DEFAULTS)
+# --- schema 7, --register (harness/schedule.py): register = "once" (the pool at setup; older rows read so) or
+# "per-request" (the initiator registers each request's local blocks inside the timed request, before its first
+# post, and deregisters them after its last landing); register_s / deregister_s = on the initiator's rows of a
+# per-request case, this request's seconds registering (inside `seconds`) and deregistering (after the landing,
+# outside `seconds`); empty elsewhere
+REGISTER_DEFAULTS = {"register": "once", "register_s": np.nan, "deregister_s": np.nan}
+CASE_COLUMNS += ["register"]
+ROW_COLUMNS += ["register", "register_s", "deregister_s"]
+ROW_COLUMNS += list(CARRIER_DEFAULTS)  # schema 7: a timed row's NICs and carrier (fabric/carriers.py; 1-6 read empty)
 # --- schema 7, fabric (rows of 1-6 read with these defaults; docs/fabric.md says what each holds): per rail of a
 # striping transport its NIC, the request's bytes and descriptors, and the kernel's count per iteration
 # (harness/railrows.py); per flow of a traffic matrix alone or with all flows (flow_mode), its p50 seconds alone and
@@ -128,7 +136,8 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
                        "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS,
-                       **SETUP_DEFAULTS, **FABRIC_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       **SETUP_DEFAULTS, **CARRIER_DEFAULTS, **REGISTER_DEFAULTS,
+                       **FABRIC_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 
@@ -350,6 +359,9 @@ def case_stats(df: pd.DataFrame) -> pd.DataFrame:
         agg[f"exposed_p{q}"] = dec.agg(lambda s, q=q: sample_stats.percentile(s, q))
     agg["exposed_samples"] = dec.count()
     agg["handshake_p50"] = ok.groupby("case")["handshake_s"].median()
+    for col in ("register_s", "deregister_s"):  # --register per-request: per request, on its initiator (schema 7)
+        if col in ok:
+            agg[col.replace("_s", "_p50")] = ok.groupby("case")[col].median()
     agg["prefill_s"] = df.groupby("case")["prefill_s"].first()
     out = keys.join(agg, how="left")
     out["pairs"] = ok.groupby("case")["pair"].nunique()

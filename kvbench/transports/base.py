@@ -8,11 +8,9 @@ thread of its own happened (see Completion semantics).
 
 Descriptor arrays
 -----------------
-Every ``post``/``serve`` receives ``descs``: a C-contiguous ``int64`` numpy
-array of shape ``(n, 3)`` whose columns are ``SRC, DST, LEN``: byte offsets
-into the *source* pool and the *destination* pool, and a byte count.  The
-source pool belongs to the prefill rank, the destination pool to the decode
-rank, whichever side initiates:
+Every ``post``/``serve`` receives ``descs``: a C-contiguous ``int64`` numpy array of shape ``(n, 3)`` whose columns
+are ``SRC, DST, LEN``: byte offsets into the *source* pool and the *destination* pool, and a byte count.  The source
+pool belongs to the prefill rank, the destination pool to the decode rank, whichever side initiates:
 
 * ``op == "push"``: the prefill (source) rank calls ``post``; SRC offsets are
   local, DST offsets are in the peer's pool.  The decode rank calls ``serve``.
@@ -61,7 +59,6 @@ data are all still on the measured path.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -70,6 +67,8 @@ import numpy as np
 
 from kvbench import memory
 from kvbench.model.descriptors import DST, LEN, SRC
+from kvbench.transports.probing import import_probe, rdma_present  # noqa: F401  (the transports import them here)
+from kvbench.transports.registration import PerRequest
 
 OPS = ("push", "pull")
 
@@ -117,21 +116,22 @@ class Context:
     netdevs: list = field(default_factory=list)  # --nic: this rank's interfaces, nearest first; nic_rails of them
     nic_rails: int = 1  # used unless told (auto: 1; names: all); duplex: a pair goes both ways (bidir, a matrix)
     duplex: bool = False
+    register: str = "once"  # --register: once, or per-request (transports/registration.py)
+    reached: bool = True  # peers reach into this rank's pool: under per-request it stays registered once
 
 
 @dataclass
 class Buffer:
     """Memory a transport allocated for a pool (shared segment, MPI window...).
 
-    ``array`` is a page-aligned ``uint8`` numpy view of ``nbytes`` bytes;
-    ``release`` frees it (called once, by the pool).
+    ``array`` is a page-aligned ``uint8`` numpy view of ``nbytes`` bytes; ``release`` frees it (once, by the pool).
     """
 
     array: np.ndarray
     release: Any = None
 
 
-class Transport:
+class Transport(PerRequest):
     """Base class with the protocol's defaults. Subclasses set name and caps."""
 
     name: ClassVar[str] = "?"
@@ -148,6 +148,8 @@ class Transport:
     ahead: ClassVar[bool] = True
     # an RDMA registration of its pool pins the pool: memory_needs counts it locked where RDMA devices exist
     pins_on_rdma: ClassVar[bool] = False
+    # a rank done early sleeps in the barrier after the iteration: its library's threads need its CPU, not its calls
+    idle_sleeps: ClassVar[bool] = False
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -337,25 +339,6 @@ class _Whole:
 
     def __init__(self, prepared):
         self.prepared = prepared
-
-
-def rdma_present() -> bool:
-    """An RDMA device exists (its registrations pin memory)."""
-    return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
-
-
-def import_probe(module: str, missing: str, failed, errors: type[Exception] = Exception) -> str | None:
-    """``probe`` for an engine behind a Python binding: None when ``module`` imports, ``missing`` when it is not
-    installed, else ``failed(the error's first line)`` (a binding whose native libraries do not load)."""
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError:
-        return missing
-    except errors as exc:
-        return failed((str(exc).splitlines() or [""])[0])
-    return None
 
 
 def check_descs(descs: np.ndarray, src_nbytes: int, dst_nbytes: int) -> None:

@@ -91,6 +91,8 @@ class CudaIpcTransport(Transport):
         return ev
 
     def wait(self, handle) -> float | None:
+        if handle is None:  # the target of a one-sided copy (serve): nothing of its own to wait for
+            return None
         handle.synchronize()
         return time.perf_counter()  # the host clock when the device reported the copy complete
 

@@ -15,7 +15,9 @@ the destination's ``serve``/``wait`` sleeps in ``recv`` on it (``socket``, the
 default).  It must sleep, not spin: on tcp the engine's own threads move the
 bytes, and a destination busy-polling for the harness's MPI message takes
 their CPU and the bandwidth drops (docs/evidence.md).
-``notify=mpi`` leaves it to the harness's MPI message.  The socket binds
+``notify=mpi`` leaves it to the harness's MPI message.  For the same reason a rank whose part of
+an iteration is done (a pull's source: the engine's threads serve the reads) sleeps in the barrier
+after it (``idle_sleeps``), as the tool's target sits idle.  The socket binds
 ``host`` and is closed once the peers are connected; a peer must present the
 run's token, as in the tcp transport.
 
@@ -54,6 +56,7 @@ from kvbench.transports.sockets import (
 )
 
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, check_descs, import_probe, rdma_present
+from .registration import pool_once
 
 _TAG = struct.Struct("<Q")
 _MASK = (1 << 64) - 1
@@ -64,6 +67,7 @@ class MooncakeTransport(Transport):
 
     name = "mooncake"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
+    idle_sleeps = True  # its own threads serve a pull's reads: the source sleeps once its part is done
     caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=True,
                 multi_node=True, notifies=True, network=True)
 
@@ -98,6 +102,8 @@ class MooncakeTransport(Transport):
         self._socks: dict[int, socket.socket] = {}
         self._seen: dict[int, Counter] = {}  # tags that arrived before anybody waited for them
         self._cache: dict = {}  # (op, peer, id(descs)) -> (descs, local addresses, remote addresses, lengths)
+        self._pool_reg = False  # the pool was registered at setup (not on an initiator under --register per-request)
+        self.counts = Counter()  # per-request: registrations and deregistrations made (info())
 
     def register(self, pool) -> bytes:
         """Start the engine (P2P handshake), register the pool once, return session id + base."""
@@ -131,8 +137,10 @@ class MooncakeTransport(Transport):
         used = self._protocol_in_use(te, device, forced)
         if want == "rdma" and used != "rdma":
             raise TransportError("rdma requested but mooncake fell back to tcp (no RDMA device found)")
-        if te.register_memory(pool.addr, pool.nbytes) != 0:
-            raise TransportError(f"mooncake: register_memory of {pool.nbytes} bytes failed")
+        if pool_once(self.ctx):  # else each request registers its own blocks (register_request)
+            if te.register_memory(pool.addr, pool.nbytes) != 0:
+                raise TransportError(f"mooncake: register_memory of {pool.nbytes} bytes failed")
+            self._pool_reg = True
         self._pool = pool
         session = f"{host}:{te.get_rpc_port()}"
         port = 0
@@ -163,6 +171,20 @@ class MooncakeTransport(Transport):
 
     def deregister_region(self, handle) -> None:
         self._te.unregister_memory(handle)
+
+    def register_request(self, op: str, peer: int, groups: list) -> list[int]:
+        """--register per-request: the request's local blocks registered with the engine, one call."""
+        got = self.request_regions(op, groups)
+        addrs = (got[:, 0] + self._pool.addr).tolist()
+        if self._te.batch_register_memory(addrs, got[:, 1].tolist()) != 0:
+            raise TransportError(f"mooncake: batch_register_memory of a request's {len(addrs)} regions failed")
+        self.counts["registered"] += 1
+        return addrs
+
+    def deregister_request(self, handle: list[int]) -> None:
+        if self._te.batch_unregister_memory(handle) != 0:
+            raise TransportError(f"mooncake: batch_unregister_memory of a request's {len(handle)} regions failed")
+        self.counts["deregistered"] += 1
 
     def connect(self, peers: dict[int, bytes]) -> None:
         """Remember each peer's session and pool (the engine opens segments on first use) and open
@@ -268,6 +290,8 @@ class MooncakeTransport(Transport):
         from importlib.metadata import PackageNotFoundError, version
 
         out = dict(self._info)
+        if self.ctx.register == "per-request":
+            out["per_request"] = dict(self.counts, pool_registered=self._pool_reg)
         for dist in ("mooncake-transfer-engine-non-cuda", "mooncake-transfer-engine"):
             try:
                 out["version"] = f"{dist} {version(dist)}"
@@ -285,7 +309,7 @@ class MooncakeTransport(Transport):
         te, self._te = self._te, None
         if te is None:
             return
-        if self._pool is not None:
+        if self._pool is not None and self._pool_reg:
             try:
                 te.unregister_memory(self._pool.addr)
             except Exception:

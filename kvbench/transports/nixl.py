@@ -11,6 +11,11 @@ worker that is never polled stalls the first transfer) and ends its iteration.
 Options (on/off): ``prep`` (on, the default: ``prep_xfer_dlist`` once per
 descriptor array, ``make_prepped_xfer`` per post, as serving engines do; off:
 ``initialize_xfer`` per post), ``progress_thread``, ``telemetry`` (see ``telemetry()``).
+
+--register per-request (``register_request``): an initiator-only rank registers no pool at setup; per request it
+registers the request's local blocks (``register_memory``) and prepares the local descriptor list over them,
+and after the request's transfers completed releases that list and deregisters (``deregister_memory``), as
+nixlbench's ``--reregister_mem`` does.  Peers keep the target pool's registration from setup.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from .base import (
     check_descs,
     import_probe,
 )
+from .registration import pool_once
 
 _HDR = struct.Struct("<4sQQqB")  # magic, pool addr, pool bytes, device id, 1 = VRAM
 _MAGIC = b"KVBN"
@@ -86,11 +92,14 @@ class NixlTransport(Transport):
         self.once: set = set()  # cache keys posted at least once
         self.tele: deque = deque(maxlen=65536)
         self.env_set = ""
+        self.per_req = ctx.register == "per-request"
+        self.fresh: dict = {}  # per-request: cache key -> the local list prepared over the request's registration
+        self.counts = Counter()  # per-request: registrations and deregistrations made (info())
 
     # -- setup ---------------------------------------------------------------
     def register(self, pool) -> bytes:
         """Create the agent, register ``pool`` once, return metadata for the peers."""
-        if self.reg is not None:
+        if self.agent is not None:
             raise TransportError("nixl: register called twice (one pool per transport)")
         try:
             from nixl._api import nixl_agent, nixl_agent_config
@@ -119,8 +128,9 @@ class NixlTransport(Transport):
         self.devid = int(pool.tensor.device.index or 0) if self.seg == "VRAM" else 0
         self.addr, self.nbytes = int(pool.addr), int(pool.nbytes)
         try:
-            self.reg = self.agent.register_memory(
-                np.array([[self.addr, self.nbytes, self.devid]], dtype=np.uint64), self.seg)
+            if pool_once(self.ctx):  # else each request registers its own blocks (register_request)
+                self.reg = self.agent.register_memory(
+                    np.array([[self.addr, self.nbytes, self.devid]], dtype=np.uint64), self.seg)
         except Exception as exc:
             raise TransportError(f"nixl: registering {self.nbytes} B of {self.seg} failed: {exc}") from None
         _AGENTS.add(self)
@@ -138,6 +148,43 @@ class NixlTransport(Transport):
 
     def deregister_region(self, handle) -> None:
         self.agent.deregister_memory(handle)
+
+    def register_request(self, op: str, peer: int, groups: list) -> tuple:
+        """--register per-request: the request's local blocks registered, and each array it posts prepared over
+        them (a prepared list holds the registration's keys: it cannot outlive it)."""
+        got = self.request_regions(op, groups)
+        regs = np.empty((len(got), 3), dtype=np.uint64)
+        regs[:, 0] = got[:, 0] + self.addr
+        regs[:, 1] = got[:, 1]
+        regs[:, 2] = self.devid
+        try:
+            reg = self.agent.register_memory(regs, self.seg)
+        except Exception as exc:
+            raise TransportError(f"nixl: registering a request's {len(got)} regions failed: {exc}") from None
+        self.counts["registered"] += 1
+        lists = {}
+        try:
+            for d in self.request_posts(groups):
+                loc = self._entry(op, peer, d)[1]
+                if self.prep and len(loc):
+                    key = (op, peer, id(d))
+                    lists[key] = self.fresh[key] = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", loc, self.seg)
+        except Exception:
+            self.deregister_request((reg, lists))
+            raise
+        return reg, lists
+
+    def deregister_request(self, handle: tuple) -> None:
+        """Release the request's prepared lists (its transfers were released by their waits), then deregister."""
+        reg, lists = handle
+        for key, h in lists.items():
+            self.fresh.pop(key, None)
+            h.release()
+        try:
+            self.agent.deregister_memory(reg)
+        except Exception as exc:
+            raise TransportError(f"nixl: deregistering a request's blocks failed: {exc}") from None
+        self.counts["deregistered"] += 1
 
     def connect(self, peers: dict[int, bytes]) -> None:
         """Load each peer's agent metadata (after this we may initiate towards it)."""
@@ -177,7 +224,8 @@ class NixlTransport(Transport):
         loc[:, 2], rem[:, 2] = self.devid, rdev
         lh = rh = idx = None
         if self.prep and n:
-            lh = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", loc, self.seg)
+            # per-request: the local list is prepared over each request's own registration (register_request)
+            lh = None if self.per_req else self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", loc, self.seg)
             rh = self.agent.prep_xfer_dlist(name, rem, self.seg)
             idx = np.arange(n, dtype=np.int32)
         ent = (descs, loc, rem, lh, rh, idx)
@@ -218,7 +266,9 @@ class NixlTransport(Transport):
             return None
         xop = "WRITE" if op == "push" else "READ"
         try:
-            if self.prep:
+            if self.prep and self.per_req:  # a new transfer over this request's registration, released by wait
+                h = self.agent.make_prepped_xfer(xop, self.fresh[(op, peer, id(descs))], idx, rh, idx, msg)
+            elif self.prep:
                 key = (op, peer, id(descs))
                 h = self.xfers.get(key)
                 if h is None or h in self.live:  # not kept yet, or in flight twice (hot)
@@ -317,9 +367,12 @@ class NixlTransport(Transport):
         """Library version and the options in force."""
         from importlib.metadata import version
 
-        return {"nixl": version("nixl"), "backend": "UCX", "prep": "on" if self.prep else "off",
-                "progress_thread": "on" if self.prog_thread else "off",
-                "telemetry": "on" if self.capture else "off", "env_set": self.env_set}
+        out = {"nixl": version("nixl"), "backend": "UCX", "prep": "on" if self.prep else "off",
+               "progress_thread": "on" if self.prog_thread else "off",
+               "telemetry": "on" if self.capture else "off", "env_set": self.env_set}
+        if self.per_req:
+            out["per_request"] = dict(self.counts, pool_registered=self.reg is not None)
+        return out
 
     def close(self) -> None:
         """Release transfers, prepared lists, peers and the registration (idempotent)."""
@@ -330,6 +383,7 @@ class NixlTransport(Transport):
         # best effort: an active transfer that cannot be cancelled is freed with the agent
         steps = [h.release for h in self.live | self.kept]
         steps += [h.release for ent in self.cache.values() for h in ent[3:5] if h is not None]
+        steps += [h.release for h in self.fresh.values()]
         steps += [lambda n=name: a.remove_remote_agent(n) for name, *_ in self.peers.values()]
         if self.reg is not None:
             steps.append(lambda: a.deregister_memory(self.reg))
@@ -341,5 +395,6 @@ class NixlTransport(Transport):
         self.xfers.clear()
         self.once.clear()
         self.cache.clear()
+        self.fresh.clear()
         self.peers.clear()
         self.reg = None

@@ -78,6 +78,10 @@ class UcxOptions(_Opts):
     tls: str | None = Field(None, description="UCX_TLS for kvbench's context, e.g. sm or tcp")
     err_handling: OnOff = Field("off", description="peer error handling (excludes shared memory)")
     staging_mib: float = Field(1024.0, gt=0, le=2**20, description="cap on packed pushes' staging in use, MiB (receives stage what is in flight)")
+    progress: Literal["event", "poll"] = Field("poll", description="poll: a wait spins, as ucx_perftest does; event: it "
+                                              "spins for spin_us, then sleeps on the event fd (hosts with fewer cores than ranks)")
+    spin_us: float = Field(50.0, ge=0, le=1e6, description="progress=event: microseconds a wait spins after each "
+                           "wake-up before it sleeps")
 
 
 class MooncakeOptions(_Net):

@@ -21,11 +21,14 @@ in flight, uncapped: a receive that waited for a buffer could wait on a send
 its peer starts only after the barrier.
 UCX tags hold (sender rank, kind, per-direction sequence) and each layer
 carries a checked header (magic, kvbench tag, bytes, descriptors), so a
-mixed-up stream raises.  Progress is polled in ``wait`` (no asyncio, no
-thread).  ``import ucxx`` must precede mpi4py's MPI init in the process
+mixed-up stream raises.  Progress is made in ``wait`` (no asyncio, no
+thread): with ``progress=event`` (default ``poll``: spin, as ucx_perftest does) a wait spins on ``progress`` for ``spin_us`` (default 50)
+and then sleeps on the worker's event fd until UCX has more (ucxx's ``progress_worker_event``: one C
+call, GIL released), then spins again: completions that follow each other closely are caught at
+once, and a rank whose part is waiting on its peer leaves the CPU to it; ``progress=poll`` spins.  ``import ucxx`` must precede mpi4py's MPI init in the process
 (docs/pitfalls.md#ucx-first; ``kvbench.job.comm.preload`` does it).  Options: ``tls``
 (UCX_TLS, e.g. ``sm``, ``tcp``), ``err_handling`` (off; on excludes shared
-memory), ``staging_mib``.  ``info()["lanes"]`` is what UCX really selected.
+memory), ``staging_mib``, ``progress``, ``spin_us``.  ``info()["lanes"]`` is what UCX really selected.
 """
 from __future__ import annotations
 
@@ -86,6 +89,8 @@ class UcxTransport(UcxBuffers, Transport):
         self._cap = int(float(ctx.options.get("staging_mib", 1024)) * (1 << 20))
         self._lanes: dict[str, dict] = {}
         self._parts: dict = {}  # (id(descs), column[, "rows"]) -> (descs, its ucxx views or its pack rows)
+        self._events = str(ctx.options.get("progress", "poll")) == "event"
+        self._spin_s = float(ctx.options.get("spin_us", 50)) * 1e-6
 
     def register(self, pool) -> bytes:
         """Create the UCX context and worker; return this worker's address."""
@@ -98,8 +103,10 @@ class UcxTransport(UcxBuffers, Transport):
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         cfg = {"TLS": str(self.ctx.options["tls"])} if self.ctx.options.get("tls") else {}
         try:
-            self._uctx = api.UCXContext(cfg, feature_flags=(api.Feature.TAG,))
+            self._uctx = api.UCXContext(cfg, feature_flags=(api.Feature.TAG,) + ((api.Feature.WAKEUP,) if self._events else ()))
             self._worker = api.UCXWorker(self._uctx)
+            if self._events:
+                self._worker.init_blocking_progress_mode()
             return bytes(self._worker.address)
         except Exception as exc:
             raise TransportError(f"ucx: context/worker creation failed: {exc}") from None
@@ -233,15 +240,28 @@ class UcxTransport(UcxBuffers, Transport):
         raise TransportError(f"ucx: unknown op {op}")
 
     def wait(self, handle) -> None:
-        """Poll the worker until ``handle`` is done, answering pending pull requests meanwhile."""
+        """Progress the worker until ``handle`` is done, answering pending pull requests meanwhile."""
         if handle is None:
             return
-        progress = self._worker.progress
         while not self._advance(handle):
-            progress()
+            self._step(handle)
             for h in self._reactive:
                 self._advance(h)
             self._reactive = [h for h in self._reactive if h.reqs != ()]
+
+    def _step(self, handle: _Handle) -> None:
+        """Advance the worker: spin (poll: once; event: for ``spin_s`` or until ``handle``'s last request
+        completed), then with events one call that sleeps on the event fd (at most 1 ms) until UCX has more."""
+        progress = self._worker.progress
+        progress()
+        if not self._events:
+            return
+        last, until, now = handle.reqs[-1], time.perf_counter() + self._spin_s, time.perf_counter
+        while not last.completed:
+            if now() >= until:
+                self._worker.progress_worker_event(1)
+                return
+            progress()
 
     def _advance(self, h: _Handle) -> bool:
         if h.reqs == ():
@@ -282,7 +302,8 @@ class UcxTransport(UcxBuffers, Transport):
         """Versions, one-sidedness, and the UCX lanes/protocols actually selected per peer."""
         out = {"one_sided": "no: ucxx has no put/get in Python; use nixl or mpi for one-sided UCX",
                "scatter_gather": "pack/unpack via staging (copy_batch), one tag message per layer",
-               "progress": "polled in wait()", "lanes": self._lanes}
+               "progress": "event: progress, then sleep on the worker's event fd" if self._events
+               else "polled in wait()", "lanes": self._lanes}
         try:
             import ucxx
 

@@ -1,0 +1,166 @@
+"""`kvbench run --trace`: a trace replayed through the workload harness (model/traceplan.py, harness/load.py).
+
+Exact moved tokens per request against the prefix-cache replay of model/trace.py, the clips said aloud, real
+two-rank replays with #wrong 0, the report's trace section, and bad input refused in one line."""
+import json
+
+import numpy as np
+import pytest
+
+from kvbench.cli.main import build_parser
+from kvbench.config import runconfig as config
+from kvbench.model import shapes as M
+from kvbench.model import trace as T
+from kvbench.model import traceplan as TP
+from tests.test_errors import assert_nothing_written, assert_one_line
+
+# five requests with shared prefixes (512-token blocks): 1 opens blocks 1,2; 2 shares them and adds 3; 3 is one
+# partial block already cached (a full hit); 4 shares nothing; 5 shares 1,2 and adds 6
+HAND = [(0, 1000, [1, 2]), (10, 1500, [1, 2, 3]), (20, 300, [1]), (30, 700, [4, 5]), (40, 1200, [1, 2, 6])]
+MOVED_UNBOUNDED = [1000, 1500 - 1024, 1, 700, 1200 - 1024]  # request 3: its whole prompt hits, 1 token moves
+MOVED_LRU2 = [1000, 476, 1, 700, 1200]  # --cache-blocks 2: requests 4's blocks evict 1 and 2 before request 5
+
+# llama-3-8b at tp 8: one KV head, 16 KiB per token; the workload's pool and timeout leave no request dropped
+SMALL = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "-b", "16", "--alloc-timeout", "60000"]
+
+
+def write_trace(path, reqs=HAND) -> str:
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 8, "hash_ids": ids})
+                            + "\n" for t, n, ids in reqs))
+    return str(path)
+
+
+# ----- the plan (no MPI) ---------------------------------------------------------------------
+@pytest.mark.parametrize("capacity,expect", [(None, MOVED_UNBOUNDED), (2, MOVED_LRU2)])
+def test_moved_tokens_are_the_prompt_less_the_replayed_hit(tmp_path, capacity, expect):
+    src = write_trace(tmp_path / "hand.jsonl")
+    p = TP.plan(src, 5, capacity)
+    st = T.replay(T.read(src), capacity)
+    from_replay = np.maximum(T.read(src).input_len - st.hit_tokens_each(T.read(src).input_len), 1)
+    got = TP.deal(p, 0, 1, 5)
+    assert got.ntok.tolist() == expect == from_replay.tolist()
+    assert got.arrival_s.tolist() == [0, 0.01, 0.02, 0.03, 0.04]
+    assert (got.cut_context, got.cut_pool, got.full_hits) == (0, 0, 1)
+    assert p.hit_blocks == int(st.hit_blocks.sum()) and p.blocks == 11
+    assert sum(p.hit) == st.hit_tokens
+
+
+def test_two_prefill_ranks_take_turns_over_the_trace(tmp_path):
+    p = TP.plan(write_trace(tmp_path / "hand.jsonl"), 4)
+    a, b = TP.deal(p, 0, 2, 2), TP.deal(p, 1, 2, 2)
+    assert a.ntok.tolist() == [1000, 1] and b.ntok.tolist() == [476, 700]  # requests 1,3 and 2,4
+    assert a.arrival_s.tolist() == [0, 0.02] and b.arrival_s.tolist() == [0.01, 0.03]
+
+
+def test_clips_are_counted():
+    # a prompt beyond the context is cut to its first 8,192 tokens, its hit to what lies within them
+    ntok, cut_c, cut_p, full = TP.moved([10_000, 9_000, 100], [0, 8_704, 0], context=8_192)
+    assert ntok.tolist() == [8_192, 1, 100] and (cut_c, cut_p, full) == (2, 0, 1)
+    ntok, cut_c, cut_p, full = TP.moved([10_000, 9_000, 100], [0, 8_704, 0], pool=4_096)
+    assert ntok.tolist() == [4_096, 296, 100] and (cut_c, cut_p, full) == (0, 1, 0)
+
+
+def test_the_preamble_says_every_clip(tmp_path):
+    p = TP.plan("mooncake-conversation", 200)
+    lines = TP.preamble(p, 1, [50.0], {"llama-3-8b": 8192, "mine.yaml": 0}, 0)
+    text = "\n".join(lines)
+    assert "the first 200 of 12,031 requests" in text and "at 50x" in text
+    cut = sum(1 for n in p.input if n > 8192)
+    assert cut > 0 and f": {cut} of 200 prompts are cut to their first 8,192 tokens" in text
+    assert f"mine.yaml has no known context: prompts run to the trace's {max(p.input):,} tokens" in text
+    assert f"block hit {100 * p.hit_blocks / p.blocks:.2f}%" in text
+
+
+# ----- bad input (in process: rank 0's validation; two on real ranks below) -------------------
+def build(args, world=2):
+    a = build_parser().parse_args(["run", *args])
+    return config.build(a, ["run", *args], world)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--trace", "mooncake-nope"], "trace 'mooncake-nope': no such file (named traces: mooncake-conversation"),
+    (["--trace", "mooncake-synthetic", "--speed", "0"], "--speed 0: give a positive factor"),
+    (["--trace", "mooncake-synthetic", "--speed", "-2"], "--speed -2: give a positive factor"),
+    (["--trace", "mooncake-synthetic", "--speed", "nan"], "--speed nan: give a positive factor"),
+    (["--trace", "mooncake-synthetic", "--requests", "0"], "field 'workload.requests'"),
+    (["--trace", "mooncake-synthetic", "--requests", "4000"], "has 3,993 requests: it cannot replay 4,000"),
+    (["--trace", "mooncake-synthetic", "--arrival", "poisson:5"], "--arrival: --trace replays the trace's arrivals"),
+    (["--trace", "mooncake-synthetic", "--prompt", "64"], "--prompt: --trace replays the trace's prompt lengths"),
+    (["--trace", "mooncake-synthetic", "--prefix-hit", "16"], "--prefix-hit: --trace replays the trace's prefix hits"),
+    (["--speed", "50"], "--speed applies to a trace's replay: give --trace"),
+    (["--cache-blocks", "20"], "--cache-blocks applies to a trace's replay: give --trace"),
+    (["--trace", "mooncake-conversation", "--requests", "2000"], "the replay's arrivals span 669 s, more than one case may take (--timeout 600 s)"),
+])
+def test_bad_trace_flags_are_one_line(args, needle):
+    with pytest.raises(config.ConfigError) as exc:
+        build(["-t", "shm", *args])
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cache_blocks_zero_is_refused_by_the_parser():
+    from kvbench.cli.args import ArgError
+
+    with pytest.raises(ArgError, match="'0' is not a positive number of blocks"):
+        build_parser().parse_args(["run", "--trace", "mooncake-synthetic", "--cache-blocks", "0"])
+
+
+def test_a_suite_trace_needs_trace_arrivals():
+    with pytest.raises(Exception, match="arrival poisson:5 is not trace:<speed>"):
+        from kvbench.config import suite as S
+
+        S.expand(S.validate({"name": "x", "workload": {"trace": "mooncake-synthetic"},
+                             "axes": {"arrival": ["poisson:5"]}}))
+
+
+# ----- real two-rank replays -------------------------------------------------------------------
+def test_replay_moves_exactly_the_uncached_tokens(kvrun, tmp_path):
+    src = write_trace(tmp_path / "hand.jsonl")
+    r = kvrun([*SMALL, "--trace", src, "--requests", "5", "--speed", "10"], timeout=240)
+    assert r.code == 0, r.out + r.err
+    assert "# wrong elements: 0" in r.out
+    df = r.transfers()
+    bpt = M.bytes_per_token(M.shard(M.get_model("llama-3-8b"), 8, 1), "fp16")
+    for role in ("prefill", "decode"):
+        rows = df[df.role == role].sort_values("iter")
+        assert (rows.payload_bytes // bpt).tolist() == MOVED_UNBOUNDED, role
+        assert (rows.payload_bytes % bpt == 0).all()
+    dec = df[df.role == "decode"].sort_values("iter")
+    assert (dec.status == "ok").all() and dec.nwrong.sum() == 0
+    assert np.allclose(dec.arrival_s.to_numpy(), [0, 0.001, 0.002, 0.003, 0.004])  # timestamps / 10, in s
+    assert (dec.workload == "trace:10").all()
+    st = T.replay(T.read(src))
+    facts = r.meta()["load"]["1"]["trace"]
+    assert facts["moved_tokens"] == sum(MOVED_UNBOUNDED) and facts["full_hits"] == 1
+    assert facts["block_hit_rate"] == round(st.block_hit_rate, 6)
+    assert r.meta()["trace"]["replayed"] == 5
+    assert f"block hit {100 * st.block_hit_rate:.2f}%, token hit {100 * st.token_hit_rate:.2f}%" in r.out
+    assert "1 request hit in full with llama-3-8b: each moves 1 token" in r.out
+    load = next(ln for ln in r.out.splitlines() if ln.startswith("# load: case 1"))
+    assert "exposed p50/p95/p99" in load and "queue p50/p95/p99" in load
+    # the report's trace section reads the same run
+    from kvbench.report.build import build as report_build
+
+    page, _ = report_build([r.results])
+    table = next(s for s in page.sections if s.title == "Trace replay").tables[0][1].iloc[0]
+    assert table["tokens moved"] == f"{sum(MOVED_UNBOUNDED):,}" and table["speed"] == "10x"
+    assert table["block hit %"] == f"{100 * st.block_hit_rate:.2f}" and table["n"] == 5
+
+
+def test_replay_of_the_conversation_trace_says_its_cuts(kvrun):
+    r = kvrun([*SMALL, "--trace", "mooncake-conversation", "--requests", "30", "--speed", "50",
+               "--decode-pool-tokens", "2048", "-c", "all"], timeout=300)
+    assert r.code == 0, r.out + r.err
+    assert "# wrong elements: 0" in r.out
+    p = TP.plan("mooncake-conversation", 30)
+    cut = sum(1 for n in p.input if n > 8192)
+    assert f": {cut} of 30 prompts are cut to their first 8,192 tokens" in r.out
+    assert "# trace: decode pool 2,048 tokens (--decode-pool-tokens): a request moves at most that" in r.out
+    dec = r.transfers().query("role == 'decode'")
+    assert len(dec) == 30 and dec.payload_bytes.max() == 2048 * 16384
+    assert dec[dec.status == "ok"].nwrong.sum() == 0 and (dec.status == "ok").any()
+
+
+def test_bad_trace_input_on_real_ranks(kvrun, tmp_path):
+    assert_one_line(kvrun(["-t", "shm", "--trace", "mooncake-nope"]), "trace 'mooncake-nope': no such file")
+    assert_one_line(kvrun(["-t", "shm", "--trace", "mooncake-synthetic", "--speed", "0"]), "--speed 0")
+    assert_nothing_written(tmp_path)

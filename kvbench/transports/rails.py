@@ -92,13 +92,21 @@ class Striped:
         self.jobs = jobs
 
 
+def lab_nics() -> list[str]:
+    """KVBENCH_LAB_NICS (``kvbench lab run`` sets it, kvbench/lab/place.py): this rank's lab NICs, in order."""
+    return [n for n in os.environ.get("KVBENCH_LAB_NICS", "").split(",") if n]
+
+
 def select_rails(hostname: str, options: dict, nics: list[str] | None = None) -> list[tuple[str, str | None]]:
     """(address, interface) of each rail: ``addr=A,B`` (one rail per address), ``ifname=X,Y`` (one per entry,
     its first interface with an IPv4 address), ``rails=N`` (the first N interfaces ``ifname`` matches, or of
-    ``nics``, the ones --nic auto ranked nearest); else the one rail of ``select_addr``."""
+    ``nics``, the ones --nic ranked, or else of the lab's NICs); else the one rail of ``select_addr``."""
     want = int(options.get("rails") or 0)
     addrs = [a for a in str(options.get("addr") or "").split(",") if a]
-    spec = options.get("ifname") or os.environ.get("KVBENCH_SOCKET_IFNAME")
+    lab = lab_nics()
+    nics = nics or lab or None
+    # in a lab the NIC list beats the lab's own pin of its first NIC (KVBENCH_SOCKET_IFNAME), so rails=N stripes
+    spec = options.get("ifname") or (None if lab else os.environ.get("KVBENCH_SOCKET_IFNAME"))
     names = [n for _, n in socket.if_nameindex()]
     if addrs:
         if want > len(addrs):

@@ -39,10 +39,11 @@
   receive.  ``-O poll=control`` busy-polls only the 32-byte control messages
   (a pull's layer-ready signals and requests) and sleeps for payloads.  Default
   ``block``.
-* Rails: ``-O addr=A,B``, ``-O ifname=eth0,eth1`` or ``-O rails=N`` (sockets.select_rails) give every pair
-  one connection (two with ready=socket) per rail, each bound to its NIC's address (and SO_BINDTODEVICE
-  where permitted); a request's descriptors are cut by bytes (rails.split, cached per array), each rail
-  carries its share as a stream of its own, and the request lands when its last rail lands.
+* Rails: ``-O addr=A,B``, ``-O ifname=eth0,eth1`` or ``-O rails=N`` (rails.select_rails: of --nic's NICs, else
+  of the lab's KVBENCH_LAB_NICS) give every pair one connection (two with ready=socket) per rail, each bound
+  to its NIC's address (and SO_BINDTODEVICE where permitted); a request's descriptors are cut by bytes
+  (rails.split, cached per array), each rail carries its share as a stream of its own, and the request lands
+  when its last rail lands.
 """
 from __future__ import annotations
 

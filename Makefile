@@ -13,6 +13,7 @@
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
 #   make selftest           (root) kvbench's tcp and mpi rates and exposed time against a tc-shaped veth link
+#   make lab                (root) a 4-node, 2-rail namespaces lab at RATE (1gbit): rails, incast, bidir, mpi/nixl carriers
 #   make bench-codecs       codecs on shm, tcp loopback and (root) a 1 Gbit/s shaped link: measured vs predicted
 #   make lint               ruff
 #   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
@@ -38,10 +39,10 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest test lint clean-results help procurement bench-codecs
+.PHONY: gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,23p' Makefile
+	@sed -n '2,24p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -104,6 +105,10 @@ soak: $(STAMP) benchdeps
 # one rank in each; bulk GB/s against iperf3 and the shaped rate, a streaming row against the model
 selftest: $(STAMP)
 	$(BIN)/python -m kvbench.selftest --rate $(or $(RATE),1gbit) $(ARGS)
+
+# the fabric (needs root): a lab of 4 namespaces x 2 rails shaped at RATE; each result as a ratio to that rate
+lab: $(STAMP)
+	$(BIN)/python benchmarks/lab.py --rate $(or $(RATE),1gbit) $(ARGS)
 
 # the buyer's sweep: suites/procurement.yaml (bandwidth) and procurement-overlap.yaml (exposed time), one launch
 # each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the

@@ -245,3 +245,21 @@ def test_sigterm_during_run_removes_the_lab(tmp_path):
     assert _ours(tag) == []
     left = subprocess.run(["pgrep", "-f", f"ip netns exec {tag}"], capture_output=True, text=True).stdout.split()
     assert left == [], f"ranks left behind: {left}"
+
+
+@needs_root
+def test_rails_in_the_lab_stripe_over_its_nics(lab, tmp_path):
+    """No ifname/addr: tcp's rails are the lab's NICs (KVBENCH_LAB_NICS), each carrying its share."""
+    p = _lab("run", "--id", lab.id, "--", *RUN, "-O", "rails=2", "-o", str(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    df = _results(p.stdout)
+    assert set(df["rails"]) == {2} and set(df["rail_nics"]) == {"rail0,rail1"}
+    payload = int(df["payload_bytes"].iloc[0]) * 3
+    for rank, side in ((0, 0), (1, 1)):  # the sender's tx, the receiver's rx, per rail by the NICs' counters
+        g = df[df["rank"] == rank]
+        assert set(g["carrier"]) == {"rail0,rail1"} and set(g["nic_asked"]) == {"rail0,rail1"}
+        assert set(g["carrier_note"]) == {""}
+        moved = C.decode(g["nic_bytes"].iloc[0])
+        per = [moved["rail0"][side], moved["rail1"][side]]
+        assert sum(per) >= payload and all(0.4 <= x / sum(per) <= 0.6 for x in per), per
+    assert "# CARRIER" not in p.stdout and "leaves by" not in p.stdout

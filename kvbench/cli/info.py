@@ -9,6 +9,7 @@ from kvbench import __version__, transports
 from kvbench.config import suite as S
 from kvbench.config.runconfig import custom_model
 from kvbench.job import cleanup, comm
+from kvbench.memory import affinity
 from kvbench.model import layers as L
 from kvbench.model import shapes as M
 from kvbench.model import trace as T
@@ -193,6 +194,8 @@ def cmd_env(a) -> int:
     print(f"{'RDMA devices':<16} {', '.join(sysd['rdma_devices']) or 'none (/sys/class/infiniband absent)'}")
     print(f"{'NICs':<16} {', '.join(sysd['nics']) or '-'}")
     for line in hwfacts.lines(sysd.get("gpu_rdma") or hwfacts.facts()):  # GPUs, RDMA ports, GPUDirect
+        print(line)
+    for line in affinity.matrix_lines(gpus=affinity.gpus()):  # what --nic auto picks from (memory/affinity.py)
         print(line)
     for k, v in library_versions().items():
         print(f"{k:<16} {v}")

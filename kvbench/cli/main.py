@@ -110,6 +110,12 @@ def build_parser() -> Parser:
     r.add_argument("--copy", type=csv(str), help="copy engine for device bytes: memcpy (one cuMemcpyAsync per "
                    "descriptor), kernel (one gather/scatter launch), batch (cuMemcpyBatchAsync; default)")
     r.add_argument("--scheme", type=text, help="pairing of ranks: " + SCHEME_HELP)
+    r.add_argument("--matrix", type=text, metavar="FILE|NAME", help="--scheme matrix: a CSV or YAML file whose "
+                   "cell [i][j] is the tokens (or bytes with a unit, 64MiB) rank i sends rank j, or a scheme's name "
+                   "(incast, bidir, many-to-one, ...); each flow runs alone, then all at once (docs/fabric.md)")
+    r.add_argument("--nic", type=text, metavar="auto|NAME,..", help="the NIC(s) of each rank: auto = the nearest its "
+                   "GPU, else its CPU socket, in NCCL's order PIX, PXB, PHB, NODE, SYS (kvbench env shows the "
+                   "matrix); tcp stripes over -O rails=N of them; UCX-based transports get UCX_NET_DEVICES")
     r.add_argument("--inflight", type=csv(int), help="requests of each pair in flight at once (default 1)")
     r.add_argument("--seed", type=int, help="seed of the block allocator (runs are reproducible; 0 to 2^32-1)")
     r.add_argument("--pool-factor", type=float, help="pool size as a multiple of the largest request (default 2)")

@@ -137,7 +137,7 @@ def run(a, argv: list[str]) -> int:
         mpich = c.gather(cleanup.mapped_mpich())
         swept = c.gather(swept)
         try:
-            h.placement = placing.place(c, cases, cfg.gpu_map)  # each rank's GPU bound before any pool
+            h.placement = placing.place(c, cases, cfg.gpu_map, cfg.nic)  # each rank's GPU bound before any pool
             h.preflight(cases, suite.scheme)
             err = None
         except (UserError, PlacementError) as exc:
@@ -235,7 +235,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
 
     suite, cases = cfg.suite, cfg.cases
-    pairs = make_pairs(suite.scheme, c.size)
+    pairs = make_pairs(suite.scheme, c.size, suite.matrix)
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
                  + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.workload_lines(c.size)):
         print(line)
@@ -246,7 +246,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
             "models": cfg.models, "argv": argv, "transport_options": cfg.transport_options,
             "git_commit": git_commit(), "libraries": library_versions(), "mpi": c.library(),
             "system": system_description(), "hosts": hosts, "world_size": c.size,
-            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id, "gpu_map": cfg.gpu_map,
+            "cpu_bind": cfg.bind, "cpus": cpus, "run_id": h.run_id, "gpu_map": cfg.gpu_map, "nic": cfg.nic,
             "placement": h.placement,  # per rank: host, local rank, GPU (-1: none) and its PCI bus, nearest NIC
             "shm_segments": {"kvbench": f"{cleanup.SHM_DIR}/kvbench_{h.run_id}_*",
                              "mpich": sorted({p for part in mpich for p in part})},
@@ -289,13 +289,13 @@ def footer(cfg, writer, printer, h) -> int:
     """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too)."""
     import pandas as pd
 
-    from kvbench.report import setup, summarize
+    from kvbench.report import fabric, setup, summarize
     from kvbench.results.store import transfer_rows
 
     whole = pd.concat(writer.frames, ignore_index=True) if writer.frames else None
     df = transfer_rows(whole) if whole is not None else None  # the setup rows have a table of their own
     st = summarize(df) if df is not None else None
-    for line in setup.table_lines(whole, st) if whole is not None else []:
+    for line in setup.table_lines(whole, st) + fabric.table_lines(whole) if whole is not None else []:
         print(line)
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())

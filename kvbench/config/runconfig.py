@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvbench import transports
 from kvbench.config import ConfigError
 from kvbench.config import suite as S
+from kvbench.config.niccfg import check_nics, nic_arg
 from kvbench.config.tracecfg import TRACE_FLAGS, read_trace, trace_flags
 from kvbench.harness.state import Options
 from kvbench.memory import device, driver, host, placement
 from kvbench.model import ageing, traceplan
+from kvbench.model import matrix as X
 from kvbench.model import shapes as M
 from kvbench.model.layout import aged_n
 from kvbench.model.schemes import SchemeError, make_pairs
@@ -48,6 +50,7 @@ class RunConfig(BaseModel):
     name: str
     bind: Literal["none", "core"] = "none"
     gpu_map: list[int] | None = None  # --gpu-map: per local rank, its GPU (memory/placement.py)
+    nic: list[str] | None = None  # --nic: ["auto"] or the interfaces named (memory/affinity.py)
     progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar (kvbench/cli/progress.py)
     inject_corruption: int = Field(0, ge=0)
     resume: str | None = None  # the .parquet being continued
@@ -66,7 +69,7 @@ class RunConfig(BaseModel):
             return [ageing.drawn_line(n) for n in ages]
         speeds = [float(a.partition(":")[2]) for a in self.suite.axes.arrival]
         contexts = {m: self.shapes()[m].context for m in dict.fromkeys(c["model"] for c in self.cases)}
-        srcs = len({s for s, _ in make_pairs(self.suite.scheme, world)})
+        srcs = len({s for s, _ in make_pairs(self.suite.scheme, world, self.suite.matrix)})
         return (traceplan.preamble(p, srcs, speeds, contexts, self.suite.workload.decode_pool_tokens)
                 + [traceplan.aged_line(p, n) for n in ages])
 
@@ -76,7 +79,7 @@ class RunConfig(BaseModel):
     def options(self) -> Options:
         """The harness's ``Options``, built in this one place from the suite and the run's flags."""
         s = self.suite
-        return Options(iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
+        return Options(matrix=s.matrix, iters=s.iters, warmup=s.warmup, rounds=s.turns(), check=s.check, seed=s.seed,
                        pool_factor=s.pool_factor, timeout=s.timeout, setup_timeout=s.setup_timeout, pages=s.pages,
                        fill=s.fill, cache=s.cache, inject_corruption=self.inject_corruption, gpu_map=self.gpu_map,
                        target_ci=s.target_ci, ci_budget=s.ci_budget, pool_sizes=tuple(s.pool_sizes),
@@ -155,6 +158,10 @@ def merge(a) -> S.Suite:
             data[key] = getattr(a, key)
     if a.check is not None:
         data["check"] = a.check
+    if getattr(a, "matrix", None) is not None:
+        if (a.scheme or data.get("scheme")) != "matrix":
+            raise ConfigError("--matrix needs --scheme matrix")
+        data["matrix"] = X.load(a.matrix)
     if a.name:
         data["name"] = a.name
     return S.validate(data, a.suite or "command line")
@@ -220,13 +227,15 @@ def build(a, argv: list[str], world: int) -> RunConfig:
 
 def fresh(a, argv: list[str], world: int) -> RunConfig:
     suite = merge(a)
-    make_pairs(suite.scheme, world)
+    make_pairs(suite.scheme, world, suite.matrix)
     ram = host.meminfo().get("MemTotal", 0)
     if suite.pool_sizes and ram and max(suite.pool_sizes) > ram:  # the rest is the preflight's, on every host
         raise ConfigError(f"--pool-sizes: {max(suite.pool_sizes) / 2**30:.2f} GiB is more than this machine's "
                           f"memory ({ram / 2**30:.2f} GiB)")
     cases = S.expand(suite)
     topts = O.parse(a.option or [], suite.axes.transport)
+    nic = nic_arg(getattr(a, "nic", None))
+    check_nics(topts, nic, suite.axes.transport)
     # staged alone on host pools can measure nothing: say so at once; in a sweep of several transports (a shipped
     # suite such as procurement) its host cases are skipped rows with the reason, as any unavailable path's are
     if suite.axes.transport == ["staged"] and suite.axes.memory == ["host"]:
@@ -236,7 +245,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     per_request(suite)
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
-    return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map,
+    return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map, nic=nic,
                      trace=read_trace(suite, world),
                      results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), bind=a.bind,
                      name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
@@ -344,7 +353,7 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
                        transport_options=meta.get("transport_options", {}),
                        results=root,
                        name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
-                       gpu_map=meta.get("gpu_map"), resume=path, argv=meta.get("argv", []))
+                       gpu_map=meta.get("gpu_map"), nic=meta.get("nic"), resume=path, argv=meta.get("argv", []))
     stored.trace = read_trace(stored.suite, world)
     if gave_sweep(a) or a.option:
         mine = fresh(a, argv, world)

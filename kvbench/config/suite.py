@@ -18,6 +18,7 @@ from kvbench import transports
 from kvbench.codecs import NAMES
 from kvbench.codecs import check as codec_check
 from kvbench.memory.values import check_fill
+from kvbench.model import matrix as X
 from kvbench.model import shapes as M
 from kvbench.model.inputs import (
     MAX_MS,
@@ -29,6 +30,7 @@ from kvbench.model.inputs import (
     Positive,
     PrefixHit,
     Tokens,
+    check_level,
     sizes,
     unique,
 )
@@ -162,21 +164,6 @@ class Workload(BaseModel):
         return self
 
 
-CHECK_LEVELS = "0 (none), 1 (one checked transfer after timing, the default) or all (every timed iteration too)"
-
-
-def check_level(v):
-    """-c / check: 0, 1, all (also every, true, false) -> False, True or "all"; anything else is refused."""
-    if isinstance(v, bool):
-        return v
-    word = str(v).strip().lower()
-    if word in ("all", "every"):
-        return "all"
-    if word in ("0", "1", "false", "true", "off", "on"):
-        return word in ("1", "true", "on")
-    raise ValueError(f"check must be {CHECK_LEVELS}, not {v!r}")
-
-
 class Suite(BaseModel):
     """A whole sweep: axes plus how to run each case."""
 
@@ -190,7 +177,9 @@ class Suite(BaseModel):
     rounds: int = Field(default=0, ge=0)
     # False (-c 0), True (-c 1: one checked transfer after timing) or "all" (-c all: every timed iteration too)
     check: bool | Literal["all"] = True
-    scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs"] = "pairwise"
+    scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs", "matrix", "bidir"] = "pairwise"
+    # scheme matrix: cell [i][j] = tokens (or bytes with a unit) rank i sends rank j, or a name (model/matrix.py)
+    matrix: list[list[str]] | str | None = None
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     # a pool a million requests deep is already beyond any machine's memory; far larger overflows the byte count
     pool_factor: float = Field(default=2.0, ge=1.0, le=1e6)
@@ -229,6 +218,19 @@ class Suite(BaseModel):
     @classmethod
     def _variants(cls, v):
         return unique(v)
+
+    @field_validator("matrix", mode="before")
+    @classmethod
+    def _matrix(cls, v):
+        return X.suite_value(v)
+
+    @model_validator(mode="after")
+    def _matrix_scheme(self):
+        if self.matrix is not None and self.scheme != "matrix":
+            raise ValueError(f"a matrix needs scheme matrix (this suite's scheme is {self.scheme})")
+        if self.scheme in ("matrix", "bidir") and self.workload is not None:
+            raise ValueError(f"scheme {self.scheme} runs in bandwidth sweeps, not under a workload")
+        return self
 
     @field_validator("pool_sizes", mode="before")
     @classmethod

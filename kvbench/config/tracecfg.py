@@ -38,7 +38,7 @@ def read_trace(suite: S.Suite, world: int) -> dict | None:
     w = suite.workload
     if w is None or w.trace is None:
         return None
-    srcs = len({s for s, _ in make_pairs(suite.scheme, world)})
+    srcs = len({s for s, _ in make_pairs(suite.scheme, world, suite.matrix)})
     try:
         age = max((n for n in (aged_n(a) for a in suite.axes.alloc) if n is not None), default=0)
         p = traceplan.plan(w.trace, w.requests * srcs, w.cache_blocks, w.trace_block, age)

@@ -15,10 +15,12 @@ import subprocess
 
 from kvbench.fabric import carriers as C
 from kvbench.fabric import nics
+from kvbench.harness import railrows
 from kvbench.harness.state import UserError
 from kvbench.model.schemes import make_pairs
 from kvbench.transports import options as O
 from kvbench.transports.base import TransportError
+from kvbench.transports.rails import select_rails
 from kvbench.transports.sockets import if_addr, select_addr
 
 nan = float("nan")
@@ -36,27 +38,28 @@ def route_dev(dst: str, src: str) -> str | None:
         return None
 
 
-def pinned_addr(name: str, hostname: str, options: dict) -> tuple[str, str | None] | None:
-    """(address, interface) a socket transport was told to use, None when it was not pinned; a NIC or address
-    that does not exist raises UserError."""
+def pinned_addr(name: str, hostname: str, options: dict) -> list[tuple[str, str | None]] | None:
+    """(address, interface) per rail a socket transport was told to use (one without rails), None when it was
+    not pinned; a NIC or address that does not exist raises UserError."""
     if "ifname" not in O.known(name):
         return None
     if not (options.get("ifname") or options.get("addr") or os.environ.get("KVBENCH_SOCKET_IFNAME")):
         return None
-    try:
-        addr, ifname = select_addr(hostname, options)
+    try:  # a striping transport's rails are every NIC it was told to use (transports/rails.py)
+        found = select_rails(hostname, options) if "rails" in O.known(name) else [select_addr(hostname, options)]
     except TransportError as exc:
         raise UserError(f"{name}: {exc}") from None
-    if options.get("addr") and ifname is None and not addr.startswith("127.") and if_addr("lo") != addr:
-        raise UserError(f"{name}: -O addr={addr}: no interface of this host has that address")
-    return addr, ifname
+    for addr, ifname in found:
+        if options.get("addr") and ifname is None and not addr.startswith("127.") and if_addr("lo") != addr:
+            raise UserError(f"{name}: -O addr={addr}: no interface of this host has that address")
+    return found
 
 
 class Carrying:
     """Counter samples around a case's timed iterations, and the rows' carrier columns."""
 
     route_lines: list[str] = []  # the preamble's lines about routes (rank 0)
-    pinned: dict[str, str] = {}  # transport -> the NIC it was told to use on this rank (check_routes)
+    pinned: dict[str, list] = {}  # transport -> the NICs it was told to use on this rank (check_routes)
 
     def check_routes(self, cases: list[dict], scheme: str) -> None:
         """Collective: every rank's pinned (address, NIC) per socket transport; an error on any rank is every
@@ -74,29 +77,35 @@ class Carrying:
         errors = [e for _, e in every if e]
         if errors:
             raise UserError(errors[0])
-        self.pinned = {name: ifname for name, (_, ifname) in mine.items() if ifname}
+        self.pinned = {name: [n for _, n in rails if n] for name, rails in mine.items() if any(n for _, n in rails)}
         lines = []
-        for s, d in make_pairs(scheme, self.comm.size) if self.comm.size > 1 else []:
+        for s, d in make_pairs(scheme, self.comm.size, self.opts.matrix) if self.comm.size > 1 else []:
             if self.rank not in (s, d):
                 continue
             peer = d if s == self.rank else s
-            for name, (addr, ifname) in mine.items():
-                if name in every[peer][0] and ifname and (dev := route_dev(every[peer][0][name][0], addr)) not in (None, ifname):
-                    lines.append(f"# WARNING: {name}: rank {self.rank} was asked for {ifname} ({addr}) but its route to "
-                                 f"rank {peer} ({every[peer][0][name][0]}) leaves by {dev}: its bytes will not cross "
-                                 f"{ifname} (each row's carrier and carrier_note say what did)")
+            for name, rails in mine.items():
+                theirs = every[peer][0].get(name) or []
+                for (addr, ifname), (to, _) in zip(rails, theirs):  # rail i dials the peer's rail i (tcp.py)
+                    if ifname and (dev := route_dev(to, addr)) not in (None, ifname):
+                        lines.append(f"# WARNING: {name}: rank {self.rank} was asked for {ifname} ({addr}) but its route "
+                                     f"to rank {peer} ({to}) leaves by {dev}: its bytes will not cross "
+                                     f"{ifname} (each row's carrier and carrier_note say what did)")
         self.route_lines = [ln for part in self.comm.gather(lines) or [] for ln in dict.fromkeys(part)]
 
-    def nic_mark(self, m) -> None:
-        """Before the case's first timed iteration (outside its window): every NIC's counters."""
+    def nic_mark(self, m, t) -> None:
+        """Before the case's first timed iteration (outside its window): every NIC's counters, and the kernel's
+        count of each rail of transport ``t`` (railrows.py)."""
         m.nic_before = nics.sample(nvlink=m.case.get("memory") == "cuda")
+        m.rails_before = railrows.counters(t)
 
-    def nic_take(self, m) -> None:
-        """After its last timed iteration: add what every NIC moved since ``nic_mark``."""
+    def nic_take(self, m, t, iters: int) -> None:
+        """After its last timed iteration (``iters`` of them): add what every NIC and rail moved since ``nic_mark``."""
         if m.nic_before is not None:
             after = nics.sample(nvlink=m.case.get("memory") == "cuda")
             m.nic_moved = C.add(m.nic_moved or {}, C.delta(m.nic_before, after))
             m.nic_before = None
+        railrows.delta(m.rails_before, railrows.counters(t) if m.rails_before else None, m.rail_wire)
+        m.rails_before, m.timed = None, m.timed + iters
 
     def carrier_columns(self, m, s) -> dict:
         """This rank's carrier columns for the case's timed rows (DEFAULTS where it sampled nothing)."""
@@ -106,7 +115,7 @@ class Carrying:
         sent = n * sum(e.payload for e in m.entries if e.src == self.rank)
         received = n * sum(e.payload for e in m.entries if e.dst == self.rank)
         c = C.carriage(m.nic_moved, sent, received)
-        asked = [self.pinned[m.case["transport"]]] if m.case["transport"] in self.pinned else []
+        asked = self.pinned.get(m.case["transport"], [])
         network = bool(getattr(s.t.caps, "network", False)) and not s.local
         return {"nic_bytes": c.nic_bytes, "carrier": c.carrier, "carrier_tx_bytes": float(c.tx_bytes),
                 "carrier_rx_bytes": float(c.rx_bytes), "wire_over_payload": c.wire_over_payload,

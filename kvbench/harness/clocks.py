@@ -18,19 +18,24 @@ def sync(comm, sources: list[int], dests: list[int], clk=time.perf_counter, samp
 
     ``sources`` are the ranks this rank receives from, ``dests`` those it sends to (either may be empty).
     """
-    w, out = comm.world, {}
-    for d in dests:
-        best = (float("inf"), 0.0)
-        for _ in range(samples):
-            a = clk()
-            w.send(a, dest=d, tag=TAG_SYNC)
-            b = w.recv(source=d, tag=TAG_SYNC)
-            c = clk()
-            best = min(best, (c - a, b - (a + c) / 2))
-        w.send((best[1], best[0]), dest=d, tag=TAG_SYNC)
-    for s in sources:
-        for _ in range(samples):
-            w.recv(source=s, tag=TAG_SYNC)
-            w.send(clk(), dest=s, tag=TAG_SYNC)
-        out[s] = tuple(w.recv(source=s, tag=TAG_SYNC))
+    w, out, me = comm.world, {}, comm.rank
+    # pair by pair in one order every rank agrees on (the lower rank, then the higher), so no two ranks wait for
+    # each other whatever the matrix; a pair that sends both ways syncs twice, the lower rank pinging first
+    for p in sorted(set(sources) | set(dests), key=lambda p: (min(me, p), max(me, p))):
+        turns = sorted(([me] if p in dests else []) + ([p] if p in sources else []))
+        for pinger in turns:
+            if pinger == me:
+                best = (float("inf"), 0.0)
+                for _ in range(samples):
+                    a = clk()
+                    w.send(a, dest=p, tag=TAG_SYNC)
+                    b = w.recv(source=p, tag=TAG_SYNC)
+                    c = clk()
+                    best = min(best, (c - a, b - (a + c) / 2))
+                w.send((best[1], best[0]), dest=p, tag=TAG_SYNC)
+            else:
+                for _ in range(samples):
+                    w.recv(source=p, tag=TAG_SYNC)
+                    w.send(clk(), dest=p, tag=TAG_SYNC)
+                out[p] = tuple(w.recv(source=p, tag=TAG_SYNC))
     return out

@@ -82,7 +82,7 @@ class LoadHarness(Harness):
     # ----- sizing --------------------------------------------------------------------
     def preflight(self, cases: list[dict], scheme: str) -> None:
         try:  # the pools are sized from the requests of each prefill rank: the ranks must be known here already
-            self._pairs = make_pairs(scheme, self.comm.size)
+            self._pairs = make_pairs(scheme, self.comm.size, self.opts.matrix)
         except SchemeError:
             pass  # the base class says it, in its words
         super().preflight(cases, scheme)
@@ -90,7 +90,7 @@ class LoadHarness(Harness):
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
             W.parse_prompt(self.wl.prompt)
-            self._pairs = make_pairs(scheme, self.comm.size)
+            self._pairs = make_pairs(scheme, self.comm.size, self.opts.matrix)
         except (ValueError, SchemeError) as exc:
             raise UserError(str(exc)) from None
         super().run(cases, scheme)

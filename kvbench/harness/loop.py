@@ -16,7 +16,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
-from kvbench.harness import bounds, checkpass, placing, preflight, registering, requests, setuprows
+from kvbench.harness import bounds, checkpass, flows, placing, preflight, railrows, registering, requests, setuprows
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.carriage import Carrying
 from kvbench.harness.preflight import device_reason
@@ -29,7 +29,7 @@ from kvbench.job.guard import GUARD
 from kvbench.memory import cachestate
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.layout import Pool
-from kvbench.model.schemes import Entry, SchemeError, make_pairs, max_entries_per_rank
+from kvbench.model.schemes import Entry, SchemeError, flow_cells, make_pairs, max_entries_per_rank
 from kvbench.results import costs
 from kvbench.transports.base import Context, TransportError
 
@@ -50,6 +50,8 @@ class Harness(Rows, Calibration, Carrying):
         self.placement: list[dict] | None = None  # every rank's GPU and NIC (placing.place, before preflight)
         self.check_s = self.timed_s = 0.0  # this rank's seconds verifying (outside the timed windows), and timed
         self.setup_rows: list[dict] = []  # this rank's setup rows of the transport, until its first case's rows go
+        self.cells: list[str] | None = None  # --scheme matrix/bidir: per pair its matrix cell (flows.py)
+        self.flow_state: dict = {}  # rank 0: each flow's isolated time until its congested rows (flows.derive)
         self.extra_meta: dict = {}  # rank 0: more sidecar fields (registering.count: per_request)
 
     def my_place(self) -> dict:
@@ -64,13 +66,14 @@ class Harness(Rows, Calibration, Carrying):
     def preflight(self, cases: list[dict], scheme: str) -> None:
         """Refuse, before anything is allocated or written, pools that do not fit (collective)."""
         try:
-            entries = max_entries_per_rank(make_pairs(scheme, self.comm.size), 1)
+            entries = max_entries_per_rank(make_pairs(scheme, self.comm.size, self.opts.matrix), 1)
+            self.cells = flow_cells(scheme, self.comm.size, self.opts.matrix)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
         groups = []
         for (name, kind), g in groupby(cases, key=lambda c: (c["transport"], c.get("memory", "host"))):
             g = list(g)
-            layer = max(case_geometry(c)["payload"] // case_geometry(c)["shape"].layers for c in g)
+            layer = max(requests.layer_bytes(c, self.cells) for c in g)
             groups.append((name, self.pool_size(g, entries), layer, kind))
         why = preflight.check(self.comm, groups, self.opts.transport_options, self.opts.pages, self.my_place(),
                               max(self.opts.pool_sizes, default=0))
@@ -80,7 +83,8 @@ class Harness(Rows, Calibration, Carrying):
 
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
-            pairs = make_pairs(scheme, self.comm.size)
+            pairs = make_pairs(scheme, self.comm.size, self.opts.matrix)
+            self.cells = flow_cells(scheme, self.comm.size, self.opts.matrix)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
         faults.at("before-setup", self.rank)
@@ -126,8 +130,8 @@ class Harness(Rows, Calibration, Carrying):
         ctx = Context(self.rank, self.comm.size, self.comm.hostname, self.run_id, token,
                       dict(self.opts.transport_options.get(name, {})), pages=self.opts.pages,
                       memory=cases[0].get("memory", "host"), copy=cases[0].get("copy", "batch"),
-                      gpu=self.my_place()["gpu"], nic=self.my_place()["nic"], register=cases[0].get("register", "once"),
-                      reached=registering.reached(self.rank, cases[0]["op"], pairs))
+                      register=cases[0].get("register", "once"), reached=registering.reached(self.rank, cases[0]["op"], pairs),
+                      **placing.context_fields(self.my_place(), self.rank, pairs))
         entries = 1 if local else max_entries_per_rank(pairs, 1)
         nbytes = self.pool_size(cases, entries)
         staging = codec_staging(name, cases, my_pairs, case_geometry)  # codec cases: frames' slots after the KV bytes
@@ -177,7 +181,8 @@ class Harness(Rows, Calibration, Carrying):
                 setuprows.sweep(self, t, self.opts.pool_sizes, ctx.memory, not local, ph)
             infos = self.comm.gather(dict(t.info(), register_s=register_s, connect_s=connect_s, pool_bytes=nbytes,
                                           completion="transport" if t.caps.stamps else "harness",
-                                          pages=self.pages_of(t, pools)) if active else None)
+                                          pages=setuprows.pages_of(t, pools, self.opts.pages))
+                                if active else None)
             if self.rank == 0:
                 self.transport_info[name] = infos
             GUARD.disarm()
@@ -187,7 +192,7 @@ class Harness(Rows, Calibration, Carrying):
                                            role="", pair=-1, req=0, payload_bytes=0, wire_bytes=0, descriptors=0,
                                            completion=""))
             session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t, self.rank, self.hosts),
-                              ifname=t.info().get("ifname") if active else None)
+                              ifname=t.info().get("ifname") if active else None, cells=None if local else self.cells)
             if staging and active:
                 from kvbench.codecs.path import Session as CodecSession
 
@@ -223,15 +228,9 @@ class Harness(Rows, Calibration, Carrying):
         GUARD.case = ""  # (kept when an exception passes: the one line names the case)
         self.sample(name, "closed")
 
-    def pages_of(self, t, pools: list[Pool]) -> dict:
-        """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
-        got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=self.opts.pages)
-               if p.array is not None else {"applied": p.kind, "note": "device memory: no host pages"} for p in pools]
-        return {"requested": self.opts.pages, **(got[0] if got else {}), **({"more_pools": got[1:]} if got[1:] else {})}
-
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
-        return pool_bytes(cases, self.opts.pool_factor, entries)
+        return pool_bytes([flows.largest(c, self.cells) for c in cases], self.opts.pool_factor, entries)
 
     # ----- one case ----------------------------------------------------------------------
     def variants(self, case: dict, s: Session) -> list[dict]:
@@ -250,7 +249,7 @@ class Harness(Rows, Calibration, Carrying):
                          codec="none", prefill="clock") for v in refs]  # references: the pool's bytes as they are
         if "paged" in self.opts.variants:
             out.append(dict(case, variant="paged"))
-        return out
+        return flows.expand(out, len(s.pairs)) if s.cells else out
 
     def run_case(self, case: dict, s: Session) -> None:
         for v in self.variants(case, s):
@@ -289,7 +288,7 @@ class Harness(Rows, Calibration, Carrying):
         self.case_no += 1
         GUARD.case = case_label(self.case_no, case)
         g = case_geometry(case)
-        entries = self.plan(case, g, s)
+        entries = flows.only(case, self.plan(case, g, s))  # a matrix's flow alone: the others wait at barriers
         s.fill = fill_pools(s.pools, self.rank, s.fill, (self.opts.fill, case["dtype"]))
         t = codec_transport(self.comm, s.t, s.codec, case, g, s.pairs)
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
@@ -328,8 +327,8 @@ class Harness(Rows, Calibration, Carrying):
             for k in range(warmup + iters):
                 cache0 = m.cache.count if m.cache is not None else 0
                 every = m.every if k >= warmup else None  # -c all: this timed iteration is checked
-                if k == warmup:  # the NICs' counters before the first timed iteration, outside its window
-                    self.nic_mark(m)
+                if k == warmup:  # the NICs' and rails' (railrows.py) counters before the first timed iteration
+                    self.nic_mark(m, s.t)
                 if every is not None:
                     every.before(m.next)
                 done, inside, hs, offset = self._once(m, m.next)  # from the end of a barrier
@@ -368,7 +367,7 @@ class Harness(Rows, Calibration, Carrying):
                 if k + 1 == warmup + iters // 2 and not m.mid:  # half-way: the steady state's start
                     m.mid = True
                     self.sample(m.case["transport"], "mid", m.no)
-            self.nic_take(m)
+            self.nic_take(m, s.t, iters)
         finally:
             GUARD.disarm()
         m.spent, m.ran = m.spent + time.perf_counter() - began, m.ran + warmup + iters  # --ci-budget's clock
@@ -397,4 +396,5 @@ class Harness(Rows, Calibration, Carrying):
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
                   every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
-                  first=[m.first[p] for p in pos] if m.first else None, carry=self.carrier_columns(m, s))
+                  first=[m.first[p] for p in pos] if m.first else None, carry=self.carrier_columns(m, s),
+                  rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed))

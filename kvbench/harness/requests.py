@@ -6,12 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench import memory
+from kvbench.harness.flows import flow_case, largest
 from kvbench.harness.state import Session
 from kvbench.model import hybridpool, planes
 from kvbench.model import shapes as M
 from kvbench.model.ageing import TraceRequests, aged_order, trace_aged_order
 from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
 from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
+from kvbench.model.matrix import ALL
 from kvbench.model.schemes import Entry, offset_bulk
 from kvbench.transports.base import TransportError
 
@@ -31,6 +33,12 @@ def case_geometry(case: dict) -> dict:
     return {"shape": shape, "ntok": ntok, "block_bytes": bb, "nblocks": nb, "last_bytes": last,
             "full_bytes": shape.layers * shape.regions * nb * bb,
             "payload": M.bytes_per_token(shape, case["dtype"]) * ntok}
+
+
+def layer_bytes(case: dict, cells: list[str] | None = None) -> int:
+    """The largest layer a case moves (a matrix: its largest flow's; the preflight's)."""
+    g = case_geometry(largest(case, cells))
+    return g["payload"] // g["shape"].layers
 
 
 def pool_bytes(cases: list[dict], factor: float, entries: int = 1) -> int:
@@ -64,6 +72,12 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     lay = fmt[0] if fmt else hyb.attn if hyb else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
                                                              g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
+    # a matrix's flows move their own tokens (harness/flows.py); every other scheme's pairs the case's
+    geo = [case_geometry(flow_case(case, c)) if c != ALL else g for c in s.cells] if s.cells else [g] * len(s.pairs)
+    # a rank that sends and receives (bidir, a matrix) takes both sides' blocks from one allocator: disjoint
+    both = any(src == rank for src, _ in s.pairs) and any(dst == rank for _, dst in s.pairs)
+    # flows of several sizes: bulk slices a layer by the largest flow's bytes, so none overlaps the next
+    stride = max(x["full_bytes"] // x["shape"].layers for x in geo) if s.cells else None
     aged = parse_alloc(case["alloc"])[0] == "aged"  # the decode pool aged, the prefill's fresh: its runs are decode's
     allocs: dict[str, BlockAllocator] = {}
     mine, slots = {}, {}
@@ -72,15 +86,17 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
             for side, r in (("src", src), ("dst", dst)):
                 if r != rank:
                     continue
-                if side not in allocs:
-                    allocs[side] = pool_allocator(lay.nblocks, seed * 7919 + r * 2 + (side == "dst"), case, side)
+                pool_side = "both" if both else side  # a rank on both sides ages its one pool as decode's
+                if pool_side not in allocs:
+                    allocs[pool_side] = pool_allocator(lay.nblocks, seed * 7919 + r * 2 + (side == "dst"), case,
+                                                       "dst" if both else side)
                 spec = "contiguous" if bulk or (aged and side == "src") else case["alloc"]
-                ids = allocs[side].allocate(g["nblocks"], spec)
+                ids = allocs[pool_side].allocate(geo[i]["nblocks"], spec)
                 if ids is None:
                     raise TransportError(f"pool of {lay.nblocks} blocks per layer cannot hold the requests "
                                          f"in flight; raise --pool-factor")
                 mine[(i, req, side)] = ids
-                slots[(i, req, side)] = sum(1 for key in slots if key[2] == side)
+                slots[(i, req, side)] = sum(1 for key in slots if both or key[2] == side)
     blocks, allslots = {}, {}
     for part, sl in ([(mine, slots)] if s.local else comm.allgather((mine, slots))):
         blocks.update(part)
@@ -89,12 +105,14 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     for i, (src, dst) in enumerate(s.pairs):
         if rank not in (src, dst):
             continue
+        g, ntok = geo[i], (geo[i]["ntok"] + case["prefix_hit"] if s.cells else 0)
         for req in range(case["inflight"]):
             layers = []
             descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
             if fmt:  # scale planes beside the values: their own descriptors
                 entries.append(Entry(i, req, src, dst, planes.request_layers(
-                    fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")]))
+                    fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")],
+                    ntok))
                 continue
             if hyb:  # each layer by its kind: blocks, a window, or one state slot
                 entries.append(Entry(i, req, src, dst, hybrid_layers(hyb, case, g, blocks, allslots, (i, req), descs),
@@ -108,14 +126,14 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
             if bulk:  # requests sharing a pool get disjoint slices of each layer
                 if case["variant"] == "hot":  # every layer is layer 0's range: the same buffer, cache-hot
                     layers = [layers[0]] * len(layers)
-                layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")])
+                layers = offset_bulk(layers, allslots[(i, req, "src")], allslots[(i, req, "dst")], stride)
                 for j, d in enumerate(layers):
                     start, span = lay.layer_span(0 if case["variant"] == "hot" else j)
                     if int((d[:, :2] + d[:, 2:3]).max()) > start + span:
                         raise TransportError("bulk requests in flight do not fit a layer; raise --pool-factor")
                 if case["variant"] in CHUNKS:
                     layers = [chunked(d, CHUNKS[case["variant"]]) for d in layers]
-            entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")]))
+            entries.append(Entry(i, req, src, dst, layers, blocks[(i, req, "dst")], ntok))
     return entries
 
 

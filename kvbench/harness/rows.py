@@ -8,13 +8,14 @@ build their rows through the same ``base_row`` and ``deliver``.
 from __future__ import annotations
 
 from kvbench.codecs.path import codec_columns, lossy_columns
-from kvbench.harness import carriage, placing, setuprows
+from kvbench.harness import carriage, flows, placing, railrows, setuprows
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
 from kvbench.job import faults
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.schemes import control_bytes
 from kvbench.results import costs
+from kvbench.results.store import FABRIC_DEFAULTS
 
 nan = float("nan")
 
@@ -44,16 +45,18 @@ class Rows:
             # why its timed iterations ended (calibrate.py sets it on the case; schema 5)
             "ci_stop": case.get("ci_stop", "fixed"), "ci_target_pct": self.opts.target_ci or float("nan"),
             "row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": nan,  # setup rows: setuprows.py
+            **dict(FABRIC_DEFAULTS, flow_mode=case.get("flow_mode", "")),  # rails (railrows.py), flows (flows.py)
             **carriage.DEFAULTS,  # a timed row's carrier columns (schema 7): carriage.py
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
              errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None, first=None,
-             carry=None) -> None:
+             rails=None, carry=None) -> None:
         """A case's rows on this rank: one per (entry, timed iteration) and the check pass's; ``every`` (-c all):
         per timed iteration the wrong elements per entry, each timed row's ``nwrong``; ``bounds``: (this rank's
         wake-up bound, per entry (GB/s bound, kind)) from harness/bounds.py; ``first``: per entry, its first
-        transfer's seconds (setuprows.py); ``carry``: this rank's carrier columns of the timed rows (carriage.py)."""
+        transfer's seconds (setuprows.py); ``rails``: per entry its rail columns (railrows.py); ``carry``: this
+        rank's carrier columns of the timed rows (carriage.py)."""
         rows, bases = [], []
         wake_bound, per_entry = bounds or (nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -64,7 +67,10 @@ class Rows:
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
                         queue_s=nan, arrival_s=nan, completion=rules[k], wake_bound_s=wake_bound,
                         bound_gbps=per_entry.get(k, (nan, ""))[0], bound_kind=per_entry.get(k, (nan, ""))[1],
-                        **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst))
+                        **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst),
+                        **(rails or {}).get(k, railrows.EMPTY),
+                        **({"tokens": e.tokens} if e.tokens else {}),
+                        **({"flow": f"{e.src}->{e.dst}"} if case.get("flow_mode") else {}))
             bases.append(base)
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
@@ -83,7 +89,7 @@ class Rows:
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
                                  clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
         self.deliver(rows + setuprows.first_rows(lambda k: bases[k], first)
-                     + self.take_setup(no, case.get("ci_stop", "fixed")))
+                     + self.take_setup(no, case.get("ci_stop", "fixed")), case=case)
 
     def emit_skipped(self, case: dict, reason: str) -> None:
         self.case_no += 1
@@ -101,12 +107,15 @@ class Rows:
         rows, self.setup_rows = [dict(r, case=no, ci_stop=ci_stop) for r in getattr(self, "setup_rows", [])], []
         return rows
 
-    def deliver(self, rows: list[dict], setup: bool = False) -> None:
+    def deliver(self, rows: list[dict], setup: bool = False, case: dict | None = None) -> None:
+        """Gather the rows to rank 0's sink (a matrix's measurement: with its flow columns, flows.derive)."""
         everything = self.comm.gather(rows)
         if self.rank and not setup:  # rank 0 writes them now (its own point is inside the write: results/store.py)
             faults.at("table-write", self.rank, self.case_no)
         if self.rank == 0:
             flat = [r for part in everything for r in part]
+            if case is not None and case.get("flow_mode"):
+                flows.derive(self.flow_state, case, flat)
             if self.sink:
                 self.sink(flat)
 

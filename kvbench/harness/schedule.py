@@ -133,7 +133,7 @@ class Iteration:
                         for h in handles[id(e)][ks[0]:last + 1] if ks else ():
                             t.answer(h)
                     inside += time.perf_counter() - a
-            elif op == "pull" and not self.signal:
+            if op == "pull" and not self.signal and not self.local:  # (bidir: a rank is source and destination)
                 for src in self.sources:
                     self.comm.wait_notify(src, TAG_LAYER_READY)
             if self.signal:

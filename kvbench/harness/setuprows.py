@@ -116,3 +116,13 @@ def first_rows(base_of, first: list | None) -> list[dict]:
     """A case's first transfer on this rank, per entry: ``base_of(k)`` is entry k's row base, ``first[k]`` its
     seconds from the iteration's start (on this rank's clock: no clock match is made for a warm-up)."""
     return [row(base_of(k), "first", float(s)) for k, s in enumerate(first or [])]
+
+
+def pages_of(t, pools: list, requested: str) -> dict:
+    """For the sidecar: the page size asked for, and per pool what was applied and what the kernel gave."""
+    got = [t.pages(p) if p.own_pages else dict(memory.page_report(p.array), applied=requested)
+           if p.array is not None else {"applied": p.kind, "note": "device memory: no host pages"} for p in pools]
+    out = {"requested": requested, **(got[0] if got else {})}
+    if len(got) > 1:
+        out["more_pools"] = got[1:]
+    return out

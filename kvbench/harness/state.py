@@ -26,6 +26,7 @@ class Session:
     fill: tuple = ("pattern", None)  # what the pools hold now: (fill, dtype)
     wake_bound: float = float("nan")  # seconds a landing stamp may precede its wait's return here (bounds.py)
     ifname: str | None = None  # the network interface the transport says it uses (tcp), for the link-rate bound
+    cells: list | None = None  # --scheme matrix/bidir: per pair its matrix cell (its tokens; model/matrix.py)
 
 
 class Record(NamedTuple):
@@ -65,6 +66,9 @@ class Measurement:
     every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)
     bounds: dict = field(default_factory=dict)  # id(entry) -> (GB/s its path can carry, kind) (harness/bounds.py)
     first: list | None = None  # per entry in the iteration's order: its first transfer's seconds (setuprows.py)
+    rail_wire: dict = field(default_factory=dict)  # per peer and rail: kernel-counted [sent, received] bytes, timed
+    timed: int = 0  # timed iterations so far (the rail counts' divisor)
+    rails_before: dict | None = None  # the rails' kernel counts before the timed iterations under way (carriage.py)
     nic_before: dict | None = None  # every NIC's counters before the timed iterations under way (carriage.py)
     nic_moved: dict | None = None  # per NIC (tx, rx) bytes over the case's timed iterations so far
 
@@ -93,3 +97,4 @@ class Options:
     ci_budget: float = 60.0
     pool_sizes: tuple = ()  # --pool-sizes: bytes of each pool whose registration is swept (setuprows.py)
     transport_options: dict = field(default_factory=dict)
+    matrix: Any = None  # --scheme matrix: --matrix's cells or name (model/matrix.py)

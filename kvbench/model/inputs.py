@@ -92,3 +92,18 @@ def sizes(v) -> list[int]:
         if n <= 0:
             raise ValueError(f"{x!r}: a pool size must be positive")
     return unique(out)
+
+
+CHECK_LEVELS = "0 (none), 1 (one checked transfer after timing, the default) or all (every timed iteration too)"
+
+
+def check_level(v):
+    """-c / check: 0, 1, all (also every, true, false) -> False, True or "all"; anything else is refused."""
+    if isinstance(v, bool):
+        return v
+    word = str(v).strip().lower()
+    if word in ("all", "every"):
+        return "all"
+    if word in ("0", "1", "false", "true", "off", "on"):
+        return word in ("1", "true", "on")
+    raise ValueError(f"check must be {CHECK_LEVELS}, not {v!r}")

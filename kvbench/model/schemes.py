@@ -12,24 +12,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.model import matrix as X
 from kvbench.model.descriptors import DST, LEN, SRC
 
-SCHEMES = ("pairwise", "many-to-one", "one-to-many", "all-pairs")
+SCHEMES = ("pairwise", "many-to-one", "one-to-many", "all-pairs", "matrix", "bidir")
+FLOWS = ("matrix", "bidir")  # schemes measured twice: each flow alone, then all flows at once (harness/flows.py)
 SCHEME_HELP = ("pairwise: even ranks prefill, odd ranks decode, (2k, 2k+1); many-to-one: every rank but the "
                "last prefills into the last rank's pool at once; one-to-many: rank 0 prefills for every other "
-               "rank; all-pairs: every even rank with every odd rank, all at once")
+               "rank; all-pairs: every even rank with every odd rank, all at once; matrix: --matrix FILE or NAME "
+               "(each flow alone, then all at once: slowdown and fairness); bidir: each pairwise pair both ways at "
+               "once, beside each direction alone")
 
 
 class SchemeError(ValueError):
     """A scheme that cannot be formed from this many ranks."""
 
 
-def make_pairs(scheme: str, world: int) -> list[tuple[int, int]]:
-    """(prefill rank, decode rank) pairs of ``scheme`` on ``world`` ranks (empty for a world of one)."""
+def make_pairs(scheme: str, world: int, matrix=None) -> list[tuple[int, int]]:
+    """(prefill rank, decode rank) pairs of ``scheme`` on ``world`` ranks (empty for a world of one); ``matrix``:
+    --matrix's cells or name (model/matrix.py), for the scheme matrix."""
     if scheme not in SCHEMES:
         raise SchemeError(f"scheme '{scheme}' is not one of: {', '.join(SCHEMES)}")
     if world == 1:
         return []
+    if scheme in FLOWS:
+        if scheme == "matrix" and matrix is None:
+            raise SchemeError("scheme 'matrix' needs --matrix FILE (CSV or YAML) or a name: " + ", ".join(X.NAMED))
+        return X.flows(matrix_cells("bidir" if scheme == "bidir" else matrix, world))
     if scheme == "pairwise":
         if world % 2:
             raise SchemeError(f"scheme 'pairwise' needs an even number of ranks (got {world}): "
@@ -42,6 +51,33 @@ def make_pairs(scheme: str, world: int) -> list[tuple[int, int]]:
     if world % 2:
         raise SchemeError(f"scheme 'all-pairs' needs an even number of ranks (got {world})")
     return [(s, d) for s in range(0, world, 2) for d in range(1, world, 2)]
+
+
+def flow_cells(scheme: str, world: int, matrix=None) -> list[str] | None:
+    """Per pair of ``make_pairs``, its matrix cell (model/matrix.py: tokens, bytes or the case's); None for the
+    schemes whose pairs all move the case's tokens."""
+    if scheme not in FLOWS or world == 1:
+        return None
+    cells = matrix_cells("bidir" if scheme == "bidir" else matrix, world)
+    return [cells[s][d] for s, d in X.flows(cells)]
+
+
+def matrix_cells(matrix: list[list[str]] | str, world: int) -> list[list[str]]:
+    """A matrix's cells for ``world`` ranks: a name (a scheme as a matrix of the case's tokens; incast is
+    many-to-one, bidir pairwise both ways) expanded, a file's cells checked against the rank count."""
+    if not isinstance(matrix, str):
+        if len(matrix) != world:
+            raise SchemeError(f"--matrix: a {len(matrix)}x{len(matrix)} matrix for {world} ranks (it must be "
+                              f"{world}x{world}: one row and one column per rank)")
+        return matrix
+    if matrix == "bidir":
+        pairs = [p for s, d in make_pairs("pairwise", world) for p in ((s, d), (d, s))]
+    else:
+        pairs = make_pairs("many-to-one" if matrix == "incast" else matrix, world)
+    cells = [["0"] * world for _ in range(world)]
+    for s, d in pairs:
+        cells[s][d] = X.ALL
+    return cells
 
 
 def max_entries_per_rank(pairs: list[tuple[int, int]], inflight: int) -> int:
@@ -63,6 +99,7 @@ class Entry:
     dst: int
     layers: list[np.ndarray]
     blocks_dst: np.ndarray | None = None  # the block table decode granted (sent in the handshake)
+    tokens: int = 0  # a matrix's flow: its own tokens (0: the case's)
 
     @property
     def payload(self) -> int:
@@ -90,13 +127,14 @@ def rank_other(e: Entry, rank: int) -> int:
     return e.dst if e.src == rank else e.src
 
 
-def offset_bulk(layers: list[np.ndarray], src_slot: int, dst_slot: int) -> list[np.ndarray]:
-    """Shift one-descriptor-per-layer (bulk) arrays so that several requests do not overlap."""
+def offset_bulk(layers: list[np.ndarray], src_slot: int, dst_slot: int, stride: int | None = None) -> list[np.ndarray]:
+    """Shift one-descriptor-per-layer (bulk) arrays so that several requests do not overlap (``stride``: bytes per
+    slot, where requests differ in size; default each array's own length)."""
     out = []
     for d in layers:
         d = d.copy()
-        d[:, SRC] += src_slot * d[:, LEN]
-        d[:, DST] += dst_slot * d[:, LEN]
+        d[:, SRC] += src_slot * (stride or d[:, LEN])
+        d[:, DST] += dst_slot * (stride or d[:, LEN])
         out.append(d)
     return out
 

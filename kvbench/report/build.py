@@ -8,7 +8,7 @@ import pandas as pd
 
 from kvbench.results.samples import FOOTNOTE
 
-from . import codecs, fitsection, plots, setup, summary, tracesection
+from . import codecs, fabric, fitsection, plots, setup, summary, tracesection
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
@@ -221,6 +221,7 @@ SECTIONS: list = [summary.add_section,  # the first screen: the best of each pat
                   runs_section, bandwidth_section, exposed_section, workload_section,
                   tracesection.add_section,  # a workload that replayed a trace: its hit rates and tails
                   setup.add_section,  # what each transport's setup cost, when a run has setup rows (schema 6)
+                  fabric.add_section,  # flows isolated against congested, per-NIC rails (schema 7)
                   fitsection.add_section,  # the link model, when a run sweeps enough block sizes
                   codecs.add_section,  # codecs against none, when a run has codec rows
                   skipped_section]
@@ -282,6 +283,6 @@ def main(files: list[str], out_dir: str | None, link_gbps: str | None = None, sa
             say(line)
         for _, r in st.iterrows():
             say(tables.format_line(r.to_dict(), columns))
-        for line in setup.table_lines(df, st):  # after the bandwidth table, as `kvbench run` prints it
+        for line in setup.table_lines(df, st) + fabric.table_lines(df):  # after the bandwidth table, as run prints
             say(line)
     return 0

@@ -9,6 +9,7 @@ import os
 
 import pandas as pd
 
+from kvbench.model.schemes import FLOWS
 from kvbench.results import costs
 from kvbench.results.samples import FOOTNOTE
 from kvbench.results.store import SCHEMA_VERSION, case_stats, transfer_rows, upgrade
@@ -56,13 +57,15 @@ VARIANT_AXES = {
     "prefill": ("clock", ("prefill", 7, lambda r: _axis(r, "prefill")), "infl"),
     # a workload's rows differ by their arrival process: without it, rows of four arrival rates read alike
     "arrival": ("none", ("arrival", 13, lambda r: _axis(r, "arrival")), "infl"),
+    # a traffic matrix (harness/flows.py): the row's one flow alone ("0->1"), or all flows at once
+    "flow": ("", ("flow", 7, lambda r: _axis(r, "flow") or "-"), "pairs"),
     # --register per-request: each request registers its blocks inside its time; reg(us) is that cost's p50
     "register": ("once", ("register", 11, lambda r: _axis(r, "register")), "transport"),
 }
 # a variant axis's further columns, after its own
 AXIS_EXTRA = {"register": [("reg(us)", 8, lambda r: _f(_us(r.get("register_p50")), ".1f")),
                            ("dereg(us)", 9, lambda r: _f(_us(r.get("deregister_p50")), ".1f"))]}
-STORED_AS = {"arrival": "workload"}  # a suite case's axis -> the result rows' column that holds it
+STORED_AS = {"arrival": "workload", "flow": "flows"}  # a suite case's axis -> the result rows' column that holds it
 OVERLAP_ANCHORS = {"dtype": "tokens", "infl": "handshk"}  # the exposed-time table has neither dtype nor infl
 
 
@@ -71,6 +74,8 @@ def _axis(r, key: str) -> str:
     v = r.get(key)
     if v is None or (isinstance(v, float) and pd.isna(v)):
         v = r.get(STORED_AS.get(key, key))
+    if key == "flow" and not v and r.get("scheme") in FLOWS:  # a suite's case: its flows, alone then together
+        v = "all"
     return VARIANT_AXES[key][0] if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
 
 
@@ -130,7 +135,8 @@ def header_lines(columns=None) -> list[str]:
             *_variant_note(columns), "#", cols]
 
 
-VARIANT_NOTES = {"mem": "mem = where the pools live", "copy": "copy = the copy engine of device bytes",
+VARIANT_NOTES = {"flow": "flow = a matrix's flow alone (SRC->DST) or all flows at once",
+                 "mem": "mem = where the pools live", "copy": "copy = the copy engine of device bytes",
                  "scales": "scales = fp8 scale planes", "codec": "codec = the wire encoding",
                  "prefill": "prefill = clock (a timer) or real (the model's matmuls)",
                  "arrival": "arrival = the workload's arrival process (requests/s per prefill rank)",
@@ -159,6 +165,7 @@ def format_line(r: dict, columns=None) -> str:
 BULK_KEYS = ["transport", "memory", "copy", "op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "scheme",
              "world_size", "inflight"]
 BULK_KEYS += ["scales"]  # v3: each fp8 scale-plane format has its own references (kvbench/model/planes.py)
+BULK_KEYS += ["flow_mode", "flows"]  # v7: a matrix's flow alone against its own references, all flows against theirs
 BULK_KEYS += ["register"]  # v7: a per-request case's references register per request too
 
 
@@ -185,6 +192,13 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     rows = df[(df["iter"] == -1) | (df["workload"] != "none")]
     checked = rows.groupby("case")["nwrong"].apply(lambda s: s.sum(min_count=1))
     st["nwrong_checked"] = st["case"].map(checked)
+    # a matrix's measurement (harness/flows.py): its one flow ("0->1") alone, or "all" of them
+    flows = df[df["flow"].astype(str) != ""].groupby("case")["flow"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else "all") \
+        if "flow" in df else pd.Series(dtype=object)
+    st["flows"] = st["case"].map(flows).fillna("")
+    if "flow_mode" not in st:
+        st["flow_mode"] = ""
+    st["flow_mode"] = st["flow_mode"].fillna("")
     bulk = st[st["variant"] == "bulk"].set_index(BULK_KEYS)["gbps"]
     keyed = st.set_index(BULK_KEYS).index
     st["bulk_gbps"] = [bulk.get(k, float("nan")) if k in bulk.index else float("nan") for k in keyed]

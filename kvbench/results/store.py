@@ -30,7 +30,7 @@ SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion 
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
 # blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
-# 7: --register (schema 7 below; 1-6 read as "once") and carriers
+# 7: --register (schema 7 below; 1-6 read as "once"), carriers and the fabric columns (schema 7 below)
 READS = (1, 2, 3, 4, 5, 6, 7)  # schema versions the readers (report, compare) upgrade to this one
 RESUMES = (3, 4, 5, 6, 7)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 INCOMPLETE_REASON = "the run has not ended by itself: it was killed from outside, or is still running"
@@ -41,6 +41,7 @@ CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens
 CASE_COLUMNS += ["handshake", "prefill_ms_set", "workload", "layers", "pages"]
 CASE_COLUMNS += ["scales", "fill"]  # v3: fp8 scale planes (formats.py); pool contents (memory/values.py)
 CASE_COLUMNS += ["cache"]  # v4: where a request's bytes were when its iteration started (cachestate.py)
+CASE_COLUMNS += ["flow_mode"]  # v7: a matrix's flow alone or all flows at once (harness/flows.py)
 # per row: seconds = until this rank's part of the request was complete, from the iteration's start
 # (the barrier, or the request's arrival under a workload); prefill_s = the prefill clock's P;
 # handshake_s = allocate-then-stream round trip; exposed_s = decode's completion - prefill end;
@@ -112,6 +113,14 @@ REGISTER_DEFAULTS = {"register": "once", "register_s": np.nan, "deregister_s": n
 CASE_COLUMNS += ["register"]
 ROW_COLUMNS += ["register", "register_s", "deregister_s"]
 ROW_COLUMNS += list(CARRIER_DEFAULTS)  # schema 7: a timed row's NICs and carrier (fabric/carriers.py; 1-6 read empty)
+# --- schema 7, fabric (rows of 1-6 read with these defaults; docs/fabric.md says what each holds): per rail of a
+# striping transport its NIC, the request's bytes and descriptors, and the kernel's count per iteration
+# (harness/railrows.py); per flow of a traffic matrix alone or with all flows (flow_mode), its p50 seconds alone and
+# together, slowdown, fairness over the flows and GB/s into its receiver (harness/flows.py)
+FABRIC_DEFAULTS = {"rails": 0, "rail_nics": "", "rail_bytes": "", "rail_descs": "", "rail_wire_bytes": "",
+                   "flow_mode": "", "flow": "", "isolated_s": np.nan, "congested_s": np.nan, "slowdown": np.nan,
+                   "fairness": np.nan, "receiver_gbps": np.nan}
+ROW_COLUMNS += [c for c in FABRIC_DEFAULTS if c not in ROW_COLUMNS]  # flow_mode is a case column
 
 
 def transfer_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +136,8 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
                        "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS,
-                       **SETUP_DEFAULTS, **CARRIER_DEFAULTS, **REGISTER_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       **SETUP_DEFAULTS, **CARRIER_DEFAULTS, **REGISTER_DEFAULTS,
+                       **FABRIC_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

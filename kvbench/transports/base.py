@@ -67,6 +67,7 @@ import numpy as np
 
 from kvbench import memory
 from kvbench.model.descriptors import DST, LEN, SRC
+from kvbench.transports.probing import import_probe, rdma_present  # noqa: F401  (the transports import them here)
 from kvbench.transports.registration import PerRequest
 
 OPS = ("push", "pull")
@@ -112,6 +113,9 @@ class Context:
     copy: str = "batch"  # copy engine for device bytes (copy.py): memcpy, kernel, batch
     gpu: int = -1  # this rank's GPU (harness/placing.py); -1 without --memory cuda
     nic: str = ""  # the RDMA device nearest that GPU by PCIe affinity ("" where none is)
+    netdevs: list = field(default_factory=list)  # --nic: this rank's interfaces, nearest first; nic_rails of them
+    nic_rails: int = 1  # used unless told (auto: 1; names: all); duplex: a pair goes both ways (bidir, a matrix)
+    duplex: bool = False
     register: str = "once"  # --register: once, or per-request (transports/registration.py)
     reached: bool = True  # peers reach into this rank's pool: under per-request it stays registered once
 
@@ -335,27 +339,6 @@ class _Whole:
 
     def __init__(self, prepared):
         self.prepared = prepared
-
-
-def rdma_present() -> bool:
-    """An RDMA device exists (its registrations pin memory)."""
-    import os
-
-    return os.path.isdir("/sys/class/infiniband") and bool(os.listdir("/sys/class/infiniband"))
-
-
-def import_probe(module: str, missing: str, failed, errors: type[Exception] = Exception) -> str | None:
-    """``probe`` for an engine behind a Python binding: None when ``module`` imports, ``missing`` when it is not
-    installed, else ``failed(the error's first line)`` (a binding whose native libraries do not load)."""
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError:
-        return missing
-    except errors as exc:
-        return failed((str(exc).splitlines() or [""])[0])
-    return None
 
 
 def check_descs(descs: np.ndarray, src_nbytes: int, dst_nbytes: int) -> None:

@@ -36,8 +36,8 @@ class _Opts(BaseModel):
 
 
 class _Net(_Opts):
-    addr: str | None = Field(None, description="address to listen on and advertise (beats ifname)")
-    ifname: str | None = Field(None, description="interface name prefixes, ^exclude, =exact (NCCL style)")
+    addr: str | None = Field(None, description="address to listen on and advertise (beats ifname); tcp: A,B = one rail each")
+    ifname: str | None = Field(None, description="interface name prefixes, ^exclude, =exact (NCCL style); tcp: X,Y = one rail each")
 
 
 class TcpOptions(_Net):
@@ -46,6 +46,8 @@ class TcpOptions(_Net):
     poll: Literal["block", "control", "spin"] = Field("block", description="how receive threads wait")
     ready: Literal["socket", "mpi"] = Field("socket", description="how a pull's layer-ready signal travels")
     switch_interval_us: float = Field(50.0, gt=0, le=1e6, description="Python thread switch interval while tcp runs")
+    rails: int = Field(0, ge=0, le=64, description="stripe each request over N NICs (of ifname= or --nic auto); "
+                       "0: one rail per entry of ifname=X,Y or addr=A,B, else one")
 
 
 class MpiOptions(_Opts):

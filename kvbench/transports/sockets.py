@@ -68,6 +68,32 @@ def select_addr(hostname: str, options: dict) -> tuple[str, str | None]:
     return addr, next((n for n in names if if_addr(n) == addr), None)
 
 
+def bind_device(s: socket.socket, ifname: str | None) -> bool:
+    """SO_BINDTODEVICE: the socket's packets leave and arrive through ``ifname`` alone (needs CAP_NET_RAW;
+    False where it is refused, the address binding then chooses the route)."""
+    if not ifname:
+        return False
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
+    except OSError:
+        return False
+    return True
+
+
+_TCP_INFO_ACKED, _TCP_INFO_RECEIVED = 120, 128  # struct tcp_info: tcpi_bytes_acked, tcpi_bytes_received (Linux 4.2+)
+
+
+def tcp_bytes(s: socket.socket) -> tuple[int, int]:
+    """The kernel's count of this connection's bytes: (sent and acknowledged, received); (-1, -1) unknown."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except OSError:
+        return -1, -1
+    if len(info) < _TCP_INFO_RECEIVED + 8:
+        return -1, -1
+    return struct.unpack_from("<Q", info, _TCP_INFO_ACKED)[0], struct.unpack_from("<Q", info, _TCP_INFO_RECEIVED)[0]
+
+
 def sysctl(name: str, field: int = 0) -> int:
     try:
         with open(f"/proc/sys/net/{name}") as fh:
@@ -125,15 +151,18 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def dial(addr: str, port: int, peer: int, me: int, token: bytes, deadline: float, sockbuf: int = 0,
-         what: str = "tcp") -> socket.socket:
+         what: str = "tcp", local: tuple[str, str | None] | None = None) -> socket.socket:
     """Connect to ``peer`` (retrying until ``deadline``), present rank and token, expect its ack;
-    ``what`` names the transport in errors."""
+    ``what`` names the transport in errors; ``local``: (address, interface) the connection leaves from (a rail)."""
     where = f"{addr}:{port}"
     while True:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tune(s, sockbuf)
         s.settimeout(max(0.05, deadline - time.monotonic()))
         try:
+            if local is not None:
+                bind_device(s, local[1])
+                s.bind((local[0], 0))
             s.connect((addr, port))
             break
         except OSError as exc:

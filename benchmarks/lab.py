@@ -120,10 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rails   tcp 1 rail  {g1 / link:5.2f} x link   2 rails {g2 / link:5.2f} x link   2/1 = {g2 / g1:.2f}"
               f"   (>= 1.8)   rail shares {sh[0]:.2f} / {sh[1]:.2f} (0.40-0.60)   carrier "
               f"{r2[r2['rank'] == 0]['carrier'].iloc[0]}")
-        big = rows(kvbench(*run, "-t", "tcp", "-O", "rails=2", "-O", "sockbuf=16777216", *flow, one_flow, *common))
-        g3 = pair_gbps(big[big["flow_mode"] == "isolated"])
-        print(f"        2 rails, -O sockbuf=16MiB {g3 / link:5.2f} x link   /1 rail = {g3 / g1:.2f}   (tcp pushes each "
-              "rail's share in turn from one thread: a send buffer smaller than a share leaves the other rail idle)")
         inc = rows(kvbench(*run, "-t", "tcp", *flow, incast, *common))
         con = inc[inc["flow_mode"] == "congested"]
         agg = float(con["receiver_gbps"].iloc[0])

@@ -20,7 +20,9 @@
   with 64 MiB forced buffers and 2.75-2.9 GB/s autotuned (a sender that runs
   64 MiB ahead of its receiver pushes both copies out of the cache).
   ``-O sockbuf=N`` forces N bytes (the *FORCE options when permitted, else up to
-  the sysctl caps); info() records what the kernel granted.
+  the sysctl caps); info() records what the kernel granted.  Striped over rails,
+  the default is RAIL_SOCKBUF (16 MiB): one thread writes the rails in turn, and
+  an autotuned buffer smaller than a rail's share idles the other rails.
 * Layer-ready signals (pull): with ``-O ready=socket`` (default) each pair has
   a second, control connection.  The source writes a 32-byte READY header on
   it when a layer is final; the destination posted every read up front
@@ -72,6 +74,8 @@ _PLAN = {
 }
 
 
+RAIL_SOCKBUF = 16 << 20  # bytes per socket when striping over rails and -O sockbuf is not given
+
 class TcpTransport(Transport):
     name = "tcp"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
@@ -118,6 +122,9 @@ class TcpTransport(Transport):
         self.addr, self.ifname = self.rail_list[0]
         if len(self.rail_list) > 1:
             self.splits = Splits(len(self.rail_list))
+            # one thread writes the rails in turn: a buffer that holds a rail's share lets each rail drain while
+            # the next is written (autotuned ones stall every rail but one); -O sockbuf=N overrides
+            self.sockbuf = self.sockbuf or RAIL_SOCKBUF
         for addr, ifname in self.rail_list:
             ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tune(ls, self.sockbuf)  # accepted sockets inherit the buffer sizes

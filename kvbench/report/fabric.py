@@ -7,6 +7,8 @@ adds them to the report's page.
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import pandas as pd
 
 from kvbench.results.store import transfer_rows
@@ -98,10 +100,13 @@ def table_lines(df: pd.DataFrame) -> list[str]:
 
 def add_section(page, runs) -> None:
     """The report's Fabric section: per flow isolated against congested, per rail GB/s and Mpps."""
+    from kvbench.report import fabricplots
+
     flows = [flow_table(r.df).assign(run=r.label) for r in runs]
     rails = [rail_table(r.df).assign(run=r.label) for r in runs]
-    flows, rails = [f for f in flows if len(f)], [t for t in rails if len(t)]
-    if not flows and not rails:
+    moved = [fabricplots.nic_bytes(r.df).assign(run=r.label) for r in runs]
+    flows, rails, moved = [f for f in flows if len(f)], [t for t in rails if len(t)], [m for m in moved if len(m)]
+    if not flows and not rails and not moved:
         return
     tables = []
     if flows:
@@ -112,5 +117,9 @@ def add_section(page, runs) -> None:
         "Traffic matrices (--scheme matrix, bidir): each flow alone, then every flow at once, in one launch; "
         "slowdown = congested / isolated p50, fairness = min/max GB/s over the flows, rxGB/s = GB/s into a receiver "
         "over all its flows. Rails (tcp -O ifname=X,Y / addr=A,B / rails=N): per NIC its byte share of each "
-        "request, GB/s and Mpps at the p50, and the kernel's count of its connection (docs/fabric.md)."],
-        tables=tables)
+        "request, GB/s and Mpps at the p50, and the kernel's count of its connection (docs/fabric.md). Per NIC: "
+        "what each NIC's kernel counters moved while a case was timed (the carrier)."],
+        tables=tables,
+        figures=chain(fabricplots.per_nic(pd.concat(rails, ignore_index=True) if rails else pd.DataFrame(),
+                                          pd.concat(moved, ignore_index=True) if moved else pd.DataFrame()),
+                      fabricplots.flows(pd.concat(flows, ignore_index=True) if flows else pd.DataFrame())))

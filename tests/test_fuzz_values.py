@@ -31,7 +31,8 @@ GOOD = {"-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "-
         "-o": "x", "--name": "n", "--inject-corruption": "0", "-m": "llama-3-8b", "--layers": "2",
         "--kv-heads": "8", "--head-dim": "64", "--attention": "gqa", "--kv-lora-rank": "64", "--rope-dim": "16",
         "--tp": "1", "--pp": "1", "--prefix-hit": "0", "--pool-sizes": "1MiB,2MiB", "--register": "once",
-        "--trace": "mooncake-synthetic", "--speed": "100", "--cache-blocks": "100", "--trace-block": "512"}
+        "--trace": "mooncake-synthetic", "--speed": "100", "--cache-blocks": "100", "--trace-block": "512",
+        "--matrix": "pairwise", "--nic": "auto"}
 CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival", "interval:10"],
            "--decode-ms": ["--arrival", "interval:10"], "--alloc-timeout": ["--arrival", "interval:10"],
            "--decode-pool-tokens": ["--arrival", "interval:10"], "--prefill-tflops": ["--prefill-ms", "auto"],
@@ -42,7 +43,7 @@ CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival",
            "--rope-dim": ["--layers", "2", "--attention", "mla", "--head-dim", "64", "--kv-lora-rank", "64"],
            "-b": ["-e", "1024"], "-e": ["-b", "16"], "-f": ["-b", "16", "-e", "64"],
            # a replay's flags need a trace; the trace, a speed that fits its arrivals into --timeout
-           "--trace": ["--speed", "100"], **{f: ["--trace", "mooncake-synthetic"] for f in ("--speed", "--cache-blocks", "--trace-block")}}
+           "--trace": ["--speed", "100"], "--matrix": ["--scheme", "matrix"], "--nic": ["-t", "tcp"], **{f: ["--trace", "mooncake-synthetic"] for f in ("--speed", "--cache-blocks", "--trace-block")}}
 # --resume is a file of an earlier run (test_resume.py owns its refusals); --gpu-map names GPUs, and a machine with
 # none has no valid value (test_placement.py owns its refusals, test_gpu_map_values below the values')
 SKIP = {"-h", "--resume", "--gpu-map"}
@@ -56,7 +57,8 @@ ACCEPTED = {
                  "--pool-factor", "--timeout", "--setup-timeout", "--pages", "--cache", "--fill", "--prefill-tflops",
                  "--requests", "--prompt", "--decode-ms", "--alloc-timeout", "--decode-pool-tokens", "-o", "--name",
                  "--inject-corruption", "--layers", "--kv-heads", "--head-dim", "--attention", "--kv-lora-rank",
-                 "--rope-dim", "--pool-sizes", "--trace", "--trace-block")},
+                 "--rope-dim", "--pool-sizes", "--trace", "--trace-block", "--cache-blocks", "--matrix", "--nic")},
+    ("--cache-blocks", "huge"): "a cache larger than the trace: every block stays, as unbounded",
     ("--speed", "huge"): "every arrival at once: a burst is a replay too",
     ("-O", "duplicate"): "the same option twice with the same value is one option (different values are refused)",
     # sizes whose bytes only the ranks' memory preflight can weigh against the machine: it refuses them with

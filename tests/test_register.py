@@ -139,7 +139,7 @@ def test_per_request_on_two_ranks_registers_each_request_inside_its_time_and_und
         assert counts[1 - initiator] == {"pool_registered": True}, counts
     assert "reg(us)" in r.out and "dereg(us)" in r.out and "per-request" in r.out
     # the setup table: a line per session, once (both ops) and per-request per op, its register row saying why
-    setup = [ln.split() for ln in r.out.splitlines() if ln.startswith(f"#{engine:>11} ")]
+    setup = [ln.split() for ln in r.out.splitlines() if ln.startswith(f"#{engine:>12} ")]
     assert sorted((x[3], x[4]) for x in setup) == [("once", "push"), ("per-request", "pull"), ("per-request", "push")]
     assert "# --register per-request: no pool registered at setup" in r.out
 

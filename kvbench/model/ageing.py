@@ -43,8 +43,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from kvbench.model import workload
-
 MAX_AGE = 1_000_000  # requests: ageing is O(N log N) in Python, a few seconds at this many
 PROMPT_SHARE = 64  # a drawn prompt's median is 1/64 of the pool's tokens: dozens of requests share the pool
 OUTPUT_MEDIAN = 256  # tokens generated per request (median of the lognormal)
@@ -138,6 +136,9 @@ def age(nblocks: int, block_size: int, arrival: np.ndarray, input_len: np.ndarra
 
 def drawn_requests(n: int, nblocks: int, block_size: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(arrival s, input tokens, output tokens) of ``n`` seeded requests sized for a pool of ``nblocks`` blocks."""
+    # lazily: layout imports this module, and gpucheck imports layout where pydantic is missing
+    from kvbench.model import workload
+
     rng = np.random.default_rng([seed & 0xFFFFFFFF, 0xA6ED, n])
     pool_tokens = nblocks * block_size
     median = max(block_size, pool_tokens // PROMPT_SHARE)

@@ -38,7 +38,7 @@ COLUMNS = [
     ("GB/s", 7, lambda r: _f(r["gbps"], ".2f")),
     ("aggGB/s", 7, lambda r: _f(r.get("agg_gbps"), ".2f")),
     ("±%", 5, lambda r: _f(r.get("spread_pct"), ".1f")),
-    ("bulk%", 7, lambda r: _f(r.get("bulk_pct"), ".1f") + ("*" if r.get("noise") else "~" if r.get("at_ceiling") else "")),
+    ("bulk%", 7, lambda r: bulk_pct_text(r)),
     ("ceiling", 10, lambda r: r.get("ceil_name") or "-"),
     ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
     ("clock", 5, lambda r: _clock(r)),
@@ -109,6 +109,11 @@ def _us(x):
 
 def _i(x) -> str:
     return "-" if x is None or pd.isna(x) else f"{int(x)}"
+
+
+def bulk_pct_text(r) -> str:
+    """A row's bulk%, marked * above its ceiling beyond both spreads (noise) and ~ above it within them."""
+    return _f(r.get("bulk_pct"), ".1f") + ("*" if r.get("noise") else "~" if r.get("at_ceiling") else "")
 
 
 def _f(x, spec: str) -> str:

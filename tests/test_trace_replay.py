@@ -103,6 +103,15 @@ def test_each_speed_is_replayed_as_given():
     assert cfg.suite.axes.arrival == ["trace:1234567", "trace:1", "trace:1.0000001"]
 
 
+def test_a_trace_file_is_stored_whole_and_a_named_one_by_name(tmp_path, monkeypatch):
+    """--resume reads the trace from the sidecar's config, maybe in another folder: a relative path is stored whole."""
+    write_trace(tmp_path / "hand.jsonl")
+    monkeypatch.chdir(tmp_path)
+    cfg = build(["-t", "shm", "--trace", "hand.jsonl", "--requests", "2"])
+    assert cfg.suite.workload.trace == str(tmp_path / "hand.jsonl")
+    assert build(["-t", "shm", "--trace", "mooncake-synthetic"]).suite.workload.trace == "mooncake-synthetic"
+
+
 def test_cache_blocks_zero_is_refused_by_the_parser():
     from kvbench.cli.args import ArgError
 

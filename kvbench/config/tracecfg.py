@@ -2,11 +2,14 @@
 rank 0 into the plan its ranks replay (runconfig calls both)."""
 from __future__ import annotations
 
+import os
+
 from kvbench.config import ConfigError
 from kvbench.config import suite as S
 from kvbench.model import traceplan
 from kvbench.model.layout import aged_n
 from kvbench.model.schemes import make_pairs
+from kvbench.model.trace import NAMED
 
 TRACE_FLAGS = ("trace", "speed", "cache_blocks", "trace_block")
 
@@ -27,6 +30,8 @@ def trace_flags(a, axes: dict) -> dict:
         if not (x > 0 and x < float("inf")):  # nan compares false: refused
             raise ConfigError(f"--speed {x:g}: give a positive factor (50 replays the trace 50 times faster)")
     axes["arrival"] = [f"trace:{x:.15g}" for x in speeds or [1.0]]  # whole: :g kept 6 digits
+    if trace not in NAMED and os.path.isfile(trace):  # a file: stored whole, so that --resume from another folder reads the same one
+        trace = os.path.abspath(trace)
     return ({"trace": trace} | ({"cache_blocks": cache} if cache is not None else {})
             | ({"trace_block": block} if block is not None else {}))
 

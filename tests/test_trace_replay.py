@@ -158,7 +158,7 @@ def test_replay_moves_exactly_the_uncached_tokens(kvrun, tmp_path):
     page, _ = report_build([r.results])
     table = next(s for s in page.sections if s.title == "Trace replay").tables[0][1].iloc[0]
     assert table["tokens moved"] == f"{sum(MOVED_UNBOUNDED):,}" and table["speed"] == "10x"
-    assert table["block hit %"] == f"{100 * st.block_hit_rate:.2f}" and table["n"] == 5
+    assert table["block hit %"] == f"{100 * st.block_hit_rate:.2f}" and table["admitted"] == 5 and table["trace"] == "hand.jsonl"
 
 
 def test_replay_of_the_conversation_trace_says_its_cuts(kvrun):

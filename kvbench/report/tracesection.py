@@ -2,14 +2,16 @@
 decode prefix-cache hit rates, the tokens that moved after the clips, and its exposed and queue tails with n."""
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 
 TEXT = ("Workload cases that replayed a request trace: its requests arrive at its timestamps divided by the speed; "
         "each request's prefix hit is its longest run of leading blocks already in the decode prefix cache (hit % "
         "over the replayed requests: blocks, and tokens, min(hit blocks x block, prompt)), and only the rest of its "
         "prompt moves. cut = prompts cut to the model's context / requests cut to the decode pool / requests hit in "
-        "full that still move one token. Tails over the admitted requests, n of them; a percentile n cannot hold "
-        "is '-' (p99 needs 100).")
+        "full that still move one token. Tails over the admitted requests (their n); a percentile they "
+        "cannot hold is '-' (p99 needs 100).")
 
 
 def _ms(x) -> str:
@@ -26,12 +28,12 @@ def trace_table(runs) -> pd.DataFrame:
             if not t:
                 continue
             rows.append({
-                "run": r.label, "transport": w["transport"], "op": w["op"], "model": w["model"], "trace": t["trace"],
+                "run": r.label, "transport": w["transport"], "op": w["op"], "model": w["model"], "trace": os.path.basename(t["trace"]),
                 "speed": f"{t['speed']:g}x", "requests": t["requests"],
                 "block hit %": f"{100 * t['block_hit_rate']:.2f}", "token hit %": f"{100 * t['token_hit_rate']:.2f}",
                 "tokens moved": f"{t['moved_tokens']:,}",
                 "cut (context/pool/full)": f"{t['cut_context']}/{t['cut_pool']}/{t['full_hits']}",
-                "admitted": w["admitted"], "dropped": w["dropped"], "n": w["admitted"],
+                "admitted": w["admitted"], "dropped": w["dropped"],
                 "exposed p50/p99 (ms)": f"{_ms(w['exposed_p50_ms'])}/{_ms(w['exposed_p99_ms'])}",
                 "queue p50/p99 (ms)": f"{_ms(w['queue_p50_ms'])}/{_ms(w['queue_p99_ms'])}"})
     return pd.DataFrame(rows)

@@ -39,7 +39,7 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
+.PHONY: pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
 
 help:
 	@sed -n '2,24p' Makefile
@@ -73,51 +73,56 @@ $(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mp
 
 install: $(STAMP)
 
-bench: $(STAMP) benchdeps
+# kvbench's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as in many CI images), every rank of every
+# launch would compile kvbench's sources again (a third of a small run's CPU time)
+pyc: $(STAMP)
+	@$(BIN)/python -m compileall -q kvbench benchmarks tests >/dev/null
+
+bench: pyc benchdeps
 	$(MPIRUN) -n $(NP) $(BIN)/kvbench run $(SUITE) $(ARGS)
 
 # exposed time against the model over several P/T ratios (shm, tcp; push, pull; serial, streaming)
-bench-overlap: $(STAMP)
+bench-overlap: pyc
 	$(BIN)/python benchmarks/overlap.py --mpirun $(MPIRUN)
 
 # measurement fidelity: every path's bulk and paged GB/s next to plain library references, ratio per size
-bench-fidelity: $(STAMP) benchdeps
+bench-fidelity: pyc benchdeps
 	$(BIN)/python benchmarks/fidelity.py --mpirun "$(MPIRUN)" $(if $(QUICK),--quick) $(if $(CACHE),--cache $(CACHE)) $(if $(AA),--aa)
 
 # engines vs their own tools: nixl, ucx, mooncake bulk and hot GB/s next to nixl_reference, ucx_perftest,
 # transfer_engine_bench; then nixl bulk vs nixl_reference on 4k and thp pages (the same scattered 1 MiB blocks)
-bench-engines: $(STAMP) benchdeps
+bench-engines: pyc benchdeps
 	$(BIN)/python benchmarks/engines.py --mpirun "$(MPIRUN)"
 
 # the bootstrap storm: each transport's connect against its peers, all-pairs on RANKS (default 2,4,8) ranks here
-bench-connect: $(STAMP) benchdeps
+bench-connect: pyc benchdeps
 	$(BIN)/python benchmarks/connect.py --mpirun "$(MPIRUN)" $(if $(RANKS),--ranks $(RANKS))
 
 # control plane: build + coalesce 1M descriptors, sorting per layer (old) vs runs from the block tables (new); < 50 ms
-bench-descriptors: $(STAMP)
+bench-descriptors: pyc
 	$(BIN)/python benchmarks/descriptors.py
 
 # leaks: RSS growth after warm-up < 50 MB and unchanged open file descriptors per rank, across transports
-soak: $(STAMP) benchdeps
+soak: pyc benchdeps
 	$(BIN)/python benchmarks/soak.py --mpirun $(MPIRUN)
 
 # proof of the timing (needs root): two network namespaces, a veth shaped with tc tbf (RATE, default 1gbit),
 # one rank in each; bulk GB/s against iperf3 and the shaped rate, a streaming row against the model
-selftest: $(STAMP)
+selftest: pyc
 	$(BIN)/python -m kvbench.selftest --rate $(or $(RATE),1gbit) $(ARGS)
 
 # the fabric (needs root): a lab of 4 namespaces x 2 rails shaped at RATE; each result as a ratio to that rate
-lab: $(STAMP)
+lab: pyc
 	$(BIN)/python benchmarks/lab.py --rate $(or $(RATE),1gbit) $(ARGS)
 
 # the buyer's sweep: suites/procurement.yaml (bandwidth) and procurement-overlap.yaml (exposed time), one launch
 # each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
 # machine in words) heads the report and the plan
-procurement: $(STAMP) benchdeps
+procurement: pyc benchdeps
 	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
 	  $(if $(LABEL),--label "$(LABEL)")
 
-test: $(STAMP) sysdeps
+test: pyc sysdeps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # system packages, installed when root with apt-get; otherwise what needs one skips (a test) or reports its row
@@ -150,7 +155,7 @@ clean-results:
 
 # codecs on the path: shm, tcp over loopback, tcp over a shaped veth (root; RATE, default 1gbit): effective GB/s
 # measured next to the model's prediction and break-even link rates (docs/codecs.md)
-bench-codecs: $(STAMP)
+bench-codecs: pyc
 	$(BIN)/python benchmarks/codecs.py --mpirun $(MPIRUN) --rate $(or $(RATE),1gbit)
 
 # The GPU half on a GPU machine, bare or not (docs/gpu.md#gpu-check): that machine's own python with the packages a
@@ -204,5 +209,5 @@ gpu-check:
 	  MPI4PY_LIBMPI=$$libmpi PYTHONUNBUFFERED=1 $$py -m kvbench.gpucheck --device $(DEVICE) --mpirun $$mpiexec $(ARGS)
 
 # staged over tcp on torch-cpu pools: the pipeline against -O pipeline=off, alternating launches, per-stage times
-bench-staged: $(STAMP)
+bench-staged: pyc
 	$(BIN)/python benchmarks/staged.py --mpirun $(MPIRUN) $(ARGS)

@@ -2,8 +2,8 @@
 
 A suite that the configuration refuses (as procurement once was: staged among its transports on host pools) fails a
 buyer's `make procurement` seconds in; these tests fail first. The configuration sees each suite's full axes; the
-launches shrink what costs time (prompt length, iterations, block sizes, variants, requests, one model, and the
-transports to shm, tcp and those that need a device), so every shipped suite runs in a few seconds.
+launches shrink what costs time (prompt length, iterations, the confidence budget, block sizes, variants, requests,
+one model, and the transports to shm, tcp and those that need a device), so every shipped suite runs in seconds.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ SUITES = S.list_suites()
 # machine without one); the others (engines with seconds of set-up, loopback, mpi) have tests of their own
 RUN_HERE = ("shm", "tcp", "cuda_ipc", "verbs", "staged")
 TINY = ["--tokens", "16", "-n", "2", "-w", "0", "--rounds", "1", "-b", "16", "-e", "16", "--variants", "bulk,paged",
-        "--progress", "off", "--timeout", "60"]
+        "--progress", "off", "--timeout", "60",
+        "--ci-budget", "0.2"]  # a suite's --target-ci still adapts each case, for a fifth of a second, not seconds
 WORKLOAD = ["--requests", "4", "--prompt", "16", "--decode-ms", "2"]  # a workload's own sizes
 # a suite whose axis needs a longer prompt: fragmented:4 allocates runs of 4 blocks, so 4 blocks per request
 LONGER = {"coalescing": ["--tokens", "64"], "lifecycle": ["--pool-sizes", "1MiB,2MiB"]}  # (lifecycle: its pools)

@@ -1,6 +1,7 @@
 """The house in wings (docs/layout.md): no import cycle, no import against the wing order, the map current."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -9,13 +10,15 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import layout as L  # noqa: E402
 
+modules = functools.cache(L.modules)  # every module parsed once for the file's tests (the tests that plant an import read their own)
+
 
 def test_no_import_cycle():
-    assert L.cycles(L.modules()) == []
+    assert L.cycles(modules()) == []
 
 
 def test_no_import_against_the_wing_order():
-    assert L.upward(L.modules()) == []
+    assert L.upward(modules()) == []
 
 
 def test_the_checks_can_fail():
@@ -33,7 +36,7 @@ def test_the_checks_can_fail():
 def test_function_level_imports_only_for_what_loads_an_optional_library():
     """An import inside a function is for a module that loads an optional or slow package (torch, pandas, an
     engine, MPI), or a probe inside a try; every other kvbench import stands at the top of its module."""
-    assert L.needless_lazy(L.modules()) == []
+    assert L.needless_lazy(modules()) == []
 
 
 def test_a_needless_function_level_import_is_found():
@@ -50,18 +53,19 @@ def test_only_the_package_doors_and_c_sources_at_the_top():
 
 
 def test_no_module_over_400_lines():
-    assert {m.name: m.lines for m in L.modules().values() if m.lines > 400} == {}
+    assert {m.name: m.lines for m in modules().values() if m.lines > 400} == {}
 
 
 def test_every_wing_says_its_job():
+    mods = modules()
     for line in L.WINGS:
         for w in line:
             if w in ("kvbench", "__main__"):
                 continue
-            doc = L.modules()[f"kvbench.{w}"].doc
+            doc = mods[f"kvbench.{w}"].doc
             assert len(doc) > 40, f"kvbench/{w}/__init__.py has no docstring that says its job"
 
 
 def test_layout_doc_is_generated_from_the_tree():
     with open(L.DOC) as fh:
-        assert fh.read() == L.render(L.modules()), "docs/layout.md is stale: run python tools/layout.py"
+        assert fh.read() == L.render(modules()), "docs/layout.md is stale: run python tools/layout.py"

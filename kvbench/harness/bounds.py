@@ -23,6 +23,7 @@ WAKE_BUDGET_S = 0.3  # ... or fewer when a loaded machine makes them slower
 CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S = 30, 0.05  # again after each case: a shared machine's load comes and goes
 WORK = 1 << 20  # bytes the stamping thread copies before each stamp, as a receive thread reads before its own
 COPIES, MIN_COPIES, COPY_BUDGET_S = 12, 5, 0.25  # the best of up to COPIES copies, at least MIN_COPIES, until COPY_BUDGET_S are spent
+COPY_SPAN_S, MAX_COPIES = 0.005, 200  # small copies go on for this long (up to MAX_COPIES): a best that spans a time slice
 SCRATCH = 256 << 20  # the most bytes the copy's target holds: a larger request's bytes wrap around in it
 
 
@@ -80,12 +81,22 @@ def wake_samples(n: int = WAKE_SAMPLES, budget_s: float = WAKE_BUDGET_S) -> np.n
 def best_copy_s(dst: np.ndarray, src: np.ndarray, descs: np.ndarray) -> float:
     """The shortest of several harness copies of ``descs`` (one native call each)."""
     best, spent, k = float("inf"), 0.0, 0
-    while k < COPIES and (k < MIN_COPIES or spent < COPY_BUDGET_S):
+    while k < MIN_COPIES or (spent < COPY_BUDGET_S and (k < COPIES or (spent < COPY_SPAN_S and k < MAX_COPIES))):
         a = time.perf_counter()
         _native.copy_batch(dst, src, descs)
         took = time.perf_counter() - a
         best, spent, k = min(best, took), spent + took, k + 1
     return best
+
+
+def alone(comm, entries, rank: int, hosts: list[str], pools, ifname: str | None) -> dict:
+    """``entry_bounds`` on every rank at once (collective), between two barriers that sleep: no peer is still
+    filling or checking its pool, or spinning in MPI, while a rank copies (either made the copy, and so the bound,
+    slower than the path itself on a loaded machine: a row beyond it was called SUSPECT)."""
+    comm.barrier_asleep()
+    out = entry_bounds(entries, rank, hosts, pools, ifname)
+    comm.barrier_asleep()
+    return out
 
 
 def entry_bounds(entries, rank: int, hosts: list[str], pools, ifname: str | None) -> dict:
@@ -106,11 +117,11 @@ def entry_bounds(entries, rank: int, hosts: list[str], pools, ifname: str | None
     return out
 
 
-def after_case(m, s, rank: int, hosts: list[str]) -> tuple[float, dict]:
+def after_case(m, s, comm, rank: int, hosts: list[str]) -> tuple[float, dict]:
     """After a case's check, on every rank: (its wake-up bound: the higher of its transport's setup's and one
     measured now; per row index of its entries, (GB/s bound, kind): the better of before and after its timed
     iterations).  ``m``: the case's Measurement, ``s``: the transport's Session (harness/state.py)."""
-    per = best(m.bounds, entry_bounds(m.entries, rank, hosts, s.pools, s.ifname))
+    per = best(m.bounds, alone(comm, m.entries, rank, hosts, s.pools, s.ifname))
     wake = s.wake_bound
     if wake == wake:  # a transport that stamps: measured again now
         wake = max(wake, B.wake_bound(wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)))

@@ -147,18 +147,23 @@ def measures(r, rows: pd.DataFrame) -> list[tuple[str, float, float]]:
     the median from its post to the landing (on one clock): no barrier or notification in it, so a loaded
     machine's wake-ups, which slow every iteration, do not hide a time that beats the copy."""
     err = float(rows["clock_err_s"].max()) if "clock_err_s" in rows and rows["clock_err_s"].notna().any() else 0.0
-    out = [("p50", float(r["payload_bytes"]) / (float(r["p50"]) + err) / 1e9, spread(pair_gbps(rows)))]
+    pairs = pair_gbps(rows, err)
+    out = [("p50", float(r["payload_bytes"]) / (float(r["p50"]) + err) / 1e9, spread(pairs))]
     if "window_s" in rows and rows["window_s"].notna().any():
         w = rows[rows["window_s"] > 0]
         g = w["payload_bytes"] / w["window_s"] / 1e9
         out.append(("post to landing", float(g.median()), spread(g)))
+    # the fastest iteration against the best copy, a best against a best: a transport that copies slower than the
+    # harness (a peer's pages, a loaded phase) hid a halved time at the median
+    if len(pairs):
+        out.append(("fastest iteration", float(pairs.max()), out[0][2]))
     return out
 
 
-def pair_gbps(rows: pd.DataFrame) -> pd.Series:
-    """Per (pair, request, iteration): payload / the later of the pair's two times."""
+def pair_gbps(rows: pd.DataFrame, err: float = 0.0) -> pd.Series:
+    """Per (pair, request, iteration): payload / (the later of the pair's two times + ``err``, a clock bound)."""
     g = rows.groupby(["pair", "req", "iter"]).agg(t=("seconds", "max"), b=("payload_bytes", "first"))
-    return g["b"] / g["t"] / 1e9
+    return g["b"] / (g["t"] + err) / 1e9
 
 
 def key(r) -> str:

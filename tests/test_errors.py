@@ -23,7 +23,7 @@ def assert_nothing_written(tmp_path):
     assert not glob.glob(str(tmp_path / "results" / "**" / "*.*"), recursive=True)
 
 
-@pytest.mark.parametrize("args,needles", [
+BAD_FLAGS = [
     (["-m", "llama-9"], ["model 'llama-9' is not one of", "llama-2-70b"]),
     (["-t", "carrier-pigeon"], ["'carrier-pigeon' is not one of", "shm"]),
     (["--dtype", "fp12"], ["axes.dtype", "'fp16'"]),
@@ -47,13 +47,8 @@ def assert_nothing_written(tmp_path):
     (["--inject-corruption", "-1"], ["--inject-corruption", "greater than or equal to 0"]),
     (["--target-ci", "0"], ["--target-ci", "'0'", "above 0% and below 100%"]),
     (["--target-ci", "150%"], ["--target-ci", "'150%'", "above 0% and below 100%"]),
-])
-def test_bad_flag(kvrun, tmp_path, args, needles):
-    assert_one_line(kvrun(["-t", "shm", *SMALL, *args] if "-t" not in args else [*SMALL, *args]), *needles)
-    assert_nothing_written(tmp_path)
-
-
-@pytest.mark.parametrize("args,needles", [
+]
+BAD_OPTIONS = [
     (["-t", "mpi", "-O", "split=-1"], ["mpi option split='-1'", "greater than or equal to 0"]),
     (["-t", "tcp", "-O", "poll=often"], ["tcp option poll='often'", "'block', 'control' or 'spin'"]),
     (["-t", "tcp", "-O", "sockbuf=abc"], ["tcp option sockbuf='abc'", "valid integer"]),
@@ -62,9 +57,37 @@ def test_bad_flag(kvrun, tmp_path, args, needles):
     (["-t", "tcp", "-O", "tcp.window=create"], ["tcp has no option 'window'"]),
     (["-t", "tcp", "-O", "poll"], ["expected key=value"]),
     (["-t", "tcp", "-O", "connect_timeout=inf"], ["connect_timeout='inf'", "finite"]),
-])
-def test_bad_transport_option(kvrun, tmp_path, args, needles):
-    assert_one_line(kvrun([*SMALL, *args]), *needles)
+]
+# on real ranks (one line, once, exit 1, nothing written: rank 0 refuses every input on one path): an argument the
+# parser refuses, one the configuration refuses, issue 31's --target-ci inputs, and a transport's option
+ON_RANKS = [BAD_FLAGS[0], BAD_FLAGS[6], BAD_FLAGS[7], *BAD_FLAGS[-2:], BAD_OPTIONS[1]]
+
+
+def refusal(args: list[str]) -> str:
+    """What rank 0 refuses ``kvbench run ARGS`` with, for 2 ranks (the parser's or the configuration's line)."""
+    from kvbench.cli.args import ArgError
+    from kvbench.cli.main import build_parser
+    from kvbench.config import ConfigError, runconfig
+
+    argv = ["run", *args]
+    with pytest.raises((ArgError, ConfigError)) as exc:
+        runconfig.build(build_parser().parse_args(argv), argv, 2)
+    return str(exc.value)
+
+
+def full(args: list[str]) -> list[str]:
+    return ["-t", "shm", *SMALL, *args] if "-t" not in args else [*SMALL, *args]
+
+
+@pytest.mark.parametrize("args,needles", BAD_FLAGS + BAD_OPTIONS)
+def test_bad_flag_is_refused_in_one_line(args, needles):
+    line = refusal(full(args))
+    assert "\n" not in line and all(n in line for n in needles), line
+
+
+@pytest.mark.parametrize("args,needles", ON_RANKS)
+def test_bad_flag_on_real_ranks(kvrun, tmp_path, args, needles):
+    assert_one_line(kvrun(full(args)), *needles)
     assert_nothing_written(tmp_path)
 
 

@@ -93,13 +93,14 @@ def test_two_ranks_push_pull_paged_and_coalesced(kvrun, name):
 
 
 # the ceiling's four chunk sizes are four cases more of each transport, op and in-flight: one scheme carries them
-# (many-to-one: three sources' chunks into one pool), the others bulk and paged
+# (many-to-one: three sources' chunks into one pool), at 2 requests in flight only (the others run 1 and 2)
 @pytest.mark.parametrize("scheme,pairs,variants", [("pairwise", 2, "bulk,paged"), ("many-to-one", 3, "bulk,ceiling,paged"),
                                                    ("one-to-many", 3, "bulk,paged"), ("all-pairs", 4, "bulk,paged")])
 def test_four_ranks_every_scheme(kvrun, scheme, pairs, variants):
     names = [n for n in ("shm", "tcp", "mpi") if not unavailable(n)]
+    inflight = "2" if "ceiling" in variants else "1,2"
     r = kvrun(["-t", ",".join(names), "--op", "push,pull", "--scheme", scheme, "-b", "16", "-e", "16",
-               "--inflight", "1,2", *SHAPE, "--tokens", "64", "-n", "2", "-w", "1", "--variants", variants], n=4,
+               "--inflight", inflight, *SHAPE, "--tokens", "64", "-n", "2", "-w", "1", "--variants", variants], n=4,
               timeout=300)
     for name in names:
         ok = assert_clean(r, name)
@@ -108,7 +109,7 @@ def test_four_ranks_every_scheme(kvrun, scheme, pairs, variants):
         assert ok.groupby("case").pair.nunique().eq(pairs).all()
         # inflight 2: two requests per pair, each checked
         two = ok[(ok.inflight == 2) & (ok.iter == -1) & (ok.role == "decode")]
-        assert two.groupby(["case", "pair"]).req.nunique().eq(2).all()
+        assert len(two) and two.groupby(["case", "pair"]).req.nunique().eq(2).all()
 
 
 @pytest.mark.parametrize("split", ["0", "64"])

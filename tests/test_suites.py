@@ -22,7 +22,8 @@ TINY = ["--tokens", "16", "-n", "2", "-w", "0", "--rounds", "1", "-b", "16", "-e
         "--ci-budget", "0.2"]  # a suite's --target-ci still adapts each case, for a fifth of a second, not seconds
 WORKLOAD = ["--requests", "4", "--prompt", "16", "--decode-ms", "2"]  # a workload's own sizes
 # a suite whose axis needs a longer prompt: fragmented:4 allocates runs of 4 blocks, so 4 blocks per request
-LONGER = {"coalescing": ["--tokens", "64"], "lifecycle": ["--pool-sizes", "1MiB,2MiB"]}  # (lifecycle: its pools)
+LONGER = {"coalescing": ["--tokens", "64"], "lifecycle": ["--pool-sizes", "1MiB,2MiB"],  # (lifecycle: its pools)
+          "formats": ["--variants", "paged"]}  # formats x codecs: 50 cases with bulk, each format's paged row is its path
 
 
 def test_suites_are_shipped():

@@ -92,7 +92,7 @@ def test_the_run_prints_the_setup_table_after_the_bandwidth_table(lifecycle):
     assert head[-4:] == ["conn(s)/peer", "first(ms)", "p50(ms)", "first/p50"]
     rows = {ln[1:].split()[0]: ln[1:].split() for ln in lines[at + 2:at + 4]}
     assert set(rows) == {"shm", "mpi"} and rows["shm"][5:7] == ["-", "-"]  # no sweep on shm: no numbers
-    assert all(float(x) > 0 for x in rows["mpi"][5:7])
+    assert all(float(x) >= 0 for x in rows["mpi"][5:7])  # a number (a window over 1 MiB may take under 50 us: 0.0000)
     assert float(rows["mpi"][-1]) > 0 and any("shm registers nothing" in ln for ln in lines[at:])
     bw = [i for i, ln in enumerate(lines) if ln.split()[:1] in (["shm"], ["mpi"]) and "push" in ln]
     assert bw and max(bw) < at

@@ -81,7 +81,7 @@ def wake_samples(n: int = WAKE_SAMPLES, budget_s: float = WAKE_BUDGET_S) -> np.n
 def best_copy_s(dst: np.ndarray, src: np.ndarray, descs: np.ndarray) -> float:
     """The shortest of several harness copies of ``descs`` (one native call each)."""
     best, spent, k = float("inf"), 0.0, 0
-    while k < MIN_COPIES or (spent < COPY_BUDGET_S and (k < COPIES or (spent < COPY_SPAN_S and k < MAX_COPIES))):
+    while k < MIN_COPIES or (k < COPIES and spent < COPY_BUDGET_S) or (k < MAX_COPIES and spent < COPY_SPAN_S):
         a = time.perf_counter()
         _native.copy_batch(dst, src, descs)
         took = time.perf_counter() - a

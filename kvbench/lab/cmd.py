@@ -161,7 +161,7 @@ def down(lab_id: str | None) -> int:
             gone += net.down(lab)
     for ns in net.strays():
         if lab_id is None or f"-{lab_id}-" in ns:
-            gone += [ns] if net.remove_namespace(ns) else []
+            gone += [ns] if N.remove_namespace(ns) else []
     print(f"# removed {len(gone)} namespace(s)" + (f": {' '.join(gone)}" if gone else ""))
     return 0
 

@@ -97,12 +97,6 @@ def check(nodes: int, rails: int) -> None:
         raise ValueError(f"--rails {rails}: between 1 and {MAX_RAILS}")
 
 
-def _tbf(ns: str, dev: str, bits: int) -> None:
-    burst, limit = N.tbf_params(bits)
-    run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{bits}bit", "burst", str(burst),
-         "limit", str(limit)])
-
-
 def _sysctl(ns: str, *settings: str) -> None:
     run(["ip", "netns", "exec", ns, "sysctl", "-qw", *settings])
 
@@ -141,8 +135,8 @@ def up(nodes: int, rails: int, rate_bits: int, spine_bits: int = 0, lab_id: str 
                 _sysctl(ns, f"net.ipv4.conf.{nic}.rp_filter=0")
                 run(["ip", "-n", ns, "link", "set", nic, "up"])
                 run(["ip", "-n", sw, "link", "set", port, "master", f"br{r}", "up"])
-                _tbf(ns, nic, rate_bits)
-                _tbf(sw, port, rate_bits)
+                N.add_tbf(ns, nic, rate_bits)
+                N.add_tbf(sw, port, rate_bits)
         if spine_bits:
             _spine(lab)
     except BaseException:
@@ -158,7 +152,7 @@ def _spine(lab: Lab) -> None:
     _sysctl(sw, "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
     for r in range(lab.rails):
         run(["ip", "-n", sw, "addr", "add", f"{spine_address(r)}/24", "dev", f"br{r}"])
-        _tbf(sw, f"br{r}", lab.spine_bits)
+        N.add_tbf(sw, f"br{r}", lab.spine_bits)
     for n in range(lab.nodes):
         ns = lab.node_ns(n)
         for r in range(lab.rails):
@@ -172,12 +166,7 @@ def _spine(lab: Lab) -> None:
 def down(lab: Lab) -> list[str]:
     """Remove the lab's namespaces (their veths, bridges and qdiscs go with them) and its record."""
     names = set(lab.namespaces) | {lab.switch_ns} | {lab.node_ns(n) for n in range(lab.nodes)}
-    removed = []
-    for ns in sorted(set(N.list_namespaces()) & names):
-        if N.kill_inside(ns):
-            time.sleep(0.1)
-        if run(["ip", "netns", "del", ns], check=False).returncode == 0:
-            removed.append(ns)
+    removed = [ns for ns in sorted(set(N.list_namespaces()) & names) if N.remove_namespace(ns)]
     for path in (state_path(lab.id), state_path(lab.id) + ".tmp"):
         try:
             os.unlink(path)
@@ -190,11 +179,6 @@ def strays() -> list[str]:
     """Lab namespaces no record names (a record removed by hand, a host crash's leftovers)."""
     known = {ns for lab in labs() for ns in lab.namespaces}
     return [ns for ns in N.list_namespaces() if NS_RE.match(ns) and ns not in known]
-
-
-def remove_namespace(ns: str) -> bool:
-    N.kill_inside(ns)
-    return run(["ip", "netns", "del", ns], check=False).returncode == 0
 
 
 def counters(lab: Lab, node: int) -> dict[str, tuple[int, int]]:

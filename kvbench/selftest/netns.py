@@ -170,12 +170,25 @@ def setup(run_id: str, rate_bits: int) -> Link:
             _run(["ip", "-n", ns, "addr", "add", f"{addr}/{PREFIX}", "dev", IFNAME])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "link", "set", IFNAME, "up"])
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", IFNAME, "root", "tbf", "rate", f"{rate_bits}bit",
-                  "burst", str(link.burst), "limit", str(link.limit)])
+            add_tbf(ns, IFNAME, rate_bits)
     except BaseException:
         teardown(link)
         raise
     return link
+
+
+def add_tbf(ns: str, dev: str, rate_bits: int) -> None:
+    """Shape ``dev`` in namespace ``ns`` to ``rate_bits`` with a token bucket (``tbf_params``'s burst and limit)."""
+    burst, limit = tbf_params(rate_bits)
+    _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_bits}bit", "burst", str(burst),
+          "limit", str(limit)])
+
+
+def remove_namespace(ns: str) -> bool:
+    """Kill what lives in ``ns`` and delete it (its veths and qdiscs go with it); whether it was deleted."""
+    if kill_inside(ns):
+        time.sleep(0.1)
+    return _run(["ip", "netns", "del", ns], check=False).returncode == 0
 
 
 def kill_inside(ns: str) -> list[int]:
@@ -194,11 +207,7 @@ def teardown(link: Link) -> list[str]:
     """Remove both namespaces (the veth pair and its qdiscs go with them); returns what was removed."""
     removed = []
     for ns in (link.ns_a, link.ns_b):
-        if ns not in list_namespaces():
-            continue
-        if kill_inside(ns):
-            time.sleep(0.1)
-        if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
+        if ns in list_namespaces() and remove_namespace(ns):
             removed.append(ns)
     release(link.run_id, link.lock_fd)
     link.lock_fd = None

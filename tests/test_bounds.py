@@ -91,6 +91,38 @@ def test_the_harness_copy_moves_the_same_bytes():
     assert HB.best_copy_s(scratch, src, d) > 0
 
 
+def test_bound_copies_are_made_while_every_peer_waits_asleep(monkeypatch):
+    """A peer refilling its pool or spinning in MPI while a rank copies slows the copy, and with it the bound: every
+    rank's copies sit between two sleeping barriers, before and after a case's timed iterations."""
+    calls = []
+
+    class Comm:
+        def barrier_asleep(self):
+            calls.append("barrier")
+
+    monkeypatch.setattr(HB, "entry_bounds", lambda *a: calls.append("copies") or {"e": (1.0, "memory copy")})
+    assert HB.alone(Comm(), [], 0, ["h", "h"], [], None) == {"e": (1.0, "memory copy")}
+    assert calls == ["barrier", "copies", "barrier"]
+    calls.clear()
+
+    class M:
+        bounds, entries = {}, []
+
+    class S:
+        pools, ifname, wake_bound = [], None, float("nan")
+
+    HB.after_case(M(), S(), Comm(), 0, ["h", "h"])
+    assert calls == ["barrier", "copies", "barrier"]
+
+
+def test_small_copies_go_on_for_a_time_slice(monkeypatch):
+    """A 4 MiB copy takes ~0.1 ms: 12 of them fit in one slow moment, so small copies go on for COPY_SPAN_S."""
+    n = [0]
+    monkeypatch.setattr(HB._native, "copy_batch", lambda *a: n.__setitem__(0, n[0] + 1))
+    HB.best_copy_s(None, None, None)
+    assert HB.COPIES < n[0] <= HB.MAX_COPIES
+
+
 def rows(case, seconds, bound, kind="memory copy", lead=np.nan, wake=np.nan, payload=1e9, rank=1):
     n = len(seconds)
     return pd.DataFrame({"case": case, "variant": "bulk", "transport": "shm", "op": "pull", "model": "m",

@@ -89,17 +89,17 @@ def best_copy_s(dst: np.ndarray, src: np.ndarray, descs: np.ndarray) -> float:
     return best
 
 
-def alone(comm, entries, rank: int, hosts: list[str], pools, ifname: str | None) -> dict:
+def alone(comm, entries, rank: int, hosts: list[str], pools, ifname: str | None, pages: str = "4k") -> dict:
     """``entry_bounds`` on every rank at once (collective), between two barriers that sleep: no peer is still
     filling or checking its pool, or spinning in MPI, while a rank copies (either made the copy, and so the bound,
     slower than the path itself on a loaded machine: a row beyond it was called SUSPECT)."""
     comm.barrier_asleep()
-    out = entry_bounds(entries, rank, hosts, pools, ifname)
+    out = entry_bounds(entries, rank, hosts, pools, ifname, pages)
     comm.barrier_asleep()
     return out
 
 
-def entry_bounds(entries, rank: int, hosts: list[str], pools, ifname: str | None) -> dict:
+def entry_bounds(entries, rank: int, hosts: list[str], pools, ifname: str | None, pages: str = "4k") -> dict:
     """Per request this rank receives: (GB/s bound, kind).  One host: the harness's own copy of the same bytes
     (``packed``); across hosts: the link rate (results/bounds.network_bound); device memory: none."""
     out = {}
@@ -113,15 +113,15 @@ def entry_bounds(entries, rank: int, hosts: list[str], pools, ifname: str | None
         if dst is None or pools[-1].kind == "cuda":
             out[id(e)] = (B.NAN, "none (device memory: no harness copy)")
             continue
-        out[id(e)] = (B.copy_gbps(e.payload, best_copy_s(*packed(dst, e.layers))), "memory copy")
+        out[id(e)] = (B.copy_gbps(e.payload, best_copy_s(*packed(dst, e.layers, pages))), "memory copy")
     return out
 
 
-def after_case(m, s, comm, rank: int, hosts: list[str]) -> tuple[float, dict]:
+def after_case(m, s, comm, rank: int, hosts: list[str], pages: str = "4k") -> tuple[float, dict]:
     """After a case's check, on every rank: (its wake-up bound: the higher of its transport's setup's and one
     measured now; per row index of its entries, (GB/s bound, kind): the better of before and after its timed
     iterations).  ``m``: the case's Measurement, ``s``: the transport's Session (harness/state.py)."""
-    per = best(m.bounds, alone(comm, m.entries, rank, hosts, s.pools, s.ifname))
+    per = best(m.bounds, alone(comm, m.entries, rank, hosts, s.pools, s.ifname, pages))
     wake = s.wake_bound
     if wake == wake:  # a transport that stamps: measured again now
         wake = max(wake, B.wake_bound(wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)))
@@ -134,7 +134,7 @@ def best(before: dict, after: dict) -> dict:
     return {k: max(before.get(k, v), v, key=lambda x: x[0] if x[0] == x[0] else -1.0) for k, v in after.items()}
 
 
-def packed(pool: np.ndarray, layers: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def packed(pool: np.ndarray, layers: list[np.ndarray], pages: str = "4k") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(scratch, pool, descriptors) of a copy that reads a request's destination ranges where they lie in
     ``pool`` and writes them one after another into a scratch buffer: the same bytes, read as the transport
     wrote them, and the pool left as it is (bulk ranges lie at the same offsets on both sides, so a copy
@@ -142,5 +142,7 @@ def packed(pool: np.ndarray, layers: list[np.ndarray]) -> tuple[np.ndarray, np.n
     d = np.concatenate(layers)
     lens = d[:, LEN]
     at = (np.cumsum(lens) - lens) % SCRATCH
-    scratch = memory.alloc_host(int(min(lens.sum(), SCRATCH) + lens.max()))  # page-aligned, as the pools are
+    # page-aligned, and on huge pages where the pools are (thp: a hugetlb reservation may not hold it too); on 4k
+    # pages beside a huge-page pool the copy paid TLB misses the transport did not, and bounded it too low
+    scratch = memory.alloc_host(int(min(lens.sum(), SCRATCH) + lens.max()), pages="4k" if pages == "4k" else "thp")
     return scratch, pool, np.ascontiguousarray(np.stack([d[:, DST], at, lens], axis=1), dtype=np.int64)

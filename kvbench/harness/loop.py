@@ -294,7 +294,7 @@ class Harness(Rows, Calibration, Carrying):
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
         m = Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
                         cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local),
-                        bounds=bounds.alone(self.comm, entries, self.rank, self.hosts, s.pools, s.ifname))  # and after
+                        bounds=bounds.alone(self.comm, entries, self.rank, self.hosts, s.pools, s.ifname, self.opts.pages))
         if self.opts.check == "all" and s.pools:  # -c all: every timed iteration checked (checkpass.Every)
             m.every = checkpass.Every(self.rank, m, s.pools, s.nbytes)
         return m
@@ -384,7 +384,7 @@ class Harness(Rows, Calibration, Carrying):
             if self.opts.check:
                 nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
             self.check_s += time.perf_counter() - a + (m.every.seconds if m.every is not None else 0.0)
-            wake_and_paths = bounds.after_case(m, s, self.comm, self.rank, self.hosts)  # the bounds on its times
+            wake_and_paths = bounds.after_case(m, s, self.comm, self.rank, self.hosts, self.opts.pages)  # bounds on its times
         finally:
             GUARD.disarm()
         faults.at("between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)

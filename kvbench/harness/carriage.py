@@ -149,7 +149,7 @@ def notes(df) -> dict:
     """{(case, rank): carrier_note} of the timed rows that have one."""
     if df is None or "carrier_note" not in df:
         return {}
-    d = df[(df["carrier_note"].fillna("") != "") & (df["iter"] >= 0)]
+    d = df[(df["carrier_note"].astype(object).fillna("") != "") & (df["iter"] >= 0)]
     return {(int(c), int(r)): str(g["carrier_note"].iloc[0]) for (c, r), g in d.groupby(["case", "rank"])}
 
 
@@ -157,7 +157,7 @@ def sidecar(df) -> dict:
     """For the sidecar: per case and rank, the carrier, its bytes, wire/payload and the note (timed rows)."""
     if df is None or "carrier" not in df:
         return {}
-    d = df[(df["iter"] >= 0) & (df["carrier"].fillna("") != "")]
+    d = df[(df["iter"] >= 0) & (df["carrier"].astype(object).fillna("") != "")]
     out: dict = {}
     for (case, rank), g in d.groupby(["case", "rank"]):
         r = g.iloc[0]

@@ -17,7 +17,7 @@ def nic_bytes(df: pd.DataFrame) -> pd.DataFrame:
     """Per (case, rank, NIC) the bytes its counters moved over the case's timed iterations (carrier columns)."""
     if "nic_bytes" not in df:
         return pd.DataFrame()
-    d = df[(df["iter"] >= 0) & (df["nic_bytes"].fillna("") != "")]
+    d = df[(df["iter"] >= 0) & (df["nic_bytes"].astype(object).fillna("") != "")]
     out = [{"case": c, "transport": g["transport"].iloc[0], "rank": r, "nic": nic, "bytes": tx + rx}
            for (c, r), g in d.groupby(["case", "rank"]) for nic, (tx, rx) in C.decode(g["nic_bytes"].iloc[0]).items()
            if tx + rx > 0]

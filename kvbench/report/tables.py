@@ -200,10 +200,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     # a matrix's measurement (harness/flows.py): its one flow ("0->1") alone, or "all" of them
     flows = df[df["flow"].astype(str) != ""].groupby("case")["flow"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else "all") \
         if "flow" in df else pd.Series(dtype=object)
-    st["flows"] = st["case"].map(flows).fillna("")
+    st["flows"] = st["case"].map(flows).astype(object).fillna("")
     if "flow_mode" not in st:
         st["flow_mode"] = ""
-    st["flow_mode"] = st["flow_mode"].fillna("")
+    st["flow_mode"] = st["flow_mode"].astype(object).fillna("")
     bulk = st[st["variant"] == "bulk"].set_index(BULK_KEYS)["gbps"]
     keyed = st.set_index(BULK_KEYS).index
     st["bulk_gbps"] = [bulk.get(k, float("nan")) if k in bulk.index else float("nan") for k in keyed]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,3 +70,12 @@ def test_every_wing_says_its_job():
 def test_layout_doc_is_generated_from_the_tree():
     with open(L.DOC) as fh:
         assert fh.read() == L.render(modules()), "docs/layout.md is stale: run python tools/layout.py"
+
+
+def test_a_rank_loads_no_pandas_until_it_writes_a_table():
+    # every rank imports the run's modules; only rank 0's writer (results/store.py) needs frames, and pandas
+    # costs each rank most of a second of CPU at every launch
+    code = ("import sys, kvbench.cli.main, kvbench.cli.run, kvbench.harness.loop, kvbench.harness.load\n"
+            "print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=L.ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

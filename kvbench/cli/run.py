@@ -20,8 +20,9 @@ from kvbench.memory.cachestate import SAYS
 from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
-from kvbench.results import bounds
+from kvbench.results import bounds, costs
 from kvbench.results.lock import LockHeld, ResultLock
+from kvbench.results.sidecar import record_for_rank0
 
 
 def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
@@ -182,8 +183,6 @@ def run(a, argv: list[str]) -> int:
         h.on_group_done = group_done
     done, h.case_no, meta_path = c.bcast((done, h.case_no, writer.meta_path if writer else None))
     if c.rank:  # rank 0 stopped or hung: the rank that times out records it in the sidecar in its place
-        from kvbench.results.store import record_for_rank0
-
         GUARD.stand_in = lambda status, line: record_for_rank0(meta_path, status, line)
     try:
         h.run([k for k in cases if k["transport"] not in done], suite.scheme)
@@ -361,9 +360,7 @@ def pair_clocks(df) -> dict:
 
 def layer_costs(df) -> dict:
     """Per case, microseconds per layer outside the wire (post, notify, wake and their sum; costs.py)."""
-    from kvbench.results.costs import sidecar
-
-    return sidecar(df)
+    return costs.sidecar(df)
 
 
 def overhead_us(printer) -> dict:

@@ -25,6 +25,7 @@ from kvbench.model import matrix as X
 from kvbench.model import shapes as M
 from kvbench.model.layout import aged_n
 from kvbench.model.schemes import SchemeError, make_pairs
+from kvbench.results.schema import RESUMES, SCHEMA_VERSION
 from kvbench.transports import options as O
 
 FLAG_AXES = ("transport", "op", "model", "tokens", "coalesce", "alloc", "layout", "dtype", "tp", "pp", "prefix_hit",
@@ -333,8 +334,6 @@ def read_sidecar(parquet: str) -> dict:
 
 def resumed(a, argv: list[str], world: int) -> RunConfig:
     """Continue ``--resume FILE``: the same suite, schema and machine, or a refusal."""
-    from kvbench.results.store import RESUMES, SCHEMA_VERSION
-
     path = a.resume
     meta = read_sidecar(path)
     if meta.get("schema_version") not in RESUMES:  # an older one: its rows are upgraded when the file is reopened

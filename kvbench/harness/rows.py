@@ -15,7 +15,7 @@ from kvbench.job import faults
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.schemes import control_bytes
 from kvbench.results import costs
-from kvbench.results.store import FABRIC_DEFAULTS
+from kvbench.results.schema import FABRIC_DEFAULTS
 
 nan = float("nan")
 

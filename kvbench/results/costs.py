@@ -19,9 +19,12 @@ then the median over iterations, divided by the layers of a request (and the req
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # every rank builds cost columns; only rank 0 and the readers make frames (per_case imports it)
+    import pandas as pd
 
 COLUMNS = ["post_s", "lib_s", "notify_s", "wake_s"]  # result rows, schema 3 (results/store.py)
 NAN = float("nan")
@@ -58,6 +61,8 @@ def row(cost: list[tuple] | None, it: int, k: int) -> dict:
 def per_case(df: pd.DataFrame) -> pd.DataFrame:
     """Per case, microseconds per layer: post_us (kvbench's own posting: post_s - lib_s), lib_us (inside the
     library's data call), notify_us, wake_us, and cost_us = post + notify + wake (NaN read as 0 in the sum)."""
+    import pandas as pd
+
     cols = ["post_us", "lib_us", "notify_us", "wake_us", "cost_us"]
     if df is None or not set(COLUMNS) <= set(df.columns):
         return pd.DataFrame(columns=cols)

@@ -1,0 +1,62 @@
+"""Writing a result set's files whole or not at all (the table and its sidecar), and another rank's word in
+the sidecar when rank 0 is stuck.  Standard library only: every rank may need ``record_for_rank0``."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+from kvbench.job import cleanup
+from kvbench.results.lock import lock_path
+
+
+def write_json(path: str, obj: dict, tmp: str | None = None, midway=None) -> None:
+    """``obj`` as indented JSON at ``path``, whole or not at all (replace_whole)."""
+    def write(t):
+        with open(t, "w") as fh:
+            json.dump(obj, fh, indent=2, default=str)
+
+    replace_whole(path, write, tmp, midway)
+
+
+def replace_whole(path: str, write, tmp: str | None = None, midway=None) -> None:
+    """Write ``path`` whole or not at all: into ``tmp`` (``path.tmp``), then renamed over it; a failed write (a
+    full disk) leaves no temporary file behind.  ``midway`` runs between the two (the fault matrix's point)."""
+    tmp = tmp or cleanup.tmp_of(path)
+    try:
+        write(tmp)
+        if midway is not None:
+            midway()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
+    """Another rank records a failure in the sidecar when rank 0, its writer, is stopped or hung: only while
+    the sidecar still says INCOMPLETE (rank 0's own word wins), and only where the file is (a shared file
+    system or rank 0's host).  Rank 0's lock and half-written files go too: the job's abort ends it, stopped
+    as it is, and nobody else would remove them.  True when written."""
+    try:
+        with open(meta_path) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    try:
+        if meta.get("status") != "INCOMPLETE":
+            return False
+        meta.update(status=status, reason=reason,
+                    finished=dt.datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"))
+        write_json(meta_path, meta, tmp=cleanup.own_tmp_of(meta_path))  # not rank 0's .tmp: it may be mid-write
+        return True
+    finally:
+        parquet = meta_path[: -len(".meta.json")] + ".parquet"
+        for path in (*cleanup.set_tmp_files(parquet), lock_path(parquet)):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

@@ -15,6 +15,7 @@ import time
 
 import pandas as pd
 import pytest
+from conftest import leftovers_of
 
 from kvbench.fabric import carriers as C
 from kvbench.lab import cmd, net, place
@@ -245,6 +246,9 @@ def test_sigterm_during_run_removes_the_lab(tmp_path):
     assert _ours(tag) == []
     left = subprocess.run(["pgrep", "-f", f"ip netns exec {tag}"], capture_output=True, text=True).stdout.split()
     assert left == [], f"ranks left behind: {left}"
+    # each node's rank maps an MPICH segment of its own: rank 0's exit path removes rank 1's too (by its registry)
+    meta = glob.glob(os.path.join(str(tmp_path), "*", "*.meta.json"))[0]
+    assert leftovers_of(meta.replace(".meta.json", ".parquet")) == []
 
 
 @needs_root

@@ -74,7 +74,7 @@ def test_layout_doc_is_generated_from_the_tree():
 
 def test_a_rank_loads_no_pandas_until_it_writes_a_table():
     # every rank imports the run's modules; only rank 0's writer (results/store.py) needs frames, and pandas
-    # costs each rank most of a second of CPU at every launch
+    # costs a rank most of a second of CPU at every launch, which matters where ranks outnumber cores
     code = ("import sys, kvbench.cli.main, kvbench.cli.run, kvbench.harness.loop, kvbench.harness.load\n"
             "print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=L.ROOT, timeout=60)

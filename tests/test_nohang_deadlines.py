@@ -127,3 +127,36 @@ def test_sighup_to_the_launcher_is_interrupted_said_and_cleaned_by_the_reapers(t
     assert leftovers_of(parquet) == []
     assert [f for f in os.listdir(os.path.dirname(parquet)) if f.endswith((".tmp", ".lock"))] == []
     assert 1 in set(pd.read_parquet(parquet).case)  # the first row was on the screen: its case is kept
+
+
+
+def _term_all_kill_ranks(proc):
+    """What a batch system's tear-down can do: SIGTERM to every process of the job, then SIGKILL to all but the
+    reapers before the ranks' exit paths ran (their own cleanup never happens)."""
+    from kvbench.job.launch import descendants
+
+    tree = [proc.pid, *descendants(proc.pid)]
+    for pid in tree:
+        os.kill(pid, signal.SIGSTOP)  # nobody acts on the SIGTERM before the SIGKILL
+    for pid in tree:
+        os.kill(pid, signal.SIGTERM)
+    for pid in tree:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            is_reaper = b"kvbench.job.reaper" in fh.read()
+        os.kill(pid, signal.SIGCONT if is_reaper else signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+def test_a_tree_told_to_end_at_once_is_cleaned_by_the_reapers_it_held(tmp_path):
+    """SIGTERM reaches each rank's reaper with its rank (a lab run's tear-down, a batch system): the reaper
+    outlives its rank by design, so it ignores it and removes the run's files once its rank is gone."""
+    from kvbench.job.reaper import SWEEP_S
+
+    args = [*SHM[:-4], "-n", "150", "-w", "1", "--variants", "bulk,paged", "--rounds", "1"]
+    code, out, err, res = launch_then(args, tmp_path, _term_all_kill_ranks, timeout=40)
+    assert code != 0, out
+    parquet = glob.glob(str(res / "*" / "*.meta.json"))[0].replace(".meta.json", ".parquet")
+    end = time.monotonic() + SWEEP_S + 10  # the reapers sweep once their ranks are gone
+    while leftovers_of(parquet) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert leftovers_of(parquet) == []

@@ -107,11 +107,20 @@ def _run_files(run_id: str) -> list[str]:
 
 
 def unlink_run(run_id: str) -> list[str]:
-    """Unlink every file of run ``run_id`` on this host (any rank's segment or registry); returns those removed.
+    """Unlink every file of run ``run_id`` on this host (any rank's segment or registry, and the MPICH segments
+    a registry lists: a rank may map one that this one does not, and once its registry is gone nobody would
+    know the segment for the run's); returns those removed.
 
     Unlinking a segment other ranks still map is harmless: their mappings stay valid.
     """
-    return [p for p in _run_files(run_id) if _unlink(p)]
+    removed = []
+    for path in _run_files(run_id):
+        m = _OWNED.fullmatch(os.path.basename(path))
+        if m is not None and m["registry"]:
+            removed += unlink_mpich(_listed(path) or [])
+        if _unlink(path):
+            removed.append(path)
+    return removed
 
 
 def mapped_mpich() -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -161,6 +162,10 @@ def launcher_ended_first(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    # a whole tree told to end at once (a lab run's or a batch system's SIGTERM to every process) reaches the
+    # reaper with its rank: it outlives the rank by design, and ends when the rank's pipe closes
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
     rank_pid, rank, launcher = int(argv[0]), int(argv[1]), int(argv[2])
     facts: dict[str, str] = {}
     buf = b""

@@ -7,7 +7,7 @@ import pytest
 from kvbench import memory
 from kvbench.memory.verify import layer_is_right
 from kvbench.model.descriptors import request_descs
-from kvbench.model.layout import BlockAllocator, Layout
+from kvbench.model.layout import BlockAllocator, Layout, block_array
 from kvbench.model.workload import arrivals, parse_prompt, prompts, rng_for
 
 # llama-3-8b at tp 8: one KV head, 16 KiB per token; 64-token prompts = 4 blocks of 16 = 1 MiB per request
@@ -61,6 +61,25 @@ def test_request_descs_and_block_check_match_the_reference(kind, regions):
     pool[d[1] + 95] ^= 1
     pool[d[1] + 96] ^= 1  # past the payload: not part of the request
     assert layer_is_right(pool, lay, 2, src, dst, 96, 7)
+
+
+@pytest.mark.parametrize("kind,regions", [("layer-major", 2), ("block-major", 2), ("mla", 1)])
+def test_the_grant_check_counts_the_granted_blocks_written_while_free(kind, regions):
+    from kvbench.harness.load_decode import unpoisoned
+
+    lay = Layout(kind, 4, regions, 256, 64)
+    pool = memory.alloc_host(lay.nbytes + 4096)
+    pool[:] = memory.POISON
+    blocks = block_array(pool, lay)
+    rng = np.random.default_rng(5)
+    hit = {3: (2, regions - 1, 0), 9: (0, 0, 255), 40: (3, 0, 17)}  # block -> (layer, region, byte) written
+    for b, (i, r, at) in hit.items():
+        blocks[i, r, b, at] ^= 0xFF
+    blocks[1, 0, 41, 0] ^= 0xFF  # a block not asked about
+    blocks[3, 0, 9, 100] ^= 0xFF  # block 9 in a second layer: still one block
+    for ids in ([3, 5, 9], [5, 6], [40, 3, 9, 2], rng.permutation(64)[:20].tolist()):
+        ref = int((blocks[:, :, ids] != memory.POISON).any(axis=(0, 1, 3)).sum())  # the gathered copy's answer
+        assert unpoisoned(pool, blocks, lay, ids) == ref == len(set(ids) & (set(hit) | {41}))
 
 
 # ----- real two-rank runs -------------------------------------------------------------------

@@ -44,6 +44,24 @@ def test_native_copy_batch_bounds_checked():
         _native.copy_batch(b, a, np.array([[0, 0, 1]], dtype=np.int32))
 
 
+def test_native_unlike_flags_each_range_holding_another_byte():
+    # the workload's grant check: granted blocks must still hold poison; one byte anywhere in a range flags it
+    pool = np.full(64 * 4096 + 100, memory.POISON, np.uint8)
+    d = np.zeros((65, 3), np.int64)
+    d[:64, 1], d[:, 2] = np.arange(64) * 4096, 4096
+    d[64] = [0, 64 * 4096, 100]  # a short last range, past the 4 KiB reference
+    flags = np.zeros(65, np.uint8)
+    assert _native.unlike(pool, d, 1, memory.POISON, flags) == 0 and not flags.any()
+    for at in (5 * 4096, 7 * 4096 + 4095, 64 * 4096 + 99):  # a range's first byte, its last, the short one's last
+        pool[at] ^= 1
+    assert _native.unlike(pool, d, 1, memory.POISON, flags) == 3 and np.flatnonzero(flags).tolist() == [5, 7, 64]
+    assert _native.unlike(pool, d[:5], 1, memory.POISON) == 0  # ranges end where they say
+    with pytest.raises(ValueError, match="one byte per row"):
+        _native.unlike(pool, d, 1, memory.POISON, np.zeros(3, np.uint8))
+    with pytest.raises(ValueError, match="outside the pool"):
+        _native.unlike(pool, np.array([[0, len(pool) - 10, 11]], np.int64), 1, memory.POISON)
+
+
 # ----- page sizes ---------------------------------------------------------------------------------------------
 THP_OFF = memory.thp_mode() in (None, "never")
 THP_WHY = f"transparent huge pages are {memory.thp_mode() or 'not built'} here (enabled: madvise or always needed)"

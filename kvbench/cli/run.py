@@ -113,6 +113,9 @@ def run(a, argv: list[str]) -> int:
                 payload = (config.build(a, argv, c.size).model_dump(), None)
             except config.ConfigError as exc:
                 payload = (None, str(exc))
+            if payload[1] is None:  # the writer and live table load pandas (seconds on a loaded machine): now, before
+                import kvbench.report  # noqa: F401  (any step has a --timeout deadline; other ranks never load it)
+                import kvbench.results.store  # noqa: F401
         cfg_d, err = c.bcast(payload)
     if err:
         return finish(c, ST.INPUT_ERROR, err)
@@ -314,7 +317,8 @@ def footer(cfg, writer, printer, h) -> int:
                   clocks=pair_clocks(df),
                   reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
                   suspects=[bounds.line(s) for s in sus], harness_overhead_us=overhead_us(printer),
-                  layer_cost_us=layer_costs(df), carriers=carriage.sidecar(df),
+                  layer_cost_us=costs.sidecar(df),  # per layer outside the wire (costs.py)
+                  carriers=carriage.sidecar(df),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
 
@@ -356,11 +360,6 @@ def pair_clocks(df) -> dict:
             "skew_max_us": round(float(g["skew_s"].abs().max()) * 1e6, 1),
             "clock_err_us": round(float(g["clock_err_s"].max()) * 1e6, 1)}
     return out
-
-
-def layer_costs(df) -> dict:
-    """Per case, microseconds per layer outside the wire (post, notify, wake and their sum; costs.py)."""
-    return costs.sidecar(df)
 
 
 def overhead_us(printer) -> dict:

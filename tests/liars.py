@@ -483,3 +483,24 @@ class HalvesTheTime(ShmTransport):
             return super().wait(handle)
         self._since = None
         return handle + (time.perf_counter() - handle) / 2
+
+
+class _OutsideFirstRequest(_Outside):
+    """A workload's request 0 alone also writes one block just outside its ranges: under ``--alloc contiguous``
+    a block free then, which the next request is granted and overwrites (only the grant's check can see it)."""
+
+    lying = True
+
+    def prepare(self, op, peer, descs, tag=0):
+        self.lying = tag >> 16 == 0  # a workload's tag: (request id << 16) | layer
+        return super().prepare(op, peer, descs, tag)
+
+    def post(self, op, peer, descs, tag=0):
+        self.lying = tag >> 16 == 0
+        return super().post(op, peer, descs, tag)
+
+    def lie_descs(self, descs):
+        return super().lie_descs(descs) if self.lying else descs
+
+
+_make("lie-outside-first", _OutsideFirstRequest, ShmTransport)

@@ -1,8 +1,10 @@
 """Workloads: back-pressure, drops, the no-write-without-grant proof, and load tails (real mpiexec -n 2)."""
+import os
 import re
 
 import numpy as np
 import pytest
+from liars import LIARS
 
 from kvbench import memory
 from kvbench.memory.verify import layer_is_right
@@ -129,6 +131,21 @@ def test_exposed_tail_rises_with_arrival_rate(kvrun):
     q = dec.groupby("workload").queue_s.max()
     assert q["poisson:1000"] > 0.15 > q["poisson:5"], q
     assert [re.search(r"violations (\d+)", ln).group(1) for ln in load_lines(r.out)] == ["0", "0"]
+
+
+def test_a_write_into_a_free_block_that_a_later_request_overwrites_is_caught_at_its_grant(kvrun):
+    # request 0 also writes the block after its ranges in layer 0 (free then); contiguous allocation grants it to
+    # request 1, whose transfer overwrites it: neither request 1's byte check nor the end's check of the free
+    # blocks can see that write, only the grant's poison check (request 0 holds its blocks 1 s, request 1 comes
+    # 300 ms later, after request 0 landed)
+    env = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    r = kvrun([*BASE, "-t", "lie-outside-first", "--op", "push", "--arrival", "interval:300", "--requests", "2",
+               "--decode-ms", "1000", "--alloc", "contiguous", "--decode-pool-tokens", "256"], env=env)
+    assert r.code == 2 and "FAILED" in r.out, r.out + r.err
+    dec = r.table().query("role == 'decode' and iter >= 0").set_index("iter")
+    assert dec.loc[1, "reason"] == "1 granted blocks were written while free", dec.reason
+    assert dec.loc[0, "reason"] != dec.loc[1, "reason"]
 
 
 def test_injected_corruption_is_caught(kvrun):

@@ -17,6 +17,13 @@ BASE = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "--tokens", "64", "-b", "1
         "--prefill-ms", "1", "--overlap", "streaming"]
 
 
+# a liar whose request 0 alone also writes one block outside its ranges (tests/liars.py), contiguous blocks
+LIAR_ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
+            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+OUTSIDE_FIRST = [*BASE, "-t", "lie-outside-first", "--op", "push", "--arrival", "interval:300", "--alloc", "contiguous",
+                 "--decode-pool-tokens", "256"]
+
+
 def load_lines(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.startswith("# load: case")]
 
@@ -138,14 +145,20 @@ def test_a_write_into_a_free_block_that_a_later_request_overwrites_is_caught_at_
     # request 1, whose transfer overwrites it: neither request 1's byte check nor the end's check of the free
     # blocks can see that write, only the grant's poison check (request 0 holds its blocks 1 s, request 1 comes
     # 300 ms later, after request 0 landed)
-    env = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    r = kvrun([*BASE, "-t", "lie-outside-first", "--op", "push", "--arrival", "interval:300", "--requests", "2",
-               "--decode-ms", "1000", "--alloc", "contiguous", "--decode-pool-tokens", "256"], env=env)
+    r = kvrun([*OUTSIDE_FIRST, "--requests", "2", "--decode-ms", "1000"], env=LIAR_ENV)
     assert r.code == 2 and "FAILED" in r.out, r.out + r.err
     dec = r.table().query("role == 'decode' and iter >= 0").set_index("iter")
     assert dec.loc[1, "reason"] == "1 granted blocks were written while free", dec.reason
     assert dec.loc[0, "reason"] != dec.loc[1, "reason"]
+
+
+def test_a_write_into_a_block_free_to_the_end_is_caught_at_the_end(kvrun):
+    # one request: its stray writes (layer 0's block after its ranges, and in each later layer the block before,
+    # the previous layer's last: blocks 4 and 15 of 16) stay in free blocks nobody is granted, seen by the end's check
+    r = kvrun([*OUTSIDE_FIRST, "--requests", "1", "--decode-ms", "10"], env=LIAR_ENV)
+    assert r.code == 2 and "FAILED" in r.out, r.out + r.err
+    assert [re.search(r"violations (\d+)", ln).group(1) for ln in load_lines(r.out)] == ["2"]
+    assert r.table().query("role == 'decode' and iter >= 0").reason.fillna("").eq("").all()
 
 
 def test_injected_corruption_is_caught(kvrun):

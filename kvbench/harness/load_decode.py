@@ -78,9 +78,6 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
     expect = sum(1 for s in srcs for k in range(n) if x.dests[s][k % len(x.dests[s])] == me)
     alloc = x.dalloc or x.decode_allocator(me)
     blocks = block_array(pool, lay)
-    wide = np.uint64 if lay.block_bytes % 8 == 0 else np.uint8  # poison checks 8 bytes at a time
-    words = block_array(pool, lay, wide)
-    poison8 = wide(int.from_bytes(bytes([memory.POISON]) * np.dtype(wide).itemsize, "little"))
     bs, row = case["block_size"], x.g["shape"].row_elems * x.elem
     every = check == "all"
 
@@ -210,7 +207,7 @@ def decode_rank(x: LoadCase, clock: dict, world, me: int, pairs: list, check: bo
             waiter.jobs.put(None)
     for r in sends:
         r.wait()
-    final_bad = int((words[:, :, : None if every else cap] != poison8).any(axis=(0, 1, 3)).sum()) if check else 0
+    final_bad = unpoisoned(pool, blocks, lay, np.arange(lay.nblocks if every else cap)) if check else 0
     if every:  # the pool's tail past its blocks: a canary
         final_bad += int(bool(np.count_nonzero(pool[lay.nbytes:] != memory.POISON)))
     facts = {}

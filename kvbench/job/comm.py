@@ -26,6 +26,8 @@ TAG_CODEC_TABLE = 7205  # a codec's exponent table, once per connection
 TAG_SYNC = 7401  # clock offsets by ping-pong
 TAG_CI = 7501  # --target-ci: each rank's samples to rank 0, and rank 0's word on going on (Comm.agree)
 
+NAP_S, NAP_MAX_S = 50e-6, 1e-3  # a sleeping wait's first nap, and its longest
+
 
 def _mpi():
     global _MPI
@@ -71,22 +73,27 @@ class Comm:
         self._empty, self._empty_in = [b"", 0, MPI.BYTE], [bytearray(0), 0, MPI.BYTE]
 
     def barrier(self) -> None:
+        """A barrier that spins in MPI: where its exit starts a timed iteration (the ranks leave it together)."""
         self.world.Barrier()
 
-    def barrier_asleep(self, nap_s: float = 50e-6) -> None:
+    def barrier_asleep(self) -> None:
         """A barrier that sleeps between tests instead of spinning in MPI, so that a rank done early leaves its
-        CPU to the threads of a library still moving its peer's bytes."""
-        req = self.world.Ibarrier()
-        while not req.Test():
-            time.sleep(nap_s)
+        CPU to the threads of a library still moving its peer's bytes, or to a peer still working (rank 0
+        writing the table, another job on a shared node)."""
+        asleep(self.world.Ibarrier())
 
+    # The control plane's collectives first wait asleep for every rank to arrive: a rank waiting on its peer's
+    # setup, table or footer, or on a stopped peer until a deadline fires, would otherwise spin on a CPU.
     def bcast(self, obj, root: int = 0):
+        self.barrier_asleep()
         return self.world.bcast(obj, root=root)
 
     def allgather(self, obj) -> list:
+        self.barrier_asleep()
         return self.world.allgather(obj)
 
     def gather(self, obj, root: int = 0):
+        self.barrier_asleep()
         return self.world.gather(obj, root=root)
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
@@ -163,6 +170,15 @@ class Comm:
     def library(self) -> str:
         """First line of the MPI library's version string."""
         return _mpi().Get_library_version().strip().splitlines()[0]
+
+
+def asleep(req) -> None:
+    """Wait for an MPI request with naps between tests that grow with the wait (a twentieth of it so far, from
+    NAP_S to NAP_MAX_S): a short wait ends within tens of microseconds of its request, a long one costs almost
+    no CPU."""
+    began = time.perf_counter()
+    while not req.Test():
+        time.sleep(min(NAP_MAX_S, max(NAP_S, (time.perf_counter() - began) / 20)))
 
 
 _COMM: Comm | None = None

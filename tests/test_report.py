@@ -538,3 +538,31 @@ def test_a_run_that_ended_cleanly_looks_as_before(tmp_path, kv, status):
     assert page.head[0][1].set_index("machine").loc["runs", "value"] == run.name
     r = kv("report", path)
     assert "status" not in r.stdout.splitlines()[0] and "# status" not in r.stdout
+
+
+def test_the_footer_reuses_the_last_flushs_summary_only_for_the_same_rows():
+    """The footer's case statistics are the live table's last ones when it covered the set's every transfer row
+    (no second summarize of the same rows), and computed anew when the set holds more (a resumed run's)."""
+    from kvbench.report.tables import LivePrinter, summarize
+    from kvbench.results.store import transfer_rows, upgrade
+
+    path = os.path.join(os.path.dirname(__file__), "..", "results", "reference", "vm", "20261204-112838_procurement-overlap")
+    df = upgrade(pd.read_parquet(path + ".parquet"), json.load(open(path + ".meta.json"))["schema_version"])
+    lines: list[str] = []
+    printer = LivePrinter(lines.append)
+    cases = sorted(set(df["case"]))
+    for case in cases:
+        printer.add(df[df["case"] == case][ROW_COLUMNS].to_dict("records"))
+    printer.flush()
+    assert len(lines) == len(cases)
+    rows = transfer_rows(pd.concat(printer.frames, ignore_index=True))
+    st = printer.summary_of(rows)
+    assert st is printer._last[1]  # reused
+    pd.testing.assert_frame_equal(st, summarize(rows))
+    paged = rows[rows["variant"] == "paged"]["case"].iloc[0]
+    earlier = rows[rows["case"] == paged].assign(case=0)  # a resumed set: rows the printer never held
+    more = pd.concat([earlier, rows], ignore_index=True)
+    anew = printer.summary_of(more)
+    assert anew is not st and len(anew) == len(st) + 1
+    printer.add(df[df["case"] == cases[0]][ROW_COLUMNS].to_dict("records"))  # rows since the last flush
+    assert printer.summary_of(rows) is not st

@@ -291,12 +291,12 @@ def footer(cfg, writer, printer, h) -> int:
     """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too)."""
     import pandas as pd
 
-    from kvbench.report import fabric, setup, summarize
+    from kvbench.report import fabric, setup
     from kvbench.results.store import transfer_rows
 
     whole = pd.concat(writer.frames, ignore_index=True) if writer.frames else None
     df = transfer_rows(whole) if whole is not None else None  # the setup rows have a table of their own
-    st = summarize(df) if df is not None else None
+    st = printer.summary_of(df) if df is not None else None  # the last flush's (the same rows) or anew
     for line in setup.table_lines(whole, st) + fabric.table_lines(whole) if whole is not None else []:
         print(line)
     cases = 0 if st is None else len(st)

@@ -289,6 +289,7 @@ class LivePrinter:
         self.columns = columns or COLUMNS
         self.frames: list[pd.DataFrame] = []
         self.pending: list[int] = []
+        self._last: tuple[int, pd.DataFrame] | None = None  # the last flush's summary and the transfer rows it covered
 
     def add(self, rows: list[dict]) -> None:
         from kvbench.results.store import ROW_COLUMNS
@@ -300,15 +301,21 @@ class LivePrinter:
     def flush(self) -> None:
         if not self.pending:
             return
-        st = summarize(pd.concat(self.frames, ignore_index=True)).set_index("case")
+        df = pd.concat(self.frames, ignore_index=True)
+        whole = summarize(df)
+        self._last = (len(transfer_rows(df)), whole)
+        st = whole.set_index("case")
         for case in self.pending:
             self.out(format_line(st.loc[case].to_dict() | {"case": case}, self.columns))
         self.pending = []
 
-    def summary(self) -> pd.DataFrame | None:
-        if not self.frames:
-            return None
-        return summarize(pd.concat(self.frames, ignore_index=True))
+    def summary_of(self, df: pd.DataFrame) -> pd.DataFrame:
+        """``summarize(df)`` for the footer, ``df`` being the result set's transfer rows: the last flush's when it
+        covered as many (the printer holds a subset of the set's rows, so as many are the same; a resumed run's
+        earlier rows make more)."""
+        if self._last is not None and self._last[0] == len(df) and not self.pending:
+            return self._last[1]
+        return summarize(df)
 
 
 # The sidecar's statuses of a run that ended cleanly (kvbench/job/status.py): any other one, INCOMPLETE, TIMEOUT,

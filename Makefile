@@ -122,8 +122,11 @@ procurement: pyc benchdeps
 	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
 	  $(if $(LABEL),--label "$(LABEL)")
 
+# two test files at a time (pytest-xdist; each file whole on one worker: a module's shared runs stay together): most
+# of a test is a launch waiting on its ranks, so two overlap even on 2 cores.  TEST_JOBS=0: one file at a time
+TEST_JOBS ?= 2
 test: pyc sysdeps
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # system packages, installed when root with apt-get; otherwise what needs one skips (a test) or reports its row
 # unavailable (a bench), naming the package. The benches need libibverbs1 (Mooncake's wheel links it even without

@@ -31,9 +31,10 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
         for gbps, us in ((row[5], row[7]), (row[6], row[8])):
             assert float(us) == pytest.approx(16 * 65536 / float(gbps) / 1e3, rel=0.05)
     assert all(float(row[11]) >= 0 and row[-1] in ("FAST", "ok", "noise", "not-own", "MISS") for row in rows)
-    # own%: a rank's posting lies inside its request, so at most ~100% (a pull source preempted inside its signal's
-    # write for the whole request reads near that on a busy machine); one repeat: no spread
-    assert all(0 <= float(row[-3]) <= 110 and row[-2] == "0" for row in rows)
+    # own%: a rank's posting lies inside its request, so ~100% at most on a quiet machine; on a busy one (another
+    # test file beside it) the slowest rank's median posting, preempted, can outlast the pair's p50 request several
+    # times over: a percentage (not a fraction, not microseconds) is what holds.  One repeat: no spread
+    assert all(0 <= float(row[-3]) < 1000 and row[-2] == "0" for row in rows), r.stdout
     assert "64 KiB 3/1" in r.stdout  # -n/-w: that many at every size
     assert "# barrier-exit skew" in r.stdout
 

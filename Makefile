@@ -123,8 +123,9 @@ procurement: pyc benchdeps
 	  $(if $(LABEL),--label "$(LABEL)")
 
 # two test files at a time (pytest-xdist; each file whole on one worker: a module's shared runs stay together): most
-# of a test is a launch waiting on its ranks, so two overlap even on 2 cores.  Then the tests marked `alone` (a lie
-# judged against a bound measured beside it) with the machine to themselves.  TEST_JOBS=0: one file at a time.
+# of a test is a launch waiting on its ranks, so two overlap even on 2 cores.  Then the tests marked `alone` (times
+# judged against bounds, clocks or prefills measured beside them; the fault matrix's parallel runs) with the machine
+# to themselves.  TEST_JOBS=0: one file at a time.
 # pytest's 5 is "no test selected" (PYTEST_ARGS="-k ..." may pick none of one part).  Bytecode is written for the
 # tests even where PYTHONDONTWRITEBYTECODE is set: pytest's rewritten test modules, cached, are not rewritten by
 # every pytest process again (~8 s of CPU each)

@@ -32,6 +32,8 @@ from kvbench.cli.run import FINISH_S as FINISH_MAX_S
 from kvbench.job.guard import ACK_WAIT_S as ACK_S
 from kvbench.job.guard import GRACE_S  # ranks but 0 fire this much later; a rank waits ACK_S for rank 0's ack
 
+pytestmark = pytest.mark.alone  # its 60 runs go six at a time, a load that would judge the other file's times for it
+
 TIMEOUT_S, SETUP_S = 3, 3  # --timeout and --setup-timeout of every run
 FINISH_S = max(FINISH_MIN_S, min(FINISH_MAX_S, TIMEOUT_S))  # the footer's and the last barrier's deadline (cli/run.py)
 MARGIN_S = 15  # beyond the deadline, from the fault to the job's end: the exit path on a loaded 2-core machine

@@ -6,6 +6,8 @@ import pytest
 from liars import LIARS
 from test_faults import assert_failed
 
+pytestmark = pytest.mark.alone  # honest stamps within the wake-up bound measured beside them
+
 SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "--variants", "bulk,paged"]
 ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
        "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}

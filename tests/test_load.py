@@ -12,6 +12,8 @@ from kvbench.model.descriptors import request_descs
 from kvbench.model.layout import BlockAllocator, Layout, block_array
 from kvbench.model.workload import arrivals, parse_prompt, prompts, rng_for
 
+pytestmark = pytest.mark.alone  # queueing and exposed tails in seconds of an arrival process
+
 # llama-3-8b at tp 8: one KV head, 16 KiB per token; 64-token prompts = 4 blocks of 16 = 1 MiB per request
 BASE = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "--tokens", "64", "-b", "16", "--prompt", "64",
         "--prefill-ms", "1", "--overlap", "streaming"]

@@ -1,6 +1,9 @@
 """Exposed time: streaming hides the transfer behind prefill; serial does not. Margins never flake."""
 import pytest
 
+# streaming against serial exposed time on one clock matched across ranks: a neighbour's load blurs both
+pytestmark = pytest.mark.alone
+
 ARGS = ["-m", "llama-3-8b", "--tokens", "256", "-b", "256", "-e", "256", "--alloc", "contiguous",
         "--coalesce", "on", "--overlap", "serial,streaming", "--prefill-ms", "150", "-n", "3", "-w", "1"]
 

@@ -235,7 +235,7 @@ def render(mods: dict[str, Module]) -> str:
             "`results/runs/` (ignored by git) |",
             "| `benchmarks/` | the `make bench-*` jobs and their plain library references (no kvbench code in a "
             "reference) |",
-            "| `tests/` | unit, property, conformance, honesty, faults and lab tests (`make test`: two files at a time, then the tests marked `alone` by themselves) |",
+            "| `tests/` | unit, property, conformance, honesty, faults and lab tests (`make test`; the tests marked `alone` run last, by themselves) |",
             "| `tools/` | this generator and the layering check |",
             "| `docs/` | methodology, evidence and per-path notes |", ""]
     return "\n".join(out)

@@ -120,13 +120,15 @@ def test_dmabuf_handles_need_whole_pages(monkeypatch):
 
 
 def test_kernel_engine_uploads_descriptors_once_per_array(monkeypatch):
-    """The kernel engine's descriptor array goes to the device once per prepared request, not on every post."""
-    fake = cuda_driver.install(monkeypatch)
-    uploads = []
+    """The kernel engine's tiles go to the device once per prepared request, not on every post (cupy path)."""
+    cuda_driver.install(monkeypatch)
+    monkeypatch.delattr(cuda_driver.FakeDriver, "launch_kv_copy")  # the cupy path, with cupy faked below
+    uploads, grids = [], []
 
     class Kernel:
         def __call__(self, grid, block, args):
             dst, src, d, n = args
+            grids.append(grid)
             for s, o, ln in np.asarray(d)[: int(n)]:
                 import ctypes
 
@@ -146,11 +148,96 @@ def test_kernel_engine_uploads_descriptors_once_per_array(monkeypatch):
                                  cuda=types.SimpleNamespace(Device=Ctx, ExternalStream=Ctx))
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(C, "_kernel", lambda: Kernel())
-    src, dst, descs = _pair(fake)
+    fake = cuda_driver.FakeDriver()
+    src, dst = fake.alloc(1 << 20), fake.alloc(1 << 20)
+    src.t.copy_(torch.arange(1 << 20, dtype=torch.int64).to(torch.uint8))
+    descs = np.array([[0, 4096, 1000], [8192, 0, 4096], [100000, 300000, 200000]], np.int64)
     for _ in range(3):
         C.copy("kernel", dst, src, descs)
     _expect(src, dst, descs)
     assert len(uploads) == 1
+    assert grids == [(2 + 7,)] * 3  # 200000 bytes are 7 tiles of at most 32 KiB: 7 CTAs, not 1
+
+
+def test_the_kernel_spreads_a_large_descriptor_over_many_ctas():
+    """One CTA per descriptor copied a 16 MiB bulk descriptor with 256 threads; tiles of TILE bytes spread it."""
+    descs = np.array([[0, 1 << 24, 1 << 24], [1 << 25, 5, 100]], np.int64)
+    t = C.tiles(descs)
+    assert len(t) == (1 << 24) // C.TILE + 1 and t[:, 2].max() <= C.TILE
+    assert int(t[:, 2].sum()) == int(descs[:, 2].sum())
+    assert (t[1:-1, 0] - t[:-2, 0] == C.TILE).all() and (t[:-1, 1] - t[:-1, 0] == (1 << 24)).all()
+    assert t.flags["C_CONTIGUOUS"] and t.dtype == np.int64
+
+
+@pytest.mark.parametrize("engine", ["memcpy", "kernel", "batch"])
+def test_copied_bytes_are_there_only_after_their_stream_syncs(monkeypatch, engine):
+    """The fake's streams complete in their own time: a read before the copy stream's sync sees the old bytes."""
+    fake = cuda_driver.install(monkeypatch)
+    src, dst, descs = _pair(fake)
+    C.copy(engine, dst, src, descs)
+    assert fake.pending() >= 1 and not dst.t.any()  # queued, not done
+    C.sync(dst)
+    assert fake.pending() == 0
+    _expect(src, dst, descs)
+
+
+def test_events_on_another_stream_bracket_nothing(monkeypatch):
+    """Timing copies with events on a stream that does not carry them measures nothing (0 s of device time);
+    C.Timer on the copy stream measures the copies (the fake's clock: bytes / rate + a call's overhead)."""
+    fake = cuda_driver.install(monkeypatch)
+    src, dst, descs = _pair(fake)
+    driver.ensure_context(0)
+    other = int(fake.cuStreamCreate(0)[1])
+    wrong = C.Timer(0, stream=other)
+    wrong.start()
+    C.copy("memcpy", dst, src, descs)
+    assert wrong.stop() == 0.0
+    right = C.Timer(0)
+    right.start()
+    C.copy("memcpy", dst, src, descs)
+    s = right.stop()
+    n = int(descs[:, 2].sum())
+    assert s == pytest.approx(3 * fake.overhead + n / fake.rate) and s > 0
+    assert not fake.pending()  # the stop event's sync completed the copies before it
+
+
+def test_a_copy_goes_on_the_initiators_device_not_the_peer_buffers(monkeypatch):
+    """Two GPUs: a kernel push from device 0 into device 1's buffer launches on device 0's stream (a launch on a
+    stream of another device fails, as CUDA's guide says); memcpy and batch keep device 0 bound to the thread."""
+    fake = cuda_driver.install(monkeypatch, devices=2)
+    n = 1 << 16
+    src, dst = fake.alloc(n, dev=0), fake.alloc(n, dev=1)
+    src.t.copy_(torch.arange(n, dtype=torch.int64).to(torch.uint8))
+    descs = np.array([[0, 4096, 1000], [8192, 0, 4096]], np.int64)
+    for engine in ("kernel", "memcpy", "batch"):
+        dst.t.zero_()
+        C.copy(engine, dst, src, descs, device=0)
+        assert driver._state.local.dev == 0
+        C.sync(dst, device=0)
+        _expect(src, dst, descs)
+    launches = [c for c in fake.calls if c[0] == "launch_kv_copy"]
+    assert launches and all(fake.queues[c[2]].dev == 0 for c in launches)
+    # the rule the fake holds: device 1's buffer as the initiator on device 0's stream is refused
+    with pytest.raises(C.CopyError, match="launch failed"):
+        C.copy("kernel", dst, src, descs, stream=driver.stream(0), device=1)
+
+
+def test_batch_variants_set_the_drivers_flags_and_build_once(monkeypatch):
+    fake = cuda_driver.install(monkeypatch)
+    src, dst, descs = _pair(fake)
+    for engine in ("batch", "batch-overlap", "batch-any", "batch"):
+        C.copy(engine, dst, src, descs)
+    C.sync(dst)
+    _expect(src, dst, descs)
+    assert fake.batches == [(3, 1, 0), (3, 1, 1), (3, 3, 0), (3, 1, 0)]  # (count, srcAccessOrder, flags)
+    made = {k for k in C._prepared[id(descs)][1] if k[0] == "batch"}
+    assert len(made) == 3  # one set of arrays and attributes per engine, reused by the second "batch"
+
+
+def test_auto_takes_the_kernel_between_gpus_and_batch_across_pcie():
+    assert C.default("cuda_ipc", "cuda")[0] == "kernel" and "nccl#1932" in C.default("cuda_ipc", "cuda")[1]
+    assert C.default("staged", "cuda")[0] == "batch" and "host <-> device" in C.default("staged", "cuda")[1]
+    assert C.default("shm", "host")[0] == "batch"
 
 
 def test_device_count_and_pci_bus_id_through_the_door(monkeypatch):
@@ -170,13 +257,16 @@ def test_the_names_the_door_calls_exist_in_the_real_bindings():
     """driver.py against NVIDIA's cuda-bindings (installed here without a GPU): every call and type it uses."""
     real = pytest.importorskip("cuda.bindings.driver")
     for name in ("cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
-                 "cuCtxSetCurrent", "cuStreamCreate", "cuStreamSynchronize", "cuGetProcAddress",
+                 "cuCtxSetCurrent", "cuStreamCreate", "cuStreamSynchronize", "cuGetProcAddress", "cuEventCreate",
+                 "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime", "cuStreamWaitEvent", "cuEventDestroy",
                  "cuDeviceGetPCIBusId", "cuMemGetHandleForAddressRange", "CUmemcpyAttributes", "CUmemLocation",
                  "CUstream", "CUmemcpySrcAccessOrder", "CUmemLocationType", "CUmemRangeHandleType"):
         assert hasattr(real, name), name
     a = real.CUmemcpyAttributes()
     assert {"srcAccessOrder", "srcLocHint", "dstLocHint", "flags"} <= set(dir(a)) and a.getPtr()
     assert int(real.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM) == 1
+    assert int(real.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_ANY) == 3
+    assert int(real.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE) == 1
     assert int(real.CUresult.CUDA_ERROR_INVALID_CONTEXT) == driver.INVALID_CONTEXT
 
 
@@ -185,3 +275,5 @@ def test_the_batch_attributes_build_with_the_real_bindings(monkeypatch):
     monkeypatch.setattr(driver, "_API", real)
     a = driver.memcpy_attributes(0, None)
     assert int(a.srcAccessOrder) == 1 and int(a.srcLocHint.type) == 1 and int(a.dstLocHint.type) == 2
+    b = driver.memcpy_attributes(0, 0, any_order=True, overlap=True)
+    assert int(b.srcAccessOrder) == 3 and int(b.flags) == 1

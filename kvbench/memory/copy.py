@@ -10,12 +10,22 @@ memcpy     one ``cuMemcpyAsync`` per descriptor, the loop in C          the nati
            (kvbench._native.call_copies): the copy engines, with a      row in C): the host has no per-call
            driver call per descriptor                                   driver cost to model
 kernel     one gather/scatter kernel launch for all descriptors (cupy   torch's vectorized index copy (rows of the
-           RawKernel: a CTA per descriptor, 16-byte vectors); without   descriptors' common divisor, one index_select
-           cupy, torch's index copy (a few launches)                    and one index_copy_): the SMs' role
+           RawKernel: a CTA per tile of at most TILE bytes, so a        descriptors' common divisor, one index_select
+           large descriptor is copied by many CTAs; 16-byte vectors);   and one index_copy_): the SMs' role
+           without cupy, torch's index copy (a few launches)
 batch      the driver's batched memcpy, ``cuMemcpyBatchAsync`` (CUDA    the native batched copy
            12.8+; unavailable with the reason on older drivers), on a
-           real stream (it refuses the legacy NULL stream)
+           real stream (it refuses the legacy NULL stream);
+           ``batch-overlap`` asks the driver to prefer overlap with
+           compute (CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE),
+           ``batch-any`` lets it read the source in any order (the
+           source is stable while the copy runs)
 =========  ==========================================================  =========================================
+
+``auto`` (the default) is resolved per case by the pair of memories a transport copies between (``default``):
+device to device (cuda_ipc, one GPU or two) takes ``kernel``, host <-> device (staged's bounce buffers) ``batch``.
+The device of a copy is the initiator's, the device of the stream it goes on, never the peer buffer's: a kernel
+launched on a stream of another device fails.
 
 Buffers are 1-D uint8 torch tensors or numpy arrays.  Host buffers go through the native copy by pointer
 (a torch index copy is much slower on a CPU: docs/pitfalls.md#torch-cpu-copies).
@@ -33,7 +43,10 @@ from kvbench import _native
 
 from . import driver
 
-ENGINES = ("memcpy", "kernel", "batch")
+ENGINES = ("memcpy", "kernel", "batch", "batch-overlap", "batch-any")
+AUTO = "auto"
+TILE = 32 << 10  # bytes per CTA of the copy kernel: a 16 MiB descriptor is 512 CTAs, a 32 KiB block one
+DEVICE_TO_DEVICE = ("cuda_ipc",)  # transports whose copies go between two device pools
 _KERNEL = r"""
 extern "C" __global__ void kv_copy(unsigned char *dst, const unsigned char *src, const long long *d, int n) {
     int i = blockIdx.x;
@@ -73,6 +86,16 @@ def _nbytes(buf) -> int:
     return int(buf.nbytes) if isinstance(buf, np.ndarray) else int(buf.numel())
 
 
+def default(transport: str, memory: str) -> tuple[str, str]:
+    """The engine ``auto`` means for ``transport`` on ``memory`` pools, and why, in words."""
+    if memory == "cuda" and transport in DEVICE_TO_DEVICE:
+        return "kernel", ("device to device: one gather launch over many CTAs (cuMemcpyBatchAsync costs "
+                          "microseconds per entry between two places on one GPU: NVIDIA/nccl#1932)")
+    if memory == "cuda":
+        return "batch", "host <-> device: the driver's batched copy feeds the copy engines (as vLLM's offload does)"
+    return "batch", "host bytes: every engine is the native batched copy"
+
+
 def probe(engine: str, device: str = "cpu") -> str | None:
     """Why ``engine`` cannot copy on ``device`` ("cpu" or "cuda") here, or None."""
     if engine not in ENGINES:
@@ -82,7 +105,7 @@ def probe(engine: str, device: str = "cpu") -> str | None:
     why = driver.reason()
     if why:
         return why
-    if engine == "batch":
+    if engine.startswith("batch"):
         fn, why = driver.batch_fn()
         return None if fn is not None else why
     return None
@@ -143,6 +166,14 @@ def _handle(stream) -> int:
     return int(getattr(stream, "cuda_stream", stream) or 0) if stream is not None else 0
 
 
+def stream_device(stream) -> int | None:
+    """The device a stream object belongs to (a torch stream's ``device``), or None when it does not say."""
+    d = getattr(stream, "device", None)
+    if d is None:
+        return None
+    return int(d.index or 0) if hasattr(d, "index") else int(d)
+
+
 def _memcpy_cuda(dst, src, descs, stream, dev) -> None:
     rc, row = _native.call_copies(driver.memcpy_async_addr(), _ptr(dst), _ptr(src), descs, _stream(stream, dev))
     if rc:
@@ -156,68 +187,113 @@ def _kernel():
     return cupy.RawKernel(_KERNEL, "kv_copy")
 
 
-_uploaded: dict[int, tuple] = {}  # id(descriptor array) -> (a weak reference to it, {device: its copy there})
+_prepared: dict[int, tuple] = {}  # id(descriptor array) -> (a weak reference to it, {key: what was made of it})
+
+
+def prepared(descs: np.ndarray, key, make):
+    """What ``make()`` builds from ``descs`` for ``key``, built once per array (the harness builds a request's
+    arrays once and never changes one in place), so a post builds and uploads nothing inside the timed window."""
+    k = id(descs)
+    ref, per = _prepared.get(k, (None, None))
+    if ref is None or ref() is not descs:  # numpy arrays are unhashable: by identity, forgotten when freed
+        ref, per = weakref.ref(descs), {}
+        _prepared[k] = (ref, per)
+        weakref.finalize(descs, _prepared.pop, k, None)
+    if key not in per:
+        per[key] = make()
+    return per[key]
+
+
+def split_rows(descs: np.ndarray, limit: int) -> np.ndarray:
+    """``descs`` with every row longer than ``limit`` cut at multiples of ``limit`` from its start, in order."""
+    n = np.maximum(1, -(-descs[:, 2] // limit))
+    rows = np.repeat(descs, n, axis=0)
+    k = (np.arange(len(rows)) - np.repeat(np.cumsum(n) - n, n)) * limit
+    rows[:, 0] += k
+    rows[:, 1] += k
+    rows[:, 2] = np.minimum(rows[:, 2] - k, limit)
+    return rows
+
+
+def tiles(descs: np.ndarray) -> np.ndarray:
+    """The copy kernel's work: one row (src, dst, bytes) per CTA, each at most TILE bytes, C order."""
+    return np.ascontiguousarray(split_rows(descs, TILE))
 
 
 def device_descs(cupy, descs: np.ndarray, dev: int):
-    """``descs`` on device ``dev``, uploaded once per array (the harness builds a request's arrays once and never
-    changes one in place), so a post launches the kernel and uploads nothing inside the timed window."""
-    key = id(descs)
-    ref, per = _uploaded.get(key, (None, None))
-    if ref is None or ref() is not descs:  # numpy arrays are unhashable: by identity, forgotten when freed
-        ref, per = weakref.ref(descs), {}
-        _uploaded[key] = (ref, per)
-        weakref.finalize(descs, _uploaded.pop, key, None)
-    if dev not in per:
-        per[dev] = cupy.asarray(np.ascontiguousarray(descs))  # C order: the kernel reads d[3 * i]
-    return per[dev]
+    """``descs``' tiles on device ``dev``, made and uploaded once per array."""
+    return prepared(descs, ("tiles", dev), lambda: cupy.asarray(tiles(descs)))  # C order: the kernel reads d[3 * i]
+
+
+def _launch_cupy(dst: int, src: int, descs: np.ndarray, handle: int, dev: int) -> None:
+    import cupy
+
+    with cupy.cuda.Device(dev), cupy.cuda.ExternalStream(handle):
+        d = device_descs(cupy, descs, dev)
+        n = int(d.shape[0])
+        _kernel()((n,), (256,), (cupy.uint64(dst), cupy.uint64(src), d, np.int32(n)))
 
 
 def _kernel_cuda(dst, src, descs, stream, dev) -> None:
+    handle = _stream(stream, dev)
+    fake = getattr(driver.api(), "launch_kv_copy", None)  # tests/fakes/cuda_driver.py: the kernel's rules, no GPU
+    if fake is not None:
+        rc = fake(_ptr(dst), _ptr(src), prepared(descs, "tiles", lambda: tiles(descs)), handle, dev)
+        if rc:
+            raise CopyError(f"copy kernel: launch failed with CUresult {rc} (device {dev}, stream 0x{handle:x})")
+        return None
     try:
-        import cupy
+        import cupy  # noqa: F401
     except ImportError:  # the same role with torch's indexing kernels: a few launches instead of one
         if not (_is_cuda(dst) and _is_cuda(src)):
             raise CopyError("copy kernel: between host and device memory it needs cupy (pip install cupy-cuda13x; "
                             "cupy-cuda12x for CUDA 12)") from None
         return index_copy(dst, src, descs)
-    with cupy.cuda.Device(dev), cupy.cuda.ExternalStream(_stream(stream, dev)):
-        d = device_descs(cupy, descs, dev)
-        _kernel()((len(descs),), (256,), (cupy.uint64(_ptr(dst)), cupy.uint64(_ptr(src)), d, np.int32(len(descs))))
+    _launch_cupy(_ptr(dst), _ptr(src), descs, handle, dev)
     return None
 
 
-def _batch_cuda(dst, src, descs, stream, dev) -> None:
-    fn, fail_idx = driver.batch_fn()
-    if fn is None:
-        raise CopyError(f"copy batch: {fail_idx}")
-    n = len(descs)
+def _batch_args(descs: np.ndarray, dst, src, engine: str) -> tuple:
+    """cuMemcpyBatchAsync's arrays and attributes for ``descs`` between these buffers (made once per array)."""
     dsts = (descs[:, 1] + _ptr(dst)).astype(np.uint64)
     srcs = (descs[:, 0] + _ptr(src)).astype(np.uint64)
     sizes = descs[:, 2].astype(np.uint64)
-    handle = _stream(stream, dev)
-    attr = driver.memcpy_attributes(_dev(src), _dev(dst))  # stream order; where each side lives
-    idx = (ctypes.c_size_t * 1)(0)
+    attr = driver.memcpy_attributes(_dev(src), _dev(dst), any_order=engine == "batch-any",
+                                    overlap=engine == "batch-overlap")
     p = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    args = [p(dsts), p(srcs), p(sizes), n, ctypes.c_void_p(attr.getPtr()), ctypes.cast(idx, ctypes.c_void_p), 1]
+    idx = (ctypes.c_size_t * 1)(0)
+    args = [p(dsts), p(srcs), p(sizes), len(descs), ctypes.c_void_p(attr.getPtr()), ctypes.cast(idx, ctypes.c_void_p), 1]
+    return args, (dsts, srcs, sizes, attr, idx)  # the second: what keeps the arrays alive
+
+
+def _batch_cuda(dst, src, descs, stream, dev, engine="batch") -> None:
+    fn, fail_idx = driver.batch_fn()
+    if fn is None:
+        raise CopyError(f"copy {engine}: {fail_idx}")
+    args, _ = prepared(descs, ("batch", _ptr(dst), _ptr(src), engine), lambda: _batch_args(descs, dst, src, engine))
+    handle = _stream(stream, dev)
     failed = ctypes.c_size_t(0)
-    if fail_idx:
-        args.append(ctypes.cast(ctypes.byref(failed), ctypes.c_void_p))
-    rc = fn(*args, ctypes.c_void_p(handle))
+    extra = [ctypes.cast(ctypes.byref(failed), ctypes.c_void_p)] if fail_idx else []
+    rc = fn(*args, *extra, ctypes.c_void_p(handle))
     if rc:
         raise CopyError(f"cuMemcpyBatchAsync failed with CUresult {rc}" + (f" at copy {failed.value}" if fail_idx else ""))
 
 
-def copy(engine: str, dst, src, descs: np.ndarray, stream=None) -> None:
+def copy(engine: str, dst, src, descs: np.ndarray, stream=None, device: int | None = None) -> None:
     """``dst[D:D+L] = src[S:S+L]`` for every row with ``engine``; on a CUDA buffer asynchronous on ``stream``
     (default: this thread's copy stream, driver.stream; never the legacy NULL stream): call ``sync`` before
-    reading the bytes on the host."""
+    reading the bytes on the host.  ``device``: the initiator's GPU (default: ``stream``'s, else the source's
+    when it is device memory, else the destination's): a peer's buffer never decides it."""
     check(descs, _nbytes(src), _nbytes(dst))
     if not len(descs):
         return
     if _is_cuda(dst) or _is_cuda(src):
-        dev = _dev(dst) if _is_cuda(dst) else _dev(src)
-        {"memcpy": _memcpy_cuda, "kernel": _kernel_cuda, "batch": _batch_cuda}[engine](dst, src, descs, stream, dev)
+        dev = device if device is not None else stream_device(stream)
+        if dev is None:
+            dev = _dev(src) if _is_cuda(src) else _dev(dst)
+        if engine.startswith("batch"):
+            return _batch_cuda(dst, src, descs, stream, dev, engine)
+        {"memcpy": _memcpy_cuda, "kernel": _kernel_cuda}[engine](dst, src, descs, stream, dev)
     elif engine == "kernel":
         index_copy(dst, src, descs)
     else:
@@ -225,15 +301,38 @@ def copy(engine: str, dst, src, descs: np.ndarray, stream=None) -> None:
         _native.copy_batch(_host_view(dst), _host_view(src), descs)
 
 
-def sync(*bufs, stream=None) -> None:
-    """Wait for the copies queued on ``stream`` (default: this thread's copy stream) when any of ``bufs`` is on a
-    CUDA device."""
+def sync(*bufs, stream=None, device: int | None = None) -> None:
+    """Wait for the copies queued on ``stream`` (default: this thread's copy stream on ``device``, else on the
+    first CUDA buffer's device) when any of ``bufs`` is on a CUDA device."""
     cuda = [b for b in bufs if _is_cuda(b)]
     if not cuda:
         return
     if _handle(stream) not in LEGACY:
         return stream.synchronize() if hasattr(stream, "synchronize") else driver.synchronize(_handle(stream))
-    driver.synchronize(_stream(None, _dev(cuda[0])))
+    driver.synchronize(_stream(None, device if device is not None else _dev(cuda[0])))
+
+
+class Timer:
+    """Device time of the work queued on one stream between ``start`` and ``stop``: two events recorded on that
+    stream (the stream that carries the copies, never another one: two streams do not order each other)."""
+
+    def __init__(self, dev: int, stream=None):
+        self.dev = dev
+        self.handle = _stream(stream, dev)
+        self.a, self.b = driver.event(dev), driver.event(dev)
+
+    def start(self) -> None:
+        driver.record(self.a, self.handle)
+
+    def stop(self) -> float:
+        """Seconds of device time since ``start``, after waiting for the stream to reach the stop event."""
+        driver.record(self.b, self.handle)
+        driver.event_synchronize(self.b)
+        return driver.elapsed(self.a, self.b)
+
+    def close(self) -> None:
+        driver.destroy(self.a)
+        driver.destroy(self.b)
 
 
 def gbps(nbytes: int, seconds: float) -> float:

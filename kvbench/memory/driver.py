@@ -127,6 +127,40 @@ def synchronize(handle: int) -> None:
     call("cuStreamSynchronize", d.cuStreamSynchronize(d.CUstream(handle)))
 
 
+# ----- events: the device's own clock, on the stream that carries the work ------------------------
+def event(dev: int):
+    """A timing event on ``dev`` (an event and the stream it is recorded on must share a device)."""
+    ensure_context(dev)
+    return call("cuEventCreate", api().cuEventCreate(0))  # 0: CU_EVENT_DEFAULT, timing enabled
+
+
+def record(ev, handle: int) -> None:
+    """``ev`` completes when the work queued on stream ``handle`` before it has."""
+    d = api()
+    call("cuEventRecord", d.cuEventRecord(ev, d.CUstream(handle)))
+
+
+def event_synchronize(ev) -> None:
+    call("cuEventSynchronize", api().cuEventSynchronize(ev))
+
+
+def wait_event(handle: int, ev) -> None:
+    """Work queued on stream ``handle`` after this waits for ``ev`` (no host wait)."""
+    d = api()
+    call("cuStreamWaitEvent", d.cuStreamWaitEvent(d.CUstream(handle), ev, 0))
+
+
+def elapsed(start, end) -> float:
+    """Seconds of device time between two completed events (the driver answers in milliseconds)."""
+    d = api()
+    fn = getattr(d, "cuEventElapsedTime", None) or d.cuEventElapsedTime_v2
+    return float(call("cuEventElapsedTime", fn(start, end))) / 1e3
+
+
+def destroy(ev) -> None:
+    call("cuEventDestroy", api().cuEventDestroy(ev))
+
+
 def entry(name: str, cuda_version: int) -> int:
     """The driver's entry point of ``name`` with the ABI of ``cuda_version`` (cuGetProcAddress), as an address."""
     return int(call(f"cuGetProcAddress({name})", api().cuGetProcAddress(name.encode(), cuda_version, 0))[0])
@@ -151,18 +185,21 @@ def dmabuf_fd(ptr: int, size: int, dev: int) -> int:
     return int(call("cuMemGetHandleForAddressRange", d.cuMemGetHandleForAddressRange(ptr, size, kind, 0)))
 
 
-def memcpy_attributes(src_dev: int | None, dst_dev: int | None):
-    """One CUmemcpyAttributes for a whole batch: stream order, each side's location (a device, or the host)."""
+def memcpy_attributes(src_dev: int | None, dst_dev: int | None, any_order: bool = False, overlap: bool = False):
+    """One CUmemcpyAttributes for a whole batch: the source read in stream order (or in ANY order, where the
+    source is stable while the copy runs), each side's location (a device, or the host), and the flag that asks
+    the driver to prefer overlap with compute."""
     d = api()
     a = d.CUmemcpyAttributes()
-    a.srcAccessOrder = d.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    order = d.CUmemcpySrcAccessOrder
+    a.srcAccessOrder = order.CU_MEMCPY_SRC_ACCESS_ORDER_ANY if any_order else order.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
     for hint, dev in (("srcLocHint", src_dev), ("dstLocHint", dst_dev)):
         loc = d.CUmemLocation()
         loc.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST if dev is None else \
             d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         loc.id = 0 if dev is None else dev
         setattr(a, hint, loc)
-    a.flags = 0
+    a.flags = 1 if overlap else 0  # CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
     return a
 
 

@@ -9,6 +9,19 @@
 * cuMemGetHandleForAddressRange needs a page-aligned address and size.
 * Copies touch only memory handed out by ``alloc`` (CPU tensors standing for device memory) or registered as
   host memory (``host``): bytes really move (ctypes.memmove), so a check after them means something.
+* Streams are ordered queues that complete in their own time: a copy is queued, and its bytes move only when
+  something waits for its stream (cuStreamSynchronize, cuEventSynchronize on an event recorded after it, a
+  stream that cuStreamWaitEvent-s such an event, cuCtxSynchronize).  So a read before that sync sees what was
+  there before (the poison), and an event recorded on another stream brackets nothing: each device has one
+  clock that only completed work advances (``rate`` bytes/s plus ``overhead`` s per driver call), and an event
+  takes its time when its stream reaches it.  Work on the legacy stream (0, 1) waits for every blocking
+  stream of its device first (CU_STREAM_DEFAULT semantics) and then completes at once.
+* A stream and an event belong to the device of the context current when they were made: cuEventRecord with a
+  stream of another device returns CUDA_ERROR_INVALID_HANDLE (400), as the programming guide says of event
+  records; memory copies may be issued to any device's stream.  ``launch_kv_copy`` stands for the copy
+  kernel (kvbench/memory/copy.py's tiles): a launch on a stream that is not the current device's fails
+  (CUDA_ERROR_INVALID_HANDLE), as the guide says of kernel launches.
+* ``syncs`` counts the host waits (stream, event, context synchronisations); ``launches`` the kernels.
 
 ``install(target)`` puts it in place of the bindings for kvbench.memory.driver: ``target`` is a pytest
 monkeypatch (undone after the test) or None (for a process of its own, e.g. a rehearsal of gpu-check).
@@ -22,7 +35,7 @@ import itertools
 import os
 import threading
 
-SUCCESS, INVALID_VALUE, INVALID_DEVICE, INVALID_CONTEXT, INVALID_HANDLE = 0, 1, 101, 201, 400
+SUCCESS, INVALID_VALUE, INVALID_DEVICE, INVALID_CONTEXT, INVALID_HANDLE, NOT_READY = 0, 1, 101, 201, 400, 600
 LEGACY = (0, 1)  # the NULL stream and CU_STREAM_LEGACY: the same legacy default stream
 
 
@@ -56,6 +69,22 @@ class CUstream(int):
     pass
 
 
+class CUevent(int):
+    pass
+
+
+class _Queue:
+    """A stream: its device, whether it waits for legacy work (blocking), and its queued work in order."""
+
+    def __init__(self, dev: int, blocking: bool = True):
+        self.dev, self.blocking, self.work = dev, blocking, []
+
+
+class _Event:
+    def __init__(self, dev: int):
+        self.dev, self.time, self.done = dev, None, True
+
+
 MEMCPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
 _P, _S = ctypes.c_void_p, ctypes.c_size_t
 BATCH13 = ctypes.CFUNCTYPE(ctypes.c_int, _P, _P, _P, _S, _P, _P, _S, _P)
@@ -75,8 +104,14 @@ class FakeDriver:
         self._ids = itertools.count(0x7000)
         self._fns = {"cuMemcpyAsync": MEMCPY(self._memcpy), "cuMemcpyBatchAsync@13": BATCH13(self._batch13),
                      "cuMemcpyBatchAsync@12": BATCH12(self._batch12)}
+        self.queues: dict[int, _Queue] = {}
+        self.events: dict[int, _Event] = {}
+        self.clock = [0.0] * devices  # each device's time: advanced by completed work only
+        self.rate, self.overhead = 100e9, 2e-6  # the fake's device: bytes/s, seconds per driver call
+        self.syncs = self.launches = 0
+        self.batches: list[tuple] = []  # per cuMemcpyBatchAsync: (count, srcAccessOrder, flags)
         for name in ("CUresult", "CUmemcpySrcAccessOrder", "CUmemLocationType", "CUmemRangeHandleType",
-                     "CUmemLocation", "CUmemcpyAttributes", "CUstream"):
+                     "CUmemLocation", "CUmemcpyAttributes", "CUstream", "CUevent"):
             setattr(self, name, globals()[name])
 
     # ----- memory: CPU tensors stand for device allocations -----------------------------------
@@ -125,17 +160,144 @@ class FakeDriver:
     def cuDeviceGetPCIBusId(self, length, dev):  # noqa: N802
         return SUCCESS, self.bus_ids[int(dev)].upper().encode()
 
+    def _dev(self) -> int:
+        return self._ctx() - 0xC000
+
     def cuStreamCreate(self, flags):  # noqa: N802
         if self._ctx() is None:
             return INVALID_CONTEXT, None
         s = next(self._ids)
         self.streams.add(s)
+        self.queues[s] = _Queue(self._dev(), blocking=not int(flags) & 1)  # CU_STREAM_NON_BLOCKING = 1
         return SUCCESS, CUstream(s)
 
     def cuStreamSynchronize(self, stream):  # noqa: N802
         if self._ctx() is None:
             return (INVALID_CONTEXT,)
-        return (SUCCESS,) if int(stream) in self.streams or int(stream) in LEGACY else (INVALID_HANDLE,)
+        if int(stream) not in self.streams and int(stream) not in LEGACY:
+            return (INVALID_HANDLE,)
+        self.syncs += 1
+        if int(stream) in self.queues:
+            self._drain(self.queues[int(stream)])
+        return (SUCCESS,)
+
+    def cuCtxSynchronize(self):  # noqa: N802
+        if self._ctx() is None:
+            return (INVALID_CONTEXT,)
+        self.syncs += 1
+        for q in self.queues.values():
+            if q.dev == self._dev():
+                self._drain(q)
+        return (SUCCESS,)
+
+    # ----- streams as queues, events on the device's clock --------------------------------------
+    def _drain(self, q: _Queue, upto=None) -> None:
+        """Complete ``q``'s work in order, up to and including ``upto`` (an event), or all of it."""
+        while q.work:
+            item = q.work.pop(0)
+            if isinstance(item, _Event):
+                item.time, item.done = self.clock[q.dev], True
+                if item is upto:
+                    return
+                continue
+            fn, seconds = item
+            fn()
+            self.clock[q.dev] += seconds
+
+    def _enqueue(self, stream, fn, seconds: float) -> None:
+        """Queue work on ``stream``; on the legacy stream, after every blocking stream of the device, at once."""
+        q = self.queues.get(int(stream or 0))
+        if q is None:  # legacy
+            dev = self._dev()
+            for other in self.queues.values():
+                if other.dev == dev and other.blocking:
+                    self._drain(other)
+            fn()
+            self.clock[dev] += seconds
+            return
+        q.work.append((fn, seconds))
+
+    def pending(self) -> int:
+        """Copies and kernels queued and not yet complete, on every stream."""
+        return sum(not isinstance(w, _Event) for q in self.queues.values() for w in q.work)
+
+    def cuEventCreate(self, flags):  # noqa: N802
+        if self._ctx() is None:
+            return INVALID_CONTEXT, None
+        e = next(self._ids)
+        self.events[e] = _Event(self._dev())
+        return SUCCESS, CUevent(e)
+
+    def cuEventDestroy(self, event):  # noqa: N802
+        return (SUCCESS,) if self.events.pop(int(event), None) is not None else (INVALID_HANDLE,)
+
+    def cuEventRecord(self, event, stream):  # noqa: N802
+        if self._ctx() is None:
+            return (INVALID_CONTEXT,)
+        ev, q = self.events.get(int(event)), self.queues.get(int(stream or 0))
+        if ev is None or (q is None and int(stream or 0) not in LEGACY):
+            return (INVALID_HANDLE,)
+        if (q.dev if q is not None else self._dev()) != ev.dev:  # an event and its stream: one device
+            return (INVALID_HANDLE,)
+        if q is None or not q.work:
+            ev.time, ev.done = self.clock[ev.dev], True
+        else:
+            ev.time, ev.done = None, False
+            q.work.append(ev)
+        return (SUCCESS,)
+
+    def _owner(self, ev: _Event):
+        return next((q for q in self.queues.values() if ev in q.work), None)
+
+    def cuEventSynchronize(self, event):  # noqa: N802
+        ev = self.events.get(int(event))
+        if ev is None:
+            return (INVALID_HANDLE,)
+        self.syncs += 1
+        if not ev.done:
+            self._drain(self._owner(ev), upto=ev)
+        return (SUCCESS,)
+
+    def cuEventQuery(self, event):  # noqa: N802
+        ev = self.events.get(int(event))
+        return (INVALID_HANDLE,) if ev is None else ((SUCCESS,) if ev.done else (NOT_READY,))
+
+    def cuEventElapsedTime(self, start, end):  # noqa: N802
+        a, b = self.events.get(int(start)), self.events.get(int(end))
+        if a is None or b is None or a.dev != b.dev:
+            return INVALID_HANDLE, None
+        if not (a.done and b.done):
+            return NOT_READY, None
+        return SUCCESS, (b.time - a.time) * 1e3
+
+    def cuStreamWaitEvent(self, stream, event, flags):  # noqa: N802
+        """Later work on ``stream`` follows ``event``: the fake completes the event's stream up to it now (an
+        order the device may choose)."""
+        ev = self.events.get(int(event))
+        if ev is None:
+            return (INVALID_HANDLE,)
+        if not ev.done:
+            self._drain(self._owner(ev), upto=ev)
+        return (SUCCESS,)
+
+    def launch_kv_copy(self, dst: int, src: int, tiles, stream, dev: int):
+        """The copy kernel over ``tiles`` (rows: src offset, dst offset, bytes), queued on ``stream``; refused on a
+        stream of another device than the current one."""
+        q = self.queues.get(int(stream or 0))
+        if self._ctx() is None:
+            return INVALID_CONTEXT
+        if q is None or q.dev != self._dev() or dev != self._dev():
+            return INVALID_HANDLE
+        rows = [tuple(int(x) for x in r) for r in tiles]
+        for s, d, n in rows:
+            if not (self._inside(dst + d, n) and self._inside(src + s, n)):
+                return INVALID_VALUE
+        self.launches += 1
+        self.calls.append(("launch_kv_copy", threading.get_ident(), int(stream), len(rows)))
+        nbytes = sum(n for _, _, n in rows)
+        self._enqueue(stream, lambda: [ctypes.memmove(dst + d, src + s, n) for s, d, n in rows],
+                      self.overhead + nbytes / self.rate)
+        return SUCCESS
 
     def cuGetProcAddress(self, symbol, version, flags):  # noqa: N802
         name = symbol.decode() if isinstance(symbol, bytes) else symbol
@@ -160,7 +322,7 @@ class FakeDriver:
             return INVALID_CONTEXT
         if not (self._inside(dst, n) and self._inside(src, n)):
             return INVALID_VALUE
-        ctypes.memmove(dst, src, n)
+        self._enqueue(stream, lambda: ctypes.memmove(dst, src, n), self.overhead + n / self.rate)
         return SUCCESS
 
     def _batch(self, dsts, srcs, sizes, count, attrs, idxs, nattrs, stream):
@@ -179,8 +341,10 @@ class FakeDriver:
         for i in range(count):  # a fake: a Python loop here stands for the driver's work
             if not (self._inside(d[i], z[i]) and self._inside(s[i], z[i])):
                 return INVALID_VALUE
-        for i in range(count):
-            ctypes.memmove(d[i], s[i], z[i])
+        rows = [(d[i], s[i], z[i]) for i in range(count)]
+        self.batches.append((count, a.srcAccessOrder, a.flags))
+        self._enqueue(stream, lambda: [ctypes.memmove(*r) for r in rows],
+                      self.overhead + sum(r[2] for r in rows) / self.rate)
         return SUCCESS
 
     def _batch13(self, dsts, srcs, sizes, count, attrs, idxs, nattrs, stream):

@@ -58,6 +58,19 @@ def check(comm, rank: int, m: Measurement, pools: list[Pool], run_once, inject_c
         device.sync(pools[-1])
     copies: dict[int, tuple] = {}
     landed: dict[int, float] = {}
+    in_place = hasattr(chk, "count_now") and not case.get("codec", "").startswith("cast-")
+    first = mine[0] if mine else None
+
+    def look(e):
+        """At the landing: a device pool's ranges counted in place (the flipped bytes of the fault test first),
+        host bytes copied aside."""
+        if not in_place:
+            return chk.snapshot(dst_pool, e.layers)
+        d = np.concatenate(e.layers)
+        if e is first and inject_corruption:
+            at = int(d[0, DST])
+            dst_pool[at : at + min(inject_corruption, int(d[0, LEN]))] ^= 0xFF
+        return chk.count_now(dst_pool, d, e.src, elem_of(m), epoch)
 
     def final(ks):
         wrote = False
@@ -70,13 +83,15 @@ def check(comm, rank: int, m: Measurement, pools: list[Pool], run_once, inject_c
             device.sync(pools[0])
 
     itr.on_final = final
-    itr.on_landed = lambda e, at: (copies.setdefault(id(e), chk.snapshot(dst_pool, e.layers)),
+    itr.on_landed = lambda e, at: (id(e) in copies or copies.setdefault(id(e), look(e)),
                                    landed.setdefault(id(e), at))
     try:
         run_once(m, -1)  # from the end of a barrier, in the timed iterations' order of calls
     finally:
         itr.on_final = itr.on_landed = None
     landed_after_posted(comm, m, mine, landed, dict(itr.bound_at))
+    if in_place:
+        return [int(copies[id(e)]) if e.dst == rank else 0 for e in entries]
     if mine and inject_corruption:
         copy = copies[id(mine[0])][0]
         copy[:inject_corruption] ^= 0xFF
@@ -113,6 +128,7 @@ class Every:
         self.chk = device.checker(pools[-1])
         self.src_pool, self.dst_pool = device.buf(pools[0]), device.buf(pools[-1])
         self.host = self.chk is verify  # host bytes: what the ranges must hold is computed once (verify.Expected)
+        self.in_place = hasattr(self.chk, "count_now") and not m.case.get("codec", "").startswith("cast-")
         self.srcs = [(e, d, verify.Expected(rank, d) if self.host else None)
                      for e in m.entries if e.src == rank for d in [np.concatenate(e.layers)]]
         self.mine = [(e, d, verify.Expected(e.src, d) if self.host else None)
@@ -139,7 +155,7 @@ class Every:
                 verify.scatter(self.dst_pool, np.invert(x.at(epoch)), d, DST)
             else:
                 self.chk.poison(self.dst_pool, d, e.src, epoch)
-        self.fence = self.chk.snapshot(self.dst_pool, [self.guard])[0] if self.mine else None
+        self.fence = self._look(self.guard) if self.mine else None
         for p in self.pools:
             device.sync(p)
         self.seconds += time.perf_counter() - a
@@ -147,9 +163,17 @@ class Every:
     def landed(self) -> None:
         """Right after the iteration's last completion on this rank: its ranges and guard zones copied aside."""
         a = time.perf_counter()
-        self.copies = [self.chk.snapshot(self.dst_pool, [d]) for _, d, _ in self.mine]
-        self.after = self.chk.snapshot(self.dst_pool, [self.guard])[0] if self.mine else None
+        if self.in_place:  # a device pool: counted where it lives, now; read after the closing barrier
+            elem = elem_of(self.m)
+            self.copies = [self.chk.count_now(self.dst_pool, d, e.src, elem, self.epoch) for e, d, _ in self.mine]
+        else:
+            self.copies = [self.chk.snapshot(self.dst_pool, [d]) for _, d, _ in self.mine]
+        self.after = self._look(self.guard) if self.mine else None
         self.seconds += time.perf_counter() - a
+
+    def _look(self, descs):
+        """The guard zones' bytes as they are now (on the device for a device pool)."""
+        return self.chk.gather(self.dst_pool, descs) if self.in_place else self.chk.snapshot(self.dst_pool, [descs])[0]
 
     def count(self) -> None:
         """After the closing barrier: this iteration's wrong elements per entry (a rank's trespasses in its guard
@@ -160,13 +184,18 @@ class Every:
         for (e, d, x), snap in zip(self.mine, self.copies):
             if m.case.get("codec", "").startswith("cast-"):
                 got[id(e)] = lossy_check(snap, e, self.epoch, m.case)[0]
+            elif self.in_place:
+                got[id(e)] = int(snap)
             elif x is not None:
                 got[id(e)] = verify.count_diff(x.at(self.epoch), snap[0], d[:, LEN], elem)
             else:
                 got[id(e)] = self.chk.count_wrong(*snap, e.src, elem, self.epoch)
         if self.mine:
             e0 = self.mine[0][0]
-            got[id(e0)] += verify.count_diff(_host(self.fence), _host(self.after), self.guard[:, LEN], elem)
+            if self.in_place:
+                got[id(e0)] += int(self.chk.count_changed(self.fence, self.after, self.guard[:, LEN], elem))
+            else:
+                got[id(e0)] += verify.count_diff(_host(self.fence), _host(self.after), self.guard[:, LEN], elem)
         self.wrong.append([got.get(id(e), 0) for e in m.entries])
         self.copies = self.after = self.fence = None
         self.seconds += time.perf_counter() - a

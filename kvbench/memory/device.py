@@ -23,6 +23,7 @@ from kvbench.memory import verify
 from kvbench.model.layout import Pool
 
 from . import driver, host, pattern
+from .copy import split_rows
 from .pattern import POISON
 
 KINDS = ("host", "torch-cpu", "pinned", "cuda")
@@ -215,14 +216,123 @@ def pieces(descs: np.ndarray, limit: int) -> list[np.ndarray]:
     multiples of ``limit`` from its start; the rows keep their order (so a copy back to back keeps its layout)."""
     if not len(descs):
         return []
-    n = np.maximum(1, -(-descs[:, 2] // limit))
-    rows = np.repeat(descs, n, axis=0)
-    k = (np.arange(len(rows)) - np.repeat(np.cumsum(n) - n, n)) * limit
-    rows[:, 0] += k
-    rows[:, 1] += k
-    rows[:, 2] = np.minimum(rows[:, 2] - k, limit)
+    rows = split_rows(descs, limit)
     group = (np.cumsum(rows[:, 2]) - 1) // limit
     return np.split(rows, np.flatnonzero(np.diff(group)) + 1)
+
+
+# ----- the check per 32-bit word, in place where the pool lives --------------------------------------------------
+# Per word of a piece the temporaries are two indices, the row map, the words read and a flag: under _PER_WORD
+# bytes, so a piece takes budget / _PER_WORD words.  The launches per piece are a constant (two small uploads of
+# the piece's descriptors, the index build, one gather, the pattern, a compare, a sum), and nothing waits for the
+# device until the caller reads the count.
+_PER_WORD = 40
+
+
+def _by_words(descs: np.ndarray, elem: int = 4) -> bool:
+    """The word path applies: the check pattern, every offset and length a whole number of 32-bit words, and an
+    element either inside a word or a whole number of words that every range holds whole."""
+    return (pattern.CONTENTS is None and not (descs % 4).any()
+            and (4 % elem == 0 or (64 % elem == 0 and not (descs[:, 2] % elem).any())))
+
+
+def _word_index(torch, d: np.ndarray, device, wide: bool):
+    """(source word, destination word) indices of piece ``d``'s ranges, back to back, built on ``device``."""
+    w = d // 4
+    lens = w[:, 2]
+    first = np.cumsum(lens) - lens
+    dt = torch.int64 if wide else torch.int32
+    delta = torch.as_tensor(np.stack([w[:, 0] - first, w[:, 1] - first]).astype(np.int64), device=device).to(dt)
+    n = int(lens.sum())
+    row = torch.repeat_interleave(torch.arange(len(w), device=device), torch.as_tensor(lens, device=device),
+                                  output_size=n)  # output_size given: no wait for the device
+    k = torch.arange(n, dtype=dt, device=device)
+    return delta[0].index_select(0, row).add_(k), delta[1].index_select(0, row).add_(k)
+
+
+def _pattern(torch, src_w, rank: int, epoch: int):
+    """The words ``rank``'s pool holds at word indices ``src_w`` in ``epoch``, int32 (pattern.py's bits)."""
+    w = src_w.to(torch.int32) if src_w.dtype != torch.int32 else src_w.clone()
+    w.mul_(_s32(_MUL))  # int32 products wrap like pattern.py's uint32 ones
+    return w.bitwise_xor_(_s32((rank + 1) * _RANK) ^ (_s32(epoch * 0x85EBCA6B) if epoch else 0))
+
+
+def _word_pieces(tensor, descs: np.ndarray):
+    """Per piece of ``descs`` (sized from the pool's budget): (the pool's int32 words, source and destination word
+    indices)."""
+    torch = _torch()
+    nbytes = int(tensor.numel())
+    words = tensor[: nbytes // 4 * 4].view(torch.int32)
+    limit = max(64, budget(nbytes) // _PER_WORD * 4 // 64 * 64)
+    for d in pieces(descs, limit):
+        yield (words,) + _word_index(torch, d, tensor.device, nbytes >= 1 << 33)
+
+
+def count_now(tensor, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: int):
+    """Wrong elements of ``descs``' destination ranges as the pool holds them now, compared in place on its device
+    per 32-bit word: a 0-d int64 tensor there (the caller's read is the one wait).  Ranges off the word path
+    (unaligned, other contents) are counted from a snapshot, as count_wrong does."""
+    torch = _torch()
+    total = torch.zeros((), dtype=torch.int64, device=tensor.device)
+    if not len(descs):
+        return total
+    if not _by_words(descs, elem_bytes):
+        return total.add_(count_wrong(*snapshot(tensor, [descs]), src_rank, elem_bytes, epoch))
+    for words, src_w, dst_w in _word_pieces(tensor, descs):
+        total.add_(_elements(torch, words.index_select(0, dst_w).bitwise_xor_(_pattern(torch, src_w, src_rank, epoch)),
+                             elem_bytes))
+    return total
+
+
+def _elements(torch, diff, elem_bytes: int):
+    """Elements of ``elem_bytes`` with a nonzero bit in ``diff`` (int32 words, elements back to back)."""
+    bad = diff.view({1: torch.uint8, 2: torch.int16}.get(elem_bytes, torch.int32)) != 0
+    group = max(1, elem_bytes // 4)
+    return (bad.view(-1, group).any(dim=1) if group > 1 else bad).sum()
+
+
+def gather(tensor, descs: np.ndarray):
+    """The bytes of ``descs``' destination ranges as they are now, back to back: int32 words on the pool's device
+    (the word path), else a host snapshot (uint8)."""
+    torch = _torch()
+    if not len(descs) or not _by_words(descs, 1):
+        return snapshot(tensor, [descs])[0]
+    return torch.cat([words.index_select(0, dst_w) for words, _, dst_w in _word_pieces(tensor, descs)])
+
+
+def count_changed(before, after, lens: np.ndarray, elem_bytes: int):
+    """Elements that differ between two gathers of the same ranges (a 0-d tensor for device words)."""
+    torch = _torch()
+    if before.dtype == torch.int32 and 4 % elem_bytes == 0:
+        return _elements(torch, torch.bitwise_xor(before, after), elem_bytes)
+    return verify.count_diff(_to_numpy(before), _to_numpy(after), lens, elem_bytes)
+
+
+def _to_numpy(x) -> np.ndarray:
+    x = x if isinstance(x, np.ndarray) else x.cpu().numpy()
+    return x.view(np.uint8)
+
+
+def write_epoch(tensor, descs: np.ndarray, rank: int, epoch: int) -> None:
+    """verify.write_epoch: the source's ranges take ``epoch``'s pattern (per word where it can, in pieces)."""
+    torch = _torch()
+    if _by_words(descs):
+        for words, src_w, _ in _word_pieces(tensor, descs):
+            words.index_copy_(0, src_w.long(), _pattern(torch, src_w, rank, epoch))
+        return
+    for d in pieces(descs, step(int(tensor.numel())) // 2):
+        tensor[_positions(torch, d, 0, tensor.device)] = expected(torch, rank, d, epoch, tensor.device)
+
+
+def poison(tensor, descs: np.ndarray, src_rank: int, epoch: int) -> None:
+    """verify.poison: every destination byte becomes the complement of what it must hold."""
+    torch = _torch()
+    if _by_words(descs):
+        for words, src_w, dst_w in _word_pieces(tensor, descs):
+            words.index_copy_(0, dst_w.long(), _pattern(torch, src_w, src_rank, epoch).bitwise_not_())
+        return
+    for d in pieces(descs, step(int(tensor.numel())) // 2):
+        tensor[_positions(torch, d, 1, tensor.device)] = ~expected(torch, src_rank, d, epoch, tensor.device)
 
 
 def _positions(torch, descs: np.ndarray, col: int, device):
@@ -240,20 +350,6 @@ def expected(torch, rank: int, descs: np.ndarray, epoch: int, device):
     pos = _positions(torch, descs, 0, device)
     w = _words(torch, pos >> 2, rank, epoch)
     return ((w >> ((pos & 3) * 8).to(torch.int32)) & 0xFF).to(torch.uint8)
-
-
-def write_epoch(tensor, descs: np.ndarray, rank: int, epoch: int) -> None:
-    """verify.write_epoch: the source's ranges take ``epoch``'s pattern (in pieces: bounded temporaries)."""
-    torch = _torch()
-    for d in pieces(descs, step(int(tensor.numel())) // 2):
-        tensor[_positions(torch, d, 0, tensor.device)] = expected(torch, rank, d, epoch, tensor.device)
-
-
-def poison(tensor, descs: np.ndarray, src_rank: int, epoch: int) -> None:
-    """verify.poison: every destination byte becomes the complement of what it must hold."""
-    torch = _torch()
-    for d in pieces(descs, step(int(tensor.numel())) // 2):
-        tensor[_positions(torch, d, 1, tensor.device)] = ~expected(torch, src_rank, d, epoch, tensor.device)
 
 
 def snapshot(tensor, layers: list[np.ndarray]):

@@ -107,8 +107,10 @@ def build_parser() -> Parser:
     r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "
                    "CPU tensors: the device layer without a GPU), pinned (page-locked host), cuda (GPU memory); "
                    "docs/gpu.md")
-    r.add_argument("--copy", type=csv(str), help="copy engine for device bytes: memcpy (one cuMemcpyAsync per "
-                   "descriptor), kernel (one gather/scatter launch), batch (cuMemcpyBatchAsync; default)")
+    r.add_argument("--copy", type=csv(str), help="copy engine for device bytes: auto (default: kernel between "
+                   "GPUs, batch between host and GPU), memcpy (one cuMemcpyAsync per descriptor), kernel (one "
+                   "gather/scatter launch over many CTAs), batch (cuMemcpyBatchAsync), batch-overlap (the same, "
+                   "preferring overlap with compute), batch-any (the source read in any order); docs/gpu.md")
     r.add_argument("--scheme", type=text, help="pairing of ranks: " + SCHEME_HELP)
     r.add_argument("--matrix", type=text, metavar="FILE|NAME", help="--scheme matrix: a CSV or YAML file whose "
                    "cell [i][j] is the tokens (or bytes with a unit, 64MiB) rank i sends rank j, or a scheme's name "

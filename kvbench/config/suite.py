@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from kvbench import transports
 from kvbench.codecs import NAMES
 from kvbench.codecs import check as codec_check
+from kvbench.memory.copy import default as copy_default
 from kvbench.memory.values import check_fill
 from kvbench.model import matrix as X
 from kvbench.model import shapes as M
@@ -117,7 +118,9 @@ class Axes(BaseModel):
     # where the pools live (host: numpy; torch-cpu, pinned, cuda: torch tensors, memory/device.py)
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
     memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
-    copy: list[Literal["memcpy", "kernel", "batch"]] = Field(default=["batch"], min_length=1)
+    # auto: per case, kernel between device pools (cuda_ipc) and batch across PCIe (copy.default)
+    copy: list[Literal["auto", "memcpy", "kernel", "batch", "batch-overlap", "batch-any"]] = Field(
+        default=["auto"], min_length=1)
     # once: the pool registered at setup; per-request: each request's blocks registered around its transfer
     # (nixl, mooncake; docs/methodology.md, Registration per request)
     register: list[Literal["once", "per-request"]] = Field(default=["once"], min_length=1)
@@ -332,6 +335,8 @@ def expand(suite: Suite) -> list[dict]:
     cases, dropped = [], []
     for values in itertools.product(*(getattr(ax, k) for k in CASE_KEYS)):
         case = dict(zip(CASE_KEYS, values))
+        if case["copy"] == "auto":
+            case["copy"] = copy_default(case["transport"], case["memory"])[0]
         shape = M.get_model(case["model"])
         if case["layout"] == "auto":
             case["layout"] = "mla" if shape.attention == "mla" else "layer-major"

@@ -16,8 +16,12 @@ here (docs/gpu.md lists it).
   pool (the check pass writes its epoch there).  ``wait`` synchronises the layer's CUDA event, so the host
   clock is stamped when the device says the copy completed.  The destination learns it from the harness's
   notification (one-sided: ``notifies`` False).
-* Link: from NVML (nvidia-ml-py, when installed) the pair's NVLink links and generation, else "PCIe or
-  unknown"; in ``info()`` and so in the sidecar.
+* The copy runs on this rank's GPU (the initiator's stream), never the peer buffer's: a kernel launched on a
+  stream of another device fails.  ``copy`` auto takes the kernel engine (copy.default).
+* Link: from NVML (nvidia-ml-py, when installed), found by the GPU's UUID (NVML's index follows PCI order, not
+  CUDA_VISIBLE_DEVICES or CUDA's FASTEST_FIRST), the active NVLink links whose far end is the peer's GPU (its
+  PCI bus id) or an NVSwitch, and their generation; else "PCIe (no NVLink to the peer)"; in ``info()`` and so
+  in the sidecar.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ class CudaIpcTransport(Transport):
         super().__init__(ctx)
         self.peers: dict[int, object] = {}
         self.stream = None
+        self.engine = C.default(self.name, "cuda")[0] if ctx.copy == C.AUTO else ctx.copy
 
     def register(self, pool) -> bytes:
         import torch
@@ -57,9 +62,10 @@ class CudaIpcTransport(Transport):
         self.stream = torch.cuda.Stream(device=self.dev.device)
         storage = self.dev.untyped_storage()
         off = self.dev.data_ptr() - storage.data_ptr()  # the tensor's start in its storage (0 for our pools)
+        self.uuid = str(torch.cuda.get_device_properties(self.dev.device).uuid)
         return pickle.dumps({"share": storage._share_cuda_(), "offset": off, "nbytes": pool.nbytes,
-                             "host": self.ctx.hostname, "device": self.dev.device.index,
-                             "uuid": str(torch.cuda.get_device_properties(self.dev.device).uuid)})
+                             "host": self.ctx.hostname, "device": self.dev.device.index, "uuid": self.uuid,
+                             "bus": _bus_id(self.dev.device.index)})
 
     def connect(self, peers: dict[int, bytes]) -> None:
         import torch
@@ -75,7 +81,7 @@ class CudaIpcTransport(Transport):
             t = torch.empty(0, dtype=torch.uint8, device=storage.device)
             t.set_(storage, m["offset"], (m["nbytes"],))
             self.peers[rank] = t
-            self.link[rank] = link_between(self.dev.device.index, m["uuid"])
+            self.link[rank] = link_between(self.uuid, m["uuid"], m.get("bus", ""))
 
     def post(self, op: str, peer: int, descs: np.ndarray, tag: int = 0):
         import torch
@@ -85,7 +91,7 @@ class CudaIpcTransport(Transport):
         check_descs(descs, C._nbytes(src), C._nbytes(dst))
         self.stream.wait_stream(torch.cuda.current_stream(self.dev.device))  # after the pool's queued writes
         with torch.cuda.stream(self.stream):
-            C.copy(self.ctx.copy, dst, src, descs, stream=self.stream)
+            C.copy(self.engine, dst, src, descs, stream=self.stream, device=self.dev.device.index)
             ev = torch.cuda.Event()
             ev.record(self.stream)
         return ev
@@ -97,7 +103,7 @@ class CudaIpcTransport(Transport):
         return time.perf_counter()  # the host clock when the device reported the copy complete
 
     def info(self) -> dict:
-        return {"copy": self.ctx.copy, "link": {str(r): v for r, v in getattr(self, "link", {}).items()}}
+        return {"copy": self.engine, "link": {str(r): v for r, v in getattr(self, "link", {}).items()}}
 
     def close(self) -> None:
         if self.stream is not None:
@@ -105,7 +111,26 @@ class CudaIpcTransport(Transport):
         self.peers.clear()  # unmapped before the exporters free their pools (the harness's barrier follows)
 
 
-def link_between(index: int, peer_uuid: str) -> str:
+def _bus_id(index: int) -> str:
+    """This GPU's PCI bus id through the driver (the key NVML's links name their far end by), or ""."""
+    try:
+        from kvbench.memory import driver
+
+        return driver.pci_bus_id(index)
+    except Exception:  # a fact for the link's name only
+        return ""
+
+
+def _norm_bus(bus) -> str:
+    """A PCI bus id as domain:bus:device.function in lower case (NVML writes an 8-digit domain, sysfs 4)."""
+    b = (bus.decode() if isinstance(bus, bytes) else str(bus)).strip("\x00 ").lower()
+    parts = b.split(":")
+    if len(parts) != 3:
+        return b
+    return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+
+
+def link_between(uuid: str, peer_uuid: str, peer_bus: str) -> str:
     """NVLink links (and version) from this GPU to the peer's, or why that is unknown; NVML, lazily."""
     try:
         import pynvml
@@ -113,17 +138,22 @@ def link_between(index: int, peer_uuid: str) -> str:
         return "unknown (nvidia-ml-py not installed)"
     try:
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        if str(pynvml.nvmlDeviceGetUUID(h)).removeprefix("GPU-") == peer_uuid.removeprefix("GPU-"):
+        if uuid.removeprefix("GPU-") == peer_uuid.removeprefix("GPU-"):
             return "same GPU"
-        up, version = 0, None
+        h = pynvml.nvmlDeviceGetHandleByUUID("GPU-" + uuid.removeprefix("GPU-"))
+        up, version, via = 0, None, set()
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
-                if pynvml.nvmlDeviceGetNvLinkState(h, link):
-                    up += 1
-                    version = pynvml.nvmlDeviceGetNvLinkVersion(h, link)
+                if not pynvml.nvmlDeviceGetNvLinkState(h, link):
+                    continue
+                far = _norm_bus(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+                switch = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
             except pynvml.NVMLError:
                 break
-        return f"NVLink{version} x{up}" if up else "PCIe (no active NVLink)"
+            if switch or (peer_bus and far == _norm_bus(peer_bus)):
+                up += 1
+                version = pynvml.nvmlDeviceGetNvLinkVersion(h, link)
+                via.add("NVSwitch" if switch else "direct")
+        return f"NVLink{version} x{up} ({'+'.join(sorted(via))})" if up else "PCIe (no NVLink to the peer)"
     except Exception as exc:  # NVML missing or refusing: a fact to report, never a failure
         return f"unknown (NVML: {exc})"

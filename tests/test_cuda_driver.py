@@ -259,6 +259,7 @@ def test_the_names_the_door_calls_exist_in_the_real_bindings():
     for name in ("cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
                  "cuCtxSetCurrent", "cuStreamCreate", "cuStreamSynchronize", "cuGetProcAddress", "cuEventCreate",
                  "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime", "cuStreamWaitEvent", "cuEventDestroy",
+                 "cuMemHostRegister", "cuMemHostUnregister",
                  "cuDeviceGetPCIBusId", "cuMemGetHandleForAddressRange", "CUmemcpyAttributes", "CUmemLocation",
                  "CUstream", "CUmemcpySrcAccessOrder", "CUmemLocationType", "CUmemRangeHandleType"):
         assert hasattr(real, name), name
@@ -277,3 +278,36 @@ def test_the_batch_attributes_build_with_the_real_bindings(monkeypatch):
     assert int(a.srcAccessOrder) == 1 and int(a.srcLocHint.type) == 1 and int(a.dstLocHint.type) == 2
     b = driver.memcpy_attributes(0, 0, any_order=True, overlap=True)
     assert int(b.srcAccessOrder) == 3 and int(b.flags) == 1
+
+
+def test_pinned_pools_page_lock_their_own_mapping_and_unlock_it_on_release(monkeypatch):
+    """--memory pinned: the pool's own page-aligned mapping (so --pages applies), registered in place with the
+    driver, not torch's caching host allocator (which rounds each allocation up to a power of two)."""
+    from kvbench.memory import device
+
+    fake = cuda_driver.install(monkeypatch)
+    monkeypatch.setattr(device, "probe", lambda kind: None)
+    n = 3 << 20  # not a power of two: the registered range is the pool, not a rounded block
+    pool = device.alloc(n, "pinned")
+    assert pool.addr % 4096 == 0 and fake.registered == {pool.addr: pool.addr + n}
+    assert pool.tensor.device.type == "cpu" and pool.array is not None and pool.array.nbytes == n
+    pool.release()
+    assert fake.registered == {}
+    with pytest.raises(driver.DriverError, match="713"):
+        driver.host_unregister(pool.addr or 4096)  # the fake holds the driver's rule: only a registered start
+
+
+def test_copy_auto_resolves_per_case_and_the_preamble_says_why():
+    """--copy auto (the default): the case's engine follows the pair of memories its transport copies between."""
+    from kvbench.cli.run import copy_lines
+    from kvbench.config import suite as S
+
+    s = S.validate({"name": "t", "axes": {"transport": ["cuda_ipc", "staged", "tcp"], "memory": ["cuda", "host"]}})
+    got = {(c["transport"], c["memory"]): c["copy"] for c in S.expand(s)}
+    assert got[("cuda_ipc", "cuda")] == "kernel" and got[("staged", "cuda")] == "batch"
+    assert got[("tcp", "host")] == "batch"
+    lines = copy_lines(s)
+    assert "# copy auto: cuda_ipc on cuda pools -> kernel (device to device" in lines[0]
+    assert any(x.startswith("# copy auto: staged on cuda pools -> batch (host <-> device") for x in lines)
+    fixed = S.validate({"name": "t", "axes": {"transport": ["cuda_ipc"], "memory": ["cuda"], "copy": ["memcpy"]}})
+    assert [c["copy"] for c in S.expand(fixed)] == ["memcpy"] and copy_lines(fixed) == []

@@ -93,6 +93,9 @@ class DevicePool(Pool):
         return self.tensor.device
 
     def release(self) -> None:
+        rel, self._release = self._release, None
+        if rel is not None:  # page-locked: unlocked before its mapping goes
+            rel()
         self.tensor = self.array = self._keep = None
 
 
@@ -150,8 +153,12 @@ def alloc(nbytes: int, kind: str, pages: str = "4k", device: int | None = None) 
     if kind == "torch-cpu":
         arr = host.alloc_host(nbytes, pages=pages)  # page-aligned (docs/pitfalls.md#page-align), pre-faulted
         return DevicePool(torch.from_numpy(arr), kind, keep=arr)
-    if kind == "pinned":
-        t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    if kind == "pinned":  # the pool's own page-aligned mapping, page-locked in place (driver.host_register)
+        arr = host.alloc_host(nbytes, pages=pages)
+        driver.host_register(int(arr.ctypes.data), nbytes, dev)
+        pool = DevicePool(torch.from_numpy(arr), kind, keep=arr)
+        pool._release = lambda p=int(arr.ctypes.data): driver.host_unregister(p)
+        return pool
     else:
         t = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dev}")
     t.zero_()  # pre-fault (host) / first-touch mapping (device) before any timing

@@ -127,6 +127,18 @@ def synchronize(handle: int) -> None:
     call("cuStreamSynchronize", d.cuStreamSynchronize(d.CUstream(handle)))
 
 
+def host_register(ptr: int, nbytes: int, dev: int) -> None:
+    """Page-lock ``nbytes`` of host memory already mapped at ``ptr`` for every context (portable): the copy engines
+    then read it by DMA, and its pages stay the mapping's own (huge pages where --pages asked for them), which a
+    pinned allocation from torch's caching host allocator (rounded up to a power of two) would not be."""
+    ensure_context(dev)
+    call("cuMemHostRegister", api().cuMemHostRegister(ptr, nbytes, 1))  # 1: CU_MEMHOSTREGISTER_PORTABLE
+
+
+def host_unregister(ptr: int) -> None:
+    call("cuMemHostUnregister", api().cuMemHostUnregister(ptr))
+
+
 # ----- events: the device's own clock, on the stream that carries the work ------------------------
 def event(dev: int):
     """A timing event on ``dev`` (an event and the stream it is recorded on must share a device)."""

@@ -109,6 +109,7 @@ class FakeDriver:
         self.clock = [0.0] * devices  # each device's time: advanced by completed work only
         self.rate, self.overhead = 100e9, 2e-6  # the fake's device: bytes/s, seconds per driver call
         self.syncs = self.launches = 0
+        self.registered: dict[int, int] = {}  # page-locked host ranges: start -> end
         self.batches: list[tuple] = []  # per cuMemcpyBatchAsync: (count, srcAccessOrder, flags)
         for name in ("CUresult", "CUmemcpySrcAccessOrder", "CUmemLocationType", "CUmemRangeHandleType",
                      "CUmemLocation", "CUmemcpyAttributes", "CUstream", "CUevent"):
@@ -307,6 +308,23 @@ class FakeDriver:
             name += "@13" if version >= 13000 and self.version >= 13000 else "@12"
         fn = self._fns.get(name)
         return (SUCCESS, ctypes.cast(fn, ctypes.c_void_p).value, 0) if fn else (500, 0, 0)
+
+    def cuMemHostRegister(self, p, size, flags):  # noqa: N802
+        """Page-locks a host range (any alignment: the driver rounds to pages); a range registered twice, or one
+        overlapping a registered one, is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712)."""
+        if self._ctx() is None:
+            return (INVALID_CONTEXT,)
+        p, size = int(p), int(size)
+        if not size:
+            return (INVALID_VALUE,)
+        if any(a < p + size and p < b for a, b in self.registered.items()):
+            return (712,)
+        self.registered[p] = p + size
+        return (SUCCESS,)
+
+    def cuMemHostUnregister(self, p):  # noqa: N802
+        """713 (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) for a pointer that is not the start of a registered range."""
+        return (SUCCESS,) if self.registered.pop(int(p), None) is not None else (713,)
 
     def cuMemGetHandleForAddressRange(self, dptr, size, kind, flags):  # noqa: N802
         if self._ctx() is None:

@@ -1,13 +1,17 @@
 """``python -m kvbench.gpucheck``: what the GPU half measures, on the GPU machine at hand (or its CPU rehearsal).
 
 Runs with the machine's own Python and the packages a CUDA image ships, plus what ``make gpu-wheels`` carries
-(pydantic, the mpich wheel's launcher), the C extension built in place, no network.  Steps: pool fill and
-check, the copy engines against the device's own copy, host<->device, cuda_ipc between two processes it starts
-itself, staged over tcp between two ranks and real-prefill streaming (both through ``kvbench run`` under the
-launcher).  Each step has a wall-time budget and is guarded: a failure is a FAIL row and the next step runs.
-Rows are printed as each step ends and saved at once to results/runs/<machine>/<time>_gpucheck.json, then the
-whole table is printed.  Exit 0 when no row FAILs, 1 otherwise; without a GPU (``--device cuda``) it stops at
-once with one line (exit 2).  ``--device cpu`` is the rehearsal: torch-cpu pools, the table says so.
+(pydantic, the mpich wheel's launcher), the C extension built in place, no network.  First the floors: the
+device's own copy rate and its PCIe link.  Then the steps: pool fill and check, the copy engines, host<->device,
+cuda_ipc between two processes it starts itself, staged over tcp against host tcp, real-prefill streaming
+against a plain matmul, and the real suites on device pools (the last three through ``kvbench run`` under the
+launcher).  Every row is timed on the stream that carries its work (or by the host clock after it), names that
+clock, and carries its share of its floor; rows with a goal say whether they meet it ("below goal" on a GPU;
+FAIL is for wrong bytes and errors).  Each step has a wall-time budget and is guarded: a failure is a FAIL row
+and the next step runs.  Rows are printed as each step ends and saved at once to
+results/runs/<machine>/<time>_gpucheck.json, then the whole table is printed.  Exit 0 when no row FAILs, 1
+otherwise; without a GPU (``--device cuda``) it stops at once with one line (exit 2).  ``--device cpu`` is the
+rehearsal: torch-cpu pools, the table says so.
 """
 from __future__ import annotations
 
@@ -20,10 +24,13 @@ import time
 from kvbench.memory import device
 
 from . import checks, ipc, launched, runner
+from .floors import Floors
 from .runner import table  # noqa: F401  (the closing table; tests and callers take it from here)
 
-STEPS = ("pool", "copy", "hostdev", "ipc", "staged", "prefill")
-BUDGET_S = {"pool": 30, "copy": 45, "hostdev": 20, "ipc": 90, "staged": 120, "prefill": 120}  # wall seconds each
+STEPS = ("pool", "copy", "hostdev", "ipc", "staged", "prefill", "suites")
+# wall seconds each; the floors' step (the reference) runs before any of them, always
+BUDGET_S = {"reference": 30, "pool": 30, "copy": 45, "hostdev": 20, "ipc": 60, "staged": 90, "prefill": 90,
+            "suites": 120}
 DEFAULTS = {"cuda": dict(pool_mib=1024, block_kib=32, blocks=4096, repeats=5),
             "cpu": dict(pool_mib=16, block_kib=32, blocks=64, repeats=2)}
 
@@ -99,12 +106,15 @@ def main(argv=None) -> int:
     print(runner.columns(), flush=True)
     end = time.monotonic() + a.deadline
     runner.run_step(rec, "device", lambda: [checks.device_row(target)], 60)
-    steps = {"pool": lambda b: checks.pool_rows(a, target), "copy": lambda b: checks.copy_rows(a, target),
-             "hostdev": lambda b: checks.hostdev_rows(a, target),
-             "ipc": lambda b: ipc.ipc_rows(a, target, b - 5),  # its own deadline first: the rows so far come back
+    fl = Floors()
+    runner.run_step(rec, "reference", lambda: checks.reference_rows(a, target, fl), BUDGET_S["reference"])
+    steps = {"pool": lambda b: checks.pool_rows(a, target, fl), "copy": lambda b: checks.copy_rows(a, target, fl),
+             "hostdev": lambda b: checks.hostdev_rows(a, target, fl),
+             "ipc": lambda b: ipc.ipc_rows(a, target, b - 5, fl),  # its own deadline first: the rows so far come back
              # launches end 10 s before the step's budget: time to kill them whole (SIGTERM first) and say so
-             "staged": lambda b: launched.staged_rows(a, target, runs, time.monotonic() + b - 10),
-             "prefill": lambda b: launched.prefill_rows(a, target, runs, time.monotonic() + b - 10)}
+             "staged": lambda b: launched.staged_rows(a, target, runs, time.monotonic() + b - 10, fl),
+             "prefill": lambda b: launched.prefill_rows(a, target, runs, time.monotonic() + b - 10, fl),
+             "suites": lambda b: launched.suite_rows(a, target, runs, time.monotonic() + b - 10, fl)}
     for step in STEPS:
         if step not in a.only:
             continue

@@ -2,9 +2,11 @@
 
 The source fills a pool and exports it once (a CUDA IPC handle; on the CPU rehearsal a shared file mapping
 stands in for it); the reader opens it and pulls a layer of blocks with each copy engine, its destination
-poisoned again before each engine so that an engine that copies nothing fails.  Each engine's row comes back
-as it ends, and one engine's failure is that engine's row only.  Both processes are killed whole when the
-step's time is up.
+poisoned again before each engine so that an engine that copies nothing fails.  The copies run on the reader's
+GPU, on its copy stream, and are timed by events on that stream and checked after it is synchronised
+(checks.measure_copy); on the rehearsal, the host clock.  Each engine's row comes back as it ends, and one
+engine's failure is that engine's row only; the parent gives each row its share of the device copy.  Both
+processes are killed whole when the step's time is up.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from kvbench.job.launch import kill_tree
 from kvbench.memory import copy as C
 from kvbench.memory import device as D
 
-from .checks import Target, blocks, engine_copy, stream, sync, timed, wrong
+from . import floors as F
+from .checks import Target, blocks, measure_copy
 from .runner import one_line, row
 
 DONE = "done"
@@ -97,23 +100,18 @@ def _reader(from_source, out, nbytes: int, a, device: str, gpu: int):
             out.put(row("cuda_ipc", what, status="skipped", note=why))
             continue
         try:
-            with stream(target):
-                D.poison(mine.tensor, descs, 0, 0)  # again for each engine: the last one's bytes must not pass
-                sync(target)
-                engine_copy(eng, mine.tensor, there, descs)
-                sync(target)
-                bad = wrong(mine.tensor, descs)
-                s = timed(target, lambda e=eng: engine_copy(e, mine.tensor, there, descs), a.repeats)
-            out.put(row("cuda_ipc", what, sz / s / 1e9, "ok" if bad == 0 else "FAIL",
-                        f"{how}wrong {bad}; 2 processes, one handle"))
+            # again for each engine (measure_copy poisons first): the last one's bytes must not pass
+            got = measure_copy(eng, mine.tensor, mine.tensor, there, descs, a.repeats, dev=gpu)
+            out.put(row("cuda_ipc", what, sz / got.seconds / 1e9, "ok" if got.wrong == 0 else "FAIL",
+                        f"{how}wrong {got.wrong}; 2 processes, one handle", got.clock))
         except Exception as exc:  # this engine's row; the next engine still runs
             out.put(row("cuda_ipc", what, status="FAIL", note=one_line(exc, 100)))
     out.put(DONE)
 
 
-def ipc_rows(a, target: Target, timeout: float) -> list[dict]:
+def ipc_rows(a, target: Target, timeout: float, fl: F.Floors | None = None) -> list[dict]:
     """cuda_ipc between two processes started here (on one GPU when there is one, else GPUs 0 and 1); what came
-    back within ``timeout`` s, then a FAIL row if the reader did not finish."""
+    back within ``timeout`` s, each rate against the device copy, then a FAIL row if the reader did not finish."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
@@ -145,7 +143,7 @@ def ipc_rows(a, target: Target, timeout: float) -> list[dict]:
                 continue
             if got == DONE:
                 break
-            rows.append(got)
+            rows.append(F.rate(got, fl.device_copy, F.DEVICE_COPY) if fl is not None else got)
         to_source.put(DONE)
         for p in procs:
             p.join(timeout=max(1.0, min(10.0, deadline - time.monotonic())))

@@ -34,9 +34,20 @@ def faults() -> dict[str, set[str]]:
     return out
 
 
-def row(check, what, gbps=math.nan, status="ok", note="") -> dict:
-    """One line of the table: check, what, GB/s (or nan), status (ok / FAIL / skipped / SKIP), note."""
-    return {"check": check, "what": what, "gbps": float(gbps), "status": status, "note": note}
+# The clock that timed a row: the stream carrying its work, or the host after that stream was waited for.
+COPY_EVENTS = "copy-stream events"  # C.Timer: two driver events on the stream the copy engines queue on
+TORCH_EVENTS = "torch events"  # torch.cuda.Event on torch's current stream, which carries torch's own ops
+HOST_AFTER_SYNC = "host clock after sync"  # perf_counter around work that ends waiting for its stream
+HOST = "host clock"  # the CPU rehearsal: host work is done when its call returns
+FAKE_EVENTS = "fake copy-stream events"  # C.Timer on the fake driver's modelled clock: a bracket check, no rate
+RUN = "kvbench run"  # the harness's own clock (docs/methodology.md)
+
+
+def row(check, what, gbps=math.nan, status="ok", note="", clock="") -> dict:
+    """One line of the table: check, what, GB/s (or nan), ratio to its floor (nan), status (ok / FAIL / skipped /
+    SKIP), the clock that timed it, note."""
+    return {"check": check, "what": what, "gbps": float(gbps), "ratio": math.nan, "floor": "", "status": status,
+            "clock": clock, "note": note}
 
 
 def one_line(exc: BaseException, limit: int = 160) -> str:
@@ -45,25 +56,36 @@ def one_line(exc: BaseException, limit: int = 160) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:limit].rstrip(": ")
 
 
+FLOORS = ("# of its floor: device copy = torch copy_ device to device, PCIe = the link's generation x width (read "
+          "from the device), host tcp = kvbench run -t tcp between host pools, matmul = a plain torch matmul; each "
+          "measured in this run")
+
+
 def header(rehearsal: bool) -> str:
     if rehearsal:
         return ("# gpu-check REHEARSAL on the CPU (torch-cpu pools; no GPU figure here: it proves the imports, "
-                "steps, budgets and table) (GB/s = 10^9 B/s)")
-    return "# gpu-check (GB/s = 10^9 B/s)"
+                "steps, budgets and table) (GB/s = 10^9 B/s)\n" + FLOORS)
+    return "# gpu-check (GB/s = 10^9 B/s)\n" + FLOORS
+
+
+def _ratio(r: dict) -> str:
+    x = r.get("ratio", math.nan)
+    return f"{100 * x:.0f}% {r.get('floor', '')}".rstrip() if isinstance(x, float) and x == x else "-"
 
 
 def line(r: dict) -> str:
     g = r.get("gbps")
     gs = f"{g:8.2f}" if isinstance(g, float) and g == g else f"{'-':>8}"
-    return f"{r['check']:<10} {r['what']:<34} {gs}  {r['status']:<8} {r.get('note', '')}".rstrip()
+    return (f"{r['check']:<10} {r['what']:<34} {gs}  {_ratio(r):<17} {r['status']:<8} {r.get('clock') or '-':<23} "
+            f"{r.get('note', '')}").rstrip()
 
 
 def columns() -> str:
-    return f"{'check':<10} {'what':<34} {'GB/s':>8}  {'status':<8} note"
+    return f"{'check':<10} {'what':<34} {'GB/s':>8}  {'of its floor':<17} {'status':<8} {'clock':<23} note"
 
 
 def table(rows: list[dict], rehearsal: bool = False) -> str:
-    """The closing table: one line per row, GB/s = 10^9 B/s."""
+    """The closing table: one line per row, GB/s = 10^9 B/s, each rate's share of its floor and its clock."""
     return "\n".join([header(rehearsal), columns(), *(line(r) for r in rows)])
 
 

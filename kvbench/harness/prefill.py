@@ -110,8 +110,9 @@ class RealPrefill:
         # CPU matmuls in fp16 are slow paths on most builds; the GPU computes in the KV's 16-bit type
         dt = (torch.bfloat16 if dtype == "bf16" else torch.float16) if cuda else torch.float32
         s = sizes(shape, tp)
-        h, g = s["hidden"], torch.Generator(device="cpu").manual_seed(0)
-        mk = lambda *d: (torch.randn(*d, generator=g) * 0.02).to(device=self.device, dtype=dt)  # noqa: E731
+        # drawn where they are used, in their type: a GPU case spends no time in host randn and an upload
+        h, g = s["hidden"], torch.Generator(device=self.device).manual_seed(0)
+        mk = lambda *d: torch.randn(*d, generator=g, device=self.device, dtype=dt).mul_(0.02)  # noqa: E731
         self.x = mk(tokens, h)
         self.w = {"qkv": mk(h, s["qkv"]), "out": mk(max(1, h // tp), h), "up": mk(h, 2 * s["inter"]),
                   "down": mk(s["inter"], h)}

@@ -1,6 +1,7 @@
 """verbs: its pure logic (work requests, spreading, signaling, depths, immediate data, GID choice), and the
 transport itself against rdma-core's real pyverbs objects on a fake device (tests/fakes/pyverbs_fake.py): two
-or three ranks in one process joined by a numpy wire, checked as the harness's check pass checks."""
+or three ranks in one process joined by a numpy wire, checked as the harness's check pass checks; the QP's
+size against mlx5's work-queue arithmetic, the GPUDirect flush, and the path options (tc, sl, timeout)."""
 import os
 import sys
 
@@ -16,6 +17,8 @@ from kvbench.transports.verbs.plan import (
     IBV_WR_RDMA_READ,
     IBV_WR_RDMA_WRITE,
     IBV_WR_RDMA_WRITE_WITH_IMM,
+    MAX_SEND_SGE,
+    SQ_FLOOR,
     decode_imm,
     depths,
     encode_imm,
@@ -25,7 +28,9 @@ from kvbench.transports.verbs.plan import (
     runs,
     segments,
     spread,
+    sq_fit,
     work_requests,
+    wqe_bytes,
 )
 
 # blocks 0-2 go to one contiguous destination run, block 3 elsewhere, blocks 4-5 to a second run
@@ -84,8 +89,22 @@ def test_signaling_spreading_and_depths_stay_within_the_queues():
     assert notifications(D, send_sge=8, nqps=2) == 2 and notifications(D, send_sge=8, nqps=8) == 3
     d = depths(max_qp_wr=32768, max_cqe=4194303, nqps=6)
     assert d["sq"] == 4096 and d["every"] == 1024 and d["scq"] == 6 * d["sq"] and d["rcq"] == 6 * d["rq"]
-    small = depths(max_qp_wr=64, max_cqe=100, nqps=4)  # the CQ's limit shrinks the queues, not the other way
+    small = depths(max_qp_wr=1024, max_cqe=100, nqps=4)  # the CQ's limit shrinks the queues, not the other way
     assert small["scq"] <= 100 and small["rcq"] <= 100 and small["sq"] == 25 and small["every"] == 6
+    tiny = depths(max_qp_wr=64, max_cqe=4194303, nqps=4)  # 64 basic blocks hold 16 WQEs of 4 SGEs (256 B each)
+    assert tiny["sq"] == 16 and tiny["rq"] == 64 and tiny["every"] == 4
+    assert depths(max_qp_wr=32768, max_cqe=4194303, nqps=1, sq_limit=1024)["sq"] == 1024  # a refused QP's retry
+
+
+def test_the_send_queue_fits_mlx5s_work_queue_arithmetic():
+    """mlx5 sizes an RC WQE as 192 bytes of overhead plus 16 per SGE in 64-byte blocks (704 B for 30 SGEs) and
+    counts max_qp_wr in blocks, after rounding the queue up to a power of two: 4096 WQEs of 30 SGEs need 65,536
+    blocks of 32,768; the plan's SGEs (a few, not 30) and its send queue stay within them."""
+    assert wqe_bytes(30) == 704 and wqe_bytes(MAX_SEND_SGE) == 256 and 4 <= MAX_SEND_SGE <= 8
+    assert sq_fit(32768, 30) == 2978 and sq_fit(32768, MAX_SEND_SGE) == 8192
+    assert sq_fit(32767, MAX_SEND_SGE) == 4096  # a budget that is no power of two: the one below it
+    d = depths(max_qp_wr=32768, max_cqe=4194303, nqps=1)
+    assert d["sq"] * wqe_bytes(MAX_SEND_SGE) <= 32768 * 64
 
 
 def test_the_gid_is_roce_v2_ipv4_mapped_first_unless_named():
@@ -181,7 +200,8 @@ def test_push_and_pull_bulk_and_paged_end_to_end_over_the_wire(pv, monkeypatch, 
     assert wire.posted >= LAYERS
     from pyverbs.wr import SendWR
 
-    peer, chains, keep = ts[0 if op == "push" else 1].prepare(op, 1 if op == "push" else 0, layers[0], 1)
+    peer, chains, keep, flush = ts[0 if op == "push" else 1].prepare(op, 1 if op == "push" else 0, layers[0], 1)
+    assert not flush  # host pools: no GPUDirect flush
     assert all(type(w) is SendWR for w in keep)  # rdma-core's own objects, not stand-ins
 
 
@@ -200,14 +220,15 @@ def test_work_requests_chain_through_next_wr(pv, monkeypatch):
     wire = make_wire(monkeypatch)
     ts, pools = ranks(LAY.nbytes)
     layer = paged(LAY, 12)[0]
-    _, chains, keep = ts[0].prepare("push", 1, layer, 9)
+    prepared = ts[0].prepare("push", 1, layer, 9)
+    _, chains, keep, _ = prepared
     assert len(chains) == 1 and len(keep) == len(layer) > 1  # random blocks: one WRITE per block
     got = fake.read_chain(chains[0][1])
     assert [e["opcode"] for e in got] == [IBV_WR_RDMA_WRITE] * (len(layer) - 1) + [IBV_WR_RDMA_WRITE_WITH_IMM]
     assert [e["flags"] for e in got] == [0] * (len(layer) - 1) + [2]  # only the last is signaled
     assert got[-1]["imm"] == encode_imm(9) and got[0]["rkey"] == ts[1].mr.rkey
     before = wire.posted
-    ts[0].wait(ts[0].start((1, chains, keep)))
+    ts[0].wait(ts[0].start(prepared))
     assert wire.posted == before + 1
 
 
@@ -223,7 +244,8 @@ def test_qp_attributes_are_set_per_transition(pv, monkeypatch):
     assert s["path_mtu"] == 3 and s["dest_qp_num"] == q1.qp_num and s["rq_psn"] == q1.set["sq_psn"]
     assert s["max_dest_rd_atomic"] >= 1 and s["min_rnr_timer"] > 0
     assert q0.ah["is_global"] == 1 and q0.ah["dgid"] == fake.roce_gids(2)[3][0] and q0.ah["sgid_index"] == 3
-    assert s["timeout"] > 0 and s["retry_cnt"] == 7 and s["rnr_retry"] == 7 and s["max_rd_atomic"] >= 1
+    assert s["timeout"] == 20 and s["retry_cnt"] == 7 and s["rnr_retry"] == 7 and s["max_rd_atomic"] >= 1
+    assert q0.ah["traffic_class"] == 0 and q0.ah["sl"] == 0  # the defaults: -O tc= and -O sl= change them
     assert s["sq_psn"] == q1.set["rq_psn"]
     assert ts[0].info()["gid_index"] == 3 and ts[0].info()["link"] == "RoCE"
 
@@ -263,10 +285,10 @@ def test_gid_types_come_from_sysfs_where_pyverbs_cannot_query_them(tmp_path, mon
 
 
 def test_a_paged_request_with_many_descriptors_never_overflows_the_send_queue_or_the_cq(pv, monkeypatch):
-    """A small device (64-entry send queues, 128-entry CQs) and a request of thousands of work requests:
-    selective signaling and posting only into free entries keep every post and poll within the limits
-    (the fake fails a post past the queue with ENOMEM and a poll after a CQ overrun)."""
-    make_wire(monkeypatch, max_qp_wr=64, max_cqe=128)
+    """A small device (send queues of 256 basic blocks: 64 WQEs of 4 SGEs; 128-entry CQs) and a request of
+    thousands of work requests: selective signaling and posting only into free entries keep every post and poll
+    within the limits (the fake fails a post past the queue with ENOMEM and a poll after a CQ overrun)."""
+    make_wire(monkeypatch, max_qp_wr=256, max_cqe=128)
     lay = Layout("layer-major", 8, 2, 256, 512)
     ts, pools = ranks(lay.nbytes)
     layers = paged(lay, 300, seed=3)  # 8 layers x 600 descriptors, every block its own WRITE
@@ -341,12 +363,11 @@ def test_wait_takes_only_its_own_peer(pv, monkeypatch):
     ts[2].wait(from_0)
 
 
-def test_a_dmabuf_pool_registers_with_pyverbs_signature_and_addresses_from_zero(pv, monkeypatch):
-    """DmaBufMR(pd, length, access, dmabuf, offset, gpu, gtt): no iova argument; pyverbs registers with
-    iova = offset, so the peer addresses the pool from 0 (its rkey's range), not from the device pointer."""
+def dmabuf_ranks(monkeypatch, wire, **opts):
+    """Two ranks: rank 0's pool host memory, rank 1's device memory exported as a dma-buf (the fake keeps the
+    NIC's writes there invisible until a flush); and the fds the export opened."""
     from kvbench.transports.verbs import link
 
-    wire = make_wire(monkeypatch)
     gpu = np.zeros(LAY.nbytes, np.uint8)  # the device memory the dma-buf exports
     fds = []
 
@@ -358,7 +379,15 @@ def test_a_dmabuf_pool_registers_with_pyverbs_signature_and_addresses_from_zero(
         return fd, 0
 
     monkeypatch.setattr(link, "dmabuf_fd", export)
-    ts, pools = ranks(LAY.nbytes, pools=[Pool(np.zeros(LAY.nbytes, np.uint8)), Pool(gpu, kind="cuda")])
+    ts, pools = ranks(LAY.nbytes, pools=[Pool(np.zeros(LAY.nbytes, np.uint8)), Pool(gpu, kind="cuda")], **opts)
+    return ts, pools, fds
+
+
+def test_a_dmabuf_pool_registers_with_pyverbs_signature_and_addresses_from_zero(pv, monkeypatch):
+    """DmaBufMR(pd, length, access, dmabuf, offset, gpu, gtt): no iova argument; pyverbs registers with
+    iova = offset, so the peer addresses the pool from 0 (its rkey's range), not from the device pointer."""
+    wire = make_wire(monkeypatch)
+    ts, pools, fds = dmabuf_ranks(monkeypatch, wire)
     assert ts[1].reg == "dma-buf" and ts[1].base == 0 and ts[0].remote[1]["addr"] == 0
     with pytest.raises(OSError):
         os.fstat(fds[0])  # the fd is closed once registered: the MR holds the dma-buf
@@ -449,3 +478,108 @@ def test_a_dmabuf_covers_whole_pages_and_the_mr_starts_at_the_pools_offset(monke
 
     monkeypatch.setattr(driver, "dmabuf_fd", refuse)
     assert link.dmabuf_fd(4096, 4096, 0) is None  # then nvidia-peermem, or the one line saying neither is there
+
+
+def test_the_fake_refuses_the_qp_mlx5_refuses_and_takes_the_transports(pv, monkeypatch):
+    """The fake holds a QP to mlx5's arithmetic: 4096 send WRs of 30 SGEs (what verbs asked for before) are
+    65,536 basic blocks of 32,768, EINVAL as on a ConnectX; 2048 of them just fit; 31 SGEs pass the device's
+    max_sge.  The transport's QPs are made without a retry and hold its plan's depth."""
+    from pyverbs.pyverbs_error import PyverbsRDMAError
+    from pyverbs.qp import QPCap
+
+    make_wire(monkeypatch)
+    from pyverbs.cq import CQ
+    from pyverbs.device import Context as VCtx
+    from pyverbs.pd import PD
+    from pyverbs.qp import QP, QPInitAttr
+
+    pd = PD(VCtx(name="mlx5_0"))
+    cq = CQ(pd.ctx, 16, None, None, 0)
+
+    def qp(wr, sge):
+        cap = QPCap(max_send_wr=wr, max_recv_wr=1024, max_send_sge=sge, max_recv_sge=1)
+        return QP(pd, QPInitAttr(qp_type=2, scq=cq, rcq=cq, cap=cap))
+
+    with pytest.raises(PyverbsRDMAError, match="Errno: 22"):
+        qp(4096, 30)
+    assert fake.sq_wqebbs(4096, 30) == 65536 and fake.sq_wqebbs(2048, 30) == 32768
+    qp(2048, 30)
+    with pytest.raises(PyverbsRDMAError, match="Errno: 22"):
+        qp(16, 31)
+    ts, pools = ranks(LAY.nbytes, qps=2)
+    for q in ts[0].qps[1]:
+        assert (q.init.cap.max_send_wr, q.init.cap.max_send_sge) == (4096, MAX_SEND_SGE)
+    assert ts[0].info()["note"] == "" and ts[0].depth["sq"] == 4096
+    assert check_pass(ts, pools, "push", paged(LAY, 20)) == 0
+
+
+def test_a_refused_send_queue_is_retried_with_half_the_work_requests_and_said_once(pv, monkeypatch, capsys):
+    """A provider whose send-queue budget is smaller than max_qp_wr says (4096 basic blocks of 32768): the QP
+    is asked for again with half the work requests until it fits (1024 of 256 B), every QP of the rank has
+    that size, the depths and the signaling follow it, so the fake's ENOMEM past the queue never fires on a
+    request of thousands of WRITEs, and the note is one line, printed once by rank 0."""
+    make_wire(monkeypatch, max_send_wqebb=4096)
+    lay = Layout("layer-major", 8, 2, 256, 512)
+    ts, pools = ranks(lay.nbytes, qps=2)
+    t = ts[0]
+    assert t.depth["sq"] == 1024 and t.depth["every"] == 256 and t.info()["sq_depth"] == 1024
+    assert all(q.init.cap.max_send_wr == 1024 for q in t.qps[1])
+    note = "verbs: mlx5_0 refused a send queue of 4096 work requests of 4 SGEs (EINVAL): its QPs have 1024"
+    assert t.info()["note"] == note and ts[1].info()["note"] == note.replace("mlx5_0", "mlx5_1")
+    assert capsys.readouterr().err.splitlines() == [f"# {note}"]
+    assert check_pass(ts, pools, "push", paged(lay, 300, seed=3)) == 0  # 4800 WRITEs over 2 QPs of 1024
+    assert check_pass(ts, pools, "pull", paged(lay, 300, seed=4), tag0=0x80000) == 0
+    make_wire(monkeypatch, max_send_wqebb=128)  # not even SQ_FLOOR's WRs fit: one line, no endless halving
+    with pytest.raises(TransportError, match=f"mlx5_0 refused an RC QP of {SQ_FLOOR} send work requests") as exc:
+        ranks(1 << 16)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_cuda_pools_landing_is_flushed_before_wait_returns(pv, monkeypatch):
+    """The NIC's writes into GPU memory are visible only after a read of it through the NIC (the fake holds them
+    back until then): the destination of a push, and of a pull, into a CUDA pool reads a byte of its own MR
+    on a QP connected to itself before ``wait`` returns, one flush per wait; without it the check finds the
+    poison.  A host pool has no flush; a GPU MR asks for relaxed ordering, a host MR does not."""
+    wire = make_wire(monkeypatch)
+    ts, pools, _ = dmabuf_ranks(monkeypatch, wire)
+    assert ts[0].flush_qp is None and ts[1].flush_qp is not None
+    assert ts[1].flush_qp.set["dest_qp_num"] == ts[1].flush_qp.qp_num  # loopback, as NCCL's flush QP
+    assert ts[1].mr.access & (1 << 20) and not ts[0].mr.access & (1 << 20)  # IBV_ACCESS_RELAXED_ORDERING
+    assert ts[1].info()["relaxed_ordering"] and not ts[0].info()["relaxed_ordering"]
+    before = wire.flushes
+    assert check_pass(ts, pools, "push", paged(LAY, 10)) == 0
+    assert wire.flushes - before == LAYERS
+    assert check_pass(ts, pools, "pull", paged(LAY, 10, seed=5), src=0, dst=1, tag0=0x80000) == 0
+    assert wire.flushes - before == 2 * LAYERS
+    monkeypatch.setattr(ts[1], "_flush", lambda: None)  # the transport as it was: no flush
+    assert check_pass(ts, pools, "push", paged(LAY, 10, seed=6), tag0=0x90000) > 0
+
+
+def test_tc_sl_and_timeout_reach_the_qp_attributes(pv, monkeypatch):
+    """-O tc= sets the GRH's traffic class and -O sl= the address handle's service level at RTR, -O timeout=
+    the ACK timeout at RTS, on every QP (the flush QP too); as parsed from the command line."""
+    wire = make_wire(monkeypatch)
+    opts = options.parse(["tc=106", "sl=3", "timeout=18"], ["verbs"])["verbs"]
+    ts, pools, _ = dmabuf_ranks(monkeypatch, wire, **opts)
+    for q in (ts[0].qps[1][0], ts[1].qps[0][0], ts[1].flush_qp):
+        assert q.ah["traffic_class"] == 106 and q.ah["sl"] == 3 and q.set["timeout"] == 18
+    i = ts[0].info()
+    assert (i["traffic_class"], i["service_level"], i["ack_timeout"]) == (106, 3, 18)
+    assert check_pass(ts, pools, "push", paged(LAY, 6)) == 0
+    make_wire(monkeypatch, link="ib")
+    ts, _ = ranks(1 << 16, sl=5)
+    assert ts[0].qps[1][0].ah["sl"] == 5 and ts[0].qps[1][0].ah["is_global"] == 0
+
+
+@pytest.mark.parametrize("item,says", [("tc=300", "the RoCE traffic class is 0-255"),
+                                       ("sl=16", "the service level is 0-15"),
+                                       ("verbs.timeout=32", "the ACK timeout exponent is 0-31"),
+                                       ("tc=-1", "the RoCE traffic class is 0-255")])
+def test_tc_sl_and_timeout_out_of_range_are_refused_in_one_line(item, says):
+    """Refused at the door (options.parse, which the run's config calls before anything starts), in one line
+    that names the option, the value and the range allowed."""
+    with pytest.raises(options.OptionError) as exc:
+        options.parse([item], ["verbs"])
+    key, value = item.removeprefix("verbs.").split("=")
+    assert str(exc.value) == f"-O: verbs option {key}={value!r}: {says}"
+    assert options.parse(["tc=255", "sl=15", "timeout=0"], ["verbs"])["verbs"] == {"tc": 255, "sl": 15, "timeout": 0}

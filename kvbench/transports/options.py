@@ -96,8 +96,9 @@ class StagedOptions(_Opts):
     inner: Literal["tcp", "ucx", "mpi"] = Field("tcp", description="two-sided host transport between the bounce "
                                                 "buffers (mpi: its sendrecv mode)")
     pipeline: OnOff = Field("on", description="off: each layer whole, gather then wire then scatter (the comparison)")
-    chunk_kib: int = Field(1024, ge=4, le=1 << 20, description="KiB per pipelined chunk")
-    slots: int = Field(2, ge=1, le=64, description="chunks in flight per peer and direction (2: double buffering)")
+    slot_mib: int = Field(4, ge=1, le=1024, description="MiB per slot: a layer moves in slot-sized chunks")
+    chunk_kib: int | None = Field(None, ge=4, le=1 << 20, description="KiB per slot instead (finer; beats slot_mib)")
+    slots: int = Field(3, ge=1, le=64, description="slots per peer and direction: chunks being copied or on the wire")
 
 
 class VerbsOptions(_Opts):
@@ -106,6 +107,18 @@ class VerbsOptions(_Opts):
     qps: int = Field(1, ge=1, le=64, description="RC queue pairs per peer")
     gid: int | None = Field(None, ge=0, le=65535, description="GID index (default: the port's RoCE v2 GID, "
                             "IPv4-mapped first; InfiniBand ports: 0)")
+    tc: int = Field(0, description="RoCE traffic class in the GRH, 0-255 (DSCP x 4)")
+    sl: int = Field(0, description="service level in the address handle, 0-15")
+    timeout: int = Field(20, description="ACK timeout, 0-31: 4.096 us x 2^N per retry (NCCL_IB_TIMEOUT's 20)")
+
+    @field_validator("tc", "sl", "timeout")
+    @classmethod
+    def _within(cls, v, info):  # the refusal names the range, not only the bound crossed
+        lo, hi, what = {"tc": (0, 255, "the RoCE traffic class"), "sl": (0, 15, "the service level"),
+                        "timeout": (0, 31, "the ACK timeout exponent")}[info.field_name]
+        if not lo <= v <= hi:
+            raise ValueError(f"{what} is {lo}-{hi}")
+        return v
 
 
 SCHEMAS: dict[str, type[_Opts]] = {

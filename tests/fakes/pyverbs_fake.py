@@ -10,9 +10,23 @@ A numpy "wire" joins the fake contexts: a posted RDMA WRITE or READ moves the by
 when it executes, in order per QP, and completes on the CQs.  It enforces the rules a real device does and
 kvbench depends on:
 
+* the QP's size, with mlx5's arithmetic for an RC send queue (rdma-core providers/mlx5/verbs.c): a WQE is
+  sq_overhead() + 16 bytes (a data segment) per ``max_send_sge``, rounded up to 64-byte basic blocks
+  (mlx5_calc_send_wqe); sq_overhead() for a QP made by plain ibv_create_qp (no send_ops_flags, so its default
+  RC ops, memory-window bind and local invalidate among them) is the largest of ctrl 16 + raddr 16, that plus
+  atomic 16, and ctrl 16 + UMR ctrl 48 + mkey context 64 + max(KLM 16, 64) = 192 bytes; the queue is
+  ``max_send_wr`` x WQE bytes rounded up to a power of two, and more basic blocks than ``max_send_wqebb`` (the
+  provider context's, which the kernel reports as the device's ``max_qp_wr``) fail with EINVAL
+  (mlx5_calc_sq_size), as do ``max_send_sge`` past the device's ``max_sge`` and ``max_recv_wr`` past
+  ``max_qp_wr``.  Not modelled: max_sq_desc_sz (a WQE's largest size), inline data, other providers;
 * queue depths: a post past the send queue's free entries fails with ENOMEM (an entry is free once a
   completion at or after it was polled), past ``max_recv_wr`` too; ``num_sge`` past the QP's or, for a READ,
   the device's limit fails with EINVAL; a CQ that gets more completions than its depth overruns (poll raises);
+* GPUDirect: bytes the NIC writes into device memory (a DmaBufMR's: a WRITE landing there, a READ's response
+  scattered there) become visible only once the same NIC reads that device memory (an RDMA READ it answers
+  from a DmaBufMR: PCIe keeps a read behind the writes before it), as NCCL's flush relies on; until then the
+  memory holds its old bytes, though the completion has come (a real GPU's window is short, here it is
+  unbounded, so a missing flush always shows);
 * signaling: ``sq_sig_all`` (pyverbs' default 1) or IBV_SEND_SIGNALED makes a completion;
 * QP state: each transition applies only its fields (qp.pyx's masks); INIT's access flags decide remote
   WRITE/READ into the QP; READ needs max_rd_atomic and the responder's max_dest_rd_atomic; RTR checks the
@@ -23,6 +37,8 @@ kvbench depends on:
 
 ``Wire.fault`` injects a lie: "wrong-block" lands the first WRITE's (or READ's) bytes one length further on;
 "early" completes WRITE_WITH_IMM and READs before their bytes land (they land at the next post).
+The QP records what its transitions set (``set``, and ``ah`` with the GRH's traffic class and the service
+level) and the MR its access flags, for the tests.
 """
 from __future__ import annotations
 
@@ -43,6 +59,10 @@ ACC_LOCAL_WRITE, ACC_REMOTE_WRITE, ACC_REMOTE_READ = 1, 2, 4
 WC_OK, WC_LOC_PROT, WC_FLUSH, WC_REM_INV_REQ, WC_REM_ACCESS, WC_RETRY_EXC, WC_RNR_RETRY_EXC = 0, 4, 5, 9, 10, 12, 13
 WC_RDMA_WRITE, WC_RDMA_READ, WC_RECV_RDMA_WITH_IMM, WC_WITH_IMM = 1, 2, 129, 2
 ENOMEM, EINVAL = 12, 22
+WQEBB, DATA_SEG = 64, 16  # MLX5_SEND_WQE_BB, sizeof(struct mlx5_wqe_data_seg)
+# _sq_overhead() of an RC QP with the default ops: the largest of RDMA (ctrl + raddr), atomic (+ atomic seg) and
+# memory-window bind (ctrl + UMR ctrl + mkey context + max(KLM, 64)): 192
+RC_OVERHEAD = max(16 + 16, 16 + 16 + 16, 16 + 48 + 64 + max(16, 64))
 ROCE_V1, ROCE_V2 = 0, 1  # IBV_GID_TYPE_SYSFS_*
 LINK_IB, LINK_ETH = 1, 2
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -115,6 +135,14 @@ def read_chain(wr) -> list[dict]:
     return out
 
 
+def sq_wqebbs(max_send_wr: int, max_send_sge: int) -> int:
+    """Basic blocks an mlx5 RC send queue takes (mlx5_calc_send_wqe, then mlx5_calc_sq_size's wqe_cnt)."""
+    if not max_send_wr:
+        return 0
+    wqe = -(-(RC_OVERHEAD + DATA_SEG * max_send_sge) // WQEBB) * WQEBB
+    return (1 << (max_send_wr * wqe - 1).bit_length()) // WQEBB  # roundup_pow_of_two(wr x wqe) / MLX5_SEND_WQE_BB
+
+
 def _err(msg: str, errno: int):
     from pyverbs.pyverbs_error import PyverbsRDMAError
 
@@ -122,13 +150,17 @@ def _err(msg: str, errno: int):
 
 
 class Device:
-    """One fake HCA with one port: its attributes (ibv_device_attr's names), LID, GID table, MTU."""
+    """One fake HCA with one port: its attributes (ibv_device_attr's names), LID, GID table, MTU, and the
+    provider's send-queue budget in basic blocks (``max_send_wqebb``: what query_device calls ``max_qp_wr``
+    unless a test makes them differ, as a provider with other arithmetic would)."""
 
-    def __init__(self, name: str, link: str = "roce", lid: int = 0, gids=None, active_mtu: int = 5, **attr):
+    def __init__(self, name: str, link: str = "roce", lid: int = 0, gids=None, active_mtu: int = 5,
+                 max_send_wqebb: int | None = None, **attr):
         self.name, self.link_layer, self.lid, self.active_mtu = name, LINK_IB if link == "ib" else LINK_ETH, lid, active_mtu
         self.gids = gids if gids is not None else []
         self.attr = types.SimpleNamespace(**{"max_qp_wr": 32768, "max_cqe": 4194303, "max_sge": 30, "max_sge_rd": 30,
                                              "max_qp_rd_atom": 16, "max_qp_init_rd_atom": 16, **attr})
+        self.max_send_wqebb = self.attr.max_qp_wr if max_send_wqebb is None else max_send_wqebb
 
 
 def roce_gids(host: int) -> list[tuple[str, int]]:
@@ -149,6 +181,8 @@ class Wire:
         self.keys, self.qpns = itertools.count(0x1000, 7), itertools.count(0x40)
         self.fault: str | None = None
         self.late: list = []  # "early": bytes that land after their completion
+        self.unflushed: list = []  # (device, view, bytes): written into device memory, not yet visible
+        self.flushes = 0  # READs answered from device memory, which made its earlier writes visible
         self.posted = 0  # post_send calls, for the tests
         self.on_poll = None  # ``on_poll(wire)`` runs before each CQ poll: another rank acting meanwhile
         self.notified = 0  # receive completions polled so far
@@ -189,6 +223,14 @@ class Wire:
         for view, data in self.late:
             view[:] = data
         self.late.clear()
+
+    def land_unflushed(self, dev: Device) -> None:
+        """``dev`` reads its device memory: what it wrote there before is visible now."""
+        self.flushes += 1
+        for d, view, data in self.unflushed:
+            if d is dev:
+                view[:] = data
+        self.unflushed = [u for u in self.unflushed if u[0] is not dev]
 
 
 _WIRE: list[Wire] = []
@@ -297,6 +339,7 @@ class MR:
     def _setup(self, pd, length, access, mem, iova):
         w = _wire()
         self.pd, self.length, self.access, self.mem, self.iova = pd, length, access, mem, iova
+        self.device = isinstance(self, DmaBufMR)  # device memory: the NIC's writes there wait for a flush
         self.lkey = next(w.keys)
         self.rkey = self.lkey
         w.mrs[self.lkey] = self
@@ -350,8 +393,8 @@ class QP:
         if not isinstance(creator, PD) or not isinstance(init_attr, QPInitAttr):
             raise TypeError("QP(PD, QPInitAttr, QPAttr)")
         w, dev, cap = _wire(), creator.ctx.dev, init_attr.cap
-        if cap.max_send_wr > dev.attr.max_qp_wr or cap.max_recv_wr > dev.attr.max_qp_wr \
-                or cap.max_send_sge > dev.attr.max_sge:
+        if cap.max_send_sge > dev.attr.max_sge or cap.max_recv_wr > dev.attr.max_qp_wr \
+                or sq_wqebbs(cap.max_send_wr, cap.max_send_sge) > dev.max_send_wqebb:
             raise _err("Failed to create QP", EINVAL)
         self.pd, self.dev, self.init = creator, dev, init_attr
         self.qp_num, self.state, self.set = next(w.qpns), QPS_RESET, {}
@@ -388,7 +431,8 @@ class QP:
         if not ok:
             raise _err("Failed to modify QP state to RTR", EINVAL)
         self._apply(qp_attr, QPS_RTR)
-        self.ah = {"dgid": ah.dgid, "sgid_index": ah.sgid_index, "dlid": ah.dlid, "is_global": ah.is_global}
+        self.ah = {"dgid": ah.dgid, "sgid_index": ah.sgid_index, "dlid": ah.dlid, "is_global": ah.is_global,
+                   "traffic_class": ah.traffic_class, "sl": ah.sl}
 
     def to_rts(self, qp_attr):
         if self.state != QPS_RTR:
@@ -449,13 +493,14 @@ class QP:
         w, t = _wire(), self._peer()
         nbytes = sum(n for _, n, _ in e["sges"])
         status = WC_RETRY_EXC if t is None else WC_OK
-        local = []
+        local, local_mrs = [], []
         for addr, n, lkey in e["sges"]:
             mr = w.mrs.get(lkey)
             v = mr.view(addr, n) if mr is not None and mr.pd is self.pd else None
             if v is None or (e["opcode"] == READ and not mr.access & ACC_LOCAL_WRITE):
                 status = status or WC_LOC_PROT
             local.append(v)
+            local_mrs.append(mr)
         if not status:
             rmr = w.mrs.get(e["rkey"])
             remote = rmr.view(e["raddr"], nbytes) if rmr is not None and rmr.pd is t.pd else None
@@ -482,14 +527,25 @@ class QP:
                     remote = rmr.view(e["raddr"] + shift, nbytes)
                     break
         late = w.fault == "early" and e["opcode"] in (WRITE_IMM, READ)
+
+        def land(view, data, mr):
+            if late:
+                w.late.append((view, data.copy()))
+            elif mr.device:
+                w.unflushed.append((mr.pd.ctx.dev, view, data.copy()))
+            else:
+                view[:] = data
+
         if e["opcode"] == READ:
+            if rmr.device:
+                w.land_unflushed(t.dev)
             data, at = np.array(remote), 0
-            for v in local:
-                (w.late.append((v, data[at: at + len(v)].copy())) if late else v.__setitem__(slice(None), data[at: at + len(v)]))
+            for v, mr in zip(local, local_mrs):
+                land(v, data[at: at + len(v)], mr)
                 at += len(v)
         else:
             data = np.concatenate(local) if local else np.zeros(0, np.uint8)
-            w.late.append((remote, data)) if late else remote.__setitem__(slice(None), data)
+            land(remote, data, rmr)
         if e["opcode"] == WRITE_IMM:
             t.rq.popleft()
             t.init.recv_cq.push(WC(wr_id=0, status=0, opcode=WC_RECV_RDMA_WITH_IMM, byte_len=nbytes,

@@ -11,7 +11,10 @@ from kvbench.transports.base import TransportError
 from .plan import IBV_LINK_LAYER_INFINIBAND, peermem, pick_gid
 
 SYSFS = "/sys/class/infiniband"
-RNR_TIMER, TIMEOUT, RETRIES, RD_ATOMIC, HOP_LIMIT = 12, 14, 7, 16, 64  # rdma-core's tests and NCCL use these
+RNR_TIMER, RETRIES, RD_ATOMIC, HOP_LIMIT = 12, 7, 16, 64  # rdma-core's tests and NCCL use these
+# ACK timeout 4.096 us x 2^20 per retry, NCCL_IB_TIMEOUT's default: a shorter one gives up on a congested fabric
+# (retries exceeded) where the packets were only late
+TIMEOUT = 20
 
 
 def gid_type(vctx, device: str, port: int, index: int) -> int:
@@ -60,32 +63,47 @@ def init_attr(port: int):
     return a
 
 
-def rts_attr(port: int, me: dict, peer: dict, qpn: int, my_psn: int, peer_psn: int, rd_atomic: int):
+def rts_attr(port: int, me: dict, peer: dict, qpn: int, my_psn: int, peer_psn: int, rd_atomic: int,
+             tc: int = 0, sl: int = 0, timeout: int = TIMEOUT):
     """INIT -> RTR -> RTS in one QPAttr (pyverbs' to_rts applies the RTR fields, then the RTS ones).
     RTR: the path MTU both ports carry, the peer's QP and PSN, READs it may have in flight at us, the RNR
-    timer, and its address (GID and GRH on RoCE, LID on InfiniBand).  RTS: our PSN, ACK timeout and retries,
-    and READs we may have in flight at it (``rd_atomic``, within what it accepts)."""
+    timer, and its address (GID and GRH on RoCE, LID on InfiniBand) with the service level ``sl`` and, in the
+    GRH, the traffic class ``tc`` (-O sl=, -O tc=: what a fabric's lossless class is selected by).  RTS: our
+    PSN, ACK timeout (-O timeout=) and retries, and READs we may have in flight at it (``rd_atomic``, within what
+    it accepts).  A QP connected to itself (the GPUDirect flush's) passes ``me`` as ``peer``."""
     from pyverbs.addr import GID, AHAttr, GlobalRoute
     from pyverbs.qp import QPAttr
 
     a = QPAttr(port_num=port, path_mtu=min(me["mtu"], peer["mtu"]))
     a.dest_qp_num, a.rq_psn, a.sq_psn = qpn, peer_psn, my_psn
     a.max_dest_rd_atomic, a.max_rd_atomic = me["rd_dest"], min(rd_atomic, peer["rd_dest"])
-    a.min_rnr_timer, a.timeout, a.retry_cnt, a.rnr_retry = RNR_TIMER, TIMEOUT, RETRIES, RETRIES
+    a.min_rnr_timer, a.timeout, a.retry_cnt, a.rnr_retry = RNR_TIMER, timeout, RETRIES, RETRIES
     if me["ib"]:
-        a.ah_attr = AHAttr(dlid=peer["lid"], port_num=port, is_global=0)
+        a.ah_attr = AHAttr(dlid=peer["lid"], port_num=port, is_global=0, sl=sl)
     else:
-        gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=me["gid_index"], hop_limit=HOP_LIMIT)
-        a.ah_attr = AHAttr(gr=gr, is_global=1, port_num=port)
+        gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=me["gid_index"], hop_limit=HOP_LIMIT, traffic_class=tc)
+        a.ah_attr = AHAttr(gr=gr, is_global=1, port_num=port, sl=sl)
     return a
 
 
+def relaxed_ordering() -> int:
+    """IBV_ACCESS_RELAXED_ORDERING, or 0 where this pyverbs predates it.  It is an optional access flag
+    (IBV_ACCESS_OPTIONAL_RANGE): libibverbs drops it where the kernel takes no optional flags and a driver that
+    cannot relax PCIe ordering ignores it, so it never costs the registration; it changes no completion
+    semantics (ibv_reg_mr(3)), and kvbench reads bytes only after a completion (and, on GPU, the flush)."""
+    from pyverbs import enums
+
+    return int(getattr(enums, "IBV_ACCESS_RELAXED_ORDERING", 0))
+
+
 def register(pd, pool, access, gpu: int = 0) -> tuple[object, str, int]:
-    """(MR, what kind, the address of the pool's first byte in the MR's address space)."""
+    """(MR, what kind, the address of the pool's first byte in the MR's address space).  Device memory asks for
+    relaxed ordering, as NCCL's GPU MRs do: the NIC's writes into GPU memory need not keep PCIe order."""
     from pyverbs.mr import MR
 
     if pool.kind != "cuda":
         return MR(pd, pool.nbytes, access, address=pool.addr), "host MR", pool.addr
+    access |= relaxed_ordering()
     got = dmabuf_fd(pool.addr, pool.nbytes, gpu)
     if got is not None:
         from pyverbs.mr import DmaBufMR

@@ -1,5 +1,7 @@
 """verbs' pure logic: work requests from descriptor arrays, how they spread over QPs and which are signaled,
-queue depths, the immediate data, the GID to use.  No pyverbs here: tests/test_verbs.py runs all of it."""
+queue depths, the immediate data, the GID to use.  No pyverbs here: tests/test_verbs.py runs all of it.
+
+Queue depths stay within the provider's work-queue budget (mlx5's arithmetic: wqe_bytes, sq_fit)."""
 from __future__ import annotations
 
 import struct
@@ -12,7 +14,14 @@ IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ = 0, 1, 4  # enu
 IBV_SEND_SIGNALED = 2  # enum ibv_send_flags
 IBV_LINK_LAYER_INFINIBAND = 1  # enum ibv_port_attr.link_layer (0: unspecified, IB too)
 GID_ROCE_V2 = 1  # ibv_query_gid_type's IBV_GID_TYPE_SYSFS_ROCE_V2; sysfs writes it "RoCE v2"
-SQ_DEPTH, RQ_DEPTH, MAX_SEND_SGE = 4096, 1024, 30
+SQ_DEPTH, RQ_DEPTH, SQ_FLOOR = 4096, 1024, 64  # SQ_FLOOR: the smallest send queue a refused QP is retried with
+# 4 SGEs: a WRITE gathers up to four source ranges into one destination run, and its WQE stays four 64-byte basic
+# blocks (wqe_bytes), so a send queue of SQ_DEPTH fits in half of mlx5's budget (NCCL asks for 1)
+MAX_SEND_SGE = 4
+WQEBB = 64  # mlx5's send basic block (MLX5_SEND_WQE_BB): the unit of its work-queue budget
+# mlx5's sq_overhead() for an RC QP made by plain ibv_create_qp: its default send ops include memory-window bind,
+# whose ctrl (16) + UMR ctrl (48) + mkey context (64) + 64 outweigh ctrl + raddr + atomic (48)
+RC_WQE_OVERHEAD = 192
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
 
@@ -75,13 +84,29 @@ def segments(n: int, every: int) -> list[tuple[int, int]]:
     return list(zip(cut[:-1], cut[1:])) if n else []
 
 
-def depths(max_qp_wr: int, max_cqe: int, nqps: int) -> dict[str, int]:
+def wqe_bytes(max_send_sge: int) -> int:
+    """An RC send WQE's size as mlx5 lays it out (rdma-core providers/mlx5/verbs.c, mlx5_calc_send_wqe): the
+    transport's overhead plus a 16-byte data segment per SGE, in whole basic blocks."""
+    return -(-(RC_WQE_OVERHEAD + 16 * max_send_sge) // WQEBB) * WQEBB
+
+
+def sq_fit(max_qp_wr: int, max_send_sge: int) -> int:
+    """The most work requests a send queue may ask for: mlx5 rounds ``max_send_wr`` x WQE bytes up to a power of
+    two and refuses more basic blocks than ``max_qp_wr`` (which it counts in blocks, not WQEs; mlx5_calc_sq_size),
+    so the queue's bytes stay within the largest power of two of blocks at most ``max_qp_wr``."""
+    budget = 1 << (max(1, max_qp_wr).bit_length() - 1)
+    return max(1, budget * WQEBB // wqe_bytes(max_send_sge))
+
+
+def depths(max_qp_wr: int, max_cqe: int, nqps: int, send_sge: int = MAX_SEND_SGE,
+           sq_limit: int = SQ_DEPTH) -> dict[str, int]:
     """Queue depths: a send queue of ``sq`` entries per QP, a signaled request every ``every``, a send CQ that
     holds a completion for every send-queue entry of every QP (a completion is only ever outstanding while its
     request holds an entry), a receive CQ that holds one for every posted receive; all within the device's
-    limits."""
+    limits, the send queue within the provider's budget for WQEs of ``send_sge`` SGEs (sq_fit) and
+    ``sq_limit`` (what a refused QP was retried with)."""
     nqps = max(1, nqps)
-    sq = max(1, min(max_qp_wr, SQ_DEPTH, max_cqe // nqps))
+    sq = max(1, min(sq_fit(max_qp_wr, send_sge), sq_limit, SQ_DEPTH, max_cqe // nqps))
     rq = max(1, min(max_qp_wr, RQ_DEPTH, max_cqe // nqps))
     return {"sq": sq, "rq": rq, "every": max(1, sq // 4), "scq": sq * nqps, "rcq": rq * nqps}
 

@@ -1,15 +1,26 @@
 """staged: device -> bounce buffer (gather) -> an inner host transport -> bounce buffer -> device (scatter).
 
-The host-staged fallback for GPU pairs without peer-to-peer or GPUDirect.  A layer is cut into chunks of
-``chunk_kib``; per peer and direction a ring of ``slots`` chunk-sized slots in one bounce buffer (page-locked
-beside a GPU; plain page-aligned memory on CPU tensors: nothing page-locks without CUDA), registered once by the
-inner transport.  Pipelined (default): the source gathers chunk k+1 while chunk k is on the wire, the destination
-scatters chunk k while chunk k+1 lands; ``-O pipeline=off`` moves each layer whole, one stage after the other.
+The host-staged fallback for GPU pairs without peer-to-peer or GPUDirect.  A layer is cut into chunks of one
+slot (``slot_mib``; ``chunk_kib`` for a finer size); per peer and direction a ring of ``slots`` slots in one
+bounce buffer (page-locked beside a GPU; plain page-aligned memory on CPU tensors: nothing page-locks without
+CUDA), registered once by the inner transport.
+
+Pipelined (default), per peer and direction two threads run beside each other: at the source a gather thread
+fills free slots and a wire thread sends the filled ones; at the destination a wire thread receives into free
+slots and a scatter thread empties the landed ones.  Copying and the wire wait for each other only for a slot.
+On a GPU a copy into or out of a slot is queued on its thread's stream between the slot's two events, and the
+thread that takes the slot next waits for that event, never for the stream: the copying thread goes on with
+the next slot meanwhile.  ``-O pipeline=off`` makes a ring one slot as large as the pool: each layer moves
+whole, one stage after the other.
 
 Both ends number a peer's chunks alike (the harness handles a peer's layers in one order): chunk n uses slot
-n % slots on both.  A source reuses a slot once its send is complete; a destination gives a slot back (its next
-receive) only after scattering it, so the inner transport must be two-sided (tcp, ucx, mpi in sendrecv mode): a
-one-sided write could land in a slot still being scattered.  Rows carry gather_s, wire_s and scatter_s.
+n % slots on both.  A source reuses a slot once its send is complete; a destination posts a slot's next receive
+only after its scatter has read it, so the inner transport must be two-sided (tcp, ucx, mpi in sendrecv mode): a
+one-sided write could land in a slot still being scattered.
+
+Rows carry gather_s, wire_s and scatter_s, each counted by the threads that run it, so stages that overlap add
+up to more than the transfer: a copy on the host counts its thread's time, a copy on a GPU the device time
+between its slot's events.
 """
 from __future__ import annotations
 
@@ -21,13 +32,62 @@ import time
 import numpy as np
 
 from kvbench.memory import copy as C
+from kvbench.memory import driver
 from kvbench.transports import load
 
 from ..memory import device
 from .base import Caps, Context, Transport, TransportError, Unavailable, check_descs
-from .staging import _Job, _tag, _tensor, bounce_buffer, split
+from .staging import _Job, _tag, _tensor, bounce_buffer, pieces
 
 INNER = {"tcp": {}, "ucx": {}, "mpi": {"mode": "sendrecv"}}  # two-sided host transports and the options they need
+EMPTY = object()  # _take: nothing queued (a non-blocking take); None: the queue is closed
+
+
+class _Slot:
+    """A slot of a ring: its part of the bounce buffer and, on a GPU, the events around the copy that last filled
+    or emptied it (``busy`` until a thread has waited for them and counted their time)."""
+
+    __slots__ = ("off", "view", "start", "end", "busy", "rows")
+
+    def __init__(self, off: int, view):
+        self.off, self.view = off, view
+        self.start = self.end = None
+        self.busy = False
+        self.rows: dict[int, np.ndarray] = {}  # payload bytes -> the inner transport's one-row array, made once
+
+
+class _Ring:
+    """One peer and direction: its slots, the free ones, and the full ones (filled at a source, landed at a
+    destination) handed from one thread to the other in order; ``stage`` names its copies."""
+
+    def __init__(self, slots: list[_Slot], src: int, dst: int, stage: str):
+        self.slots, self.src, self.dst = slots, src, dst  # src, dst: the ring's offsets at the sending, receiving end
+        self.stage = stage
+        self.lock = threading.Lock()  # one thread at a time waits for the ring's events: each is counted once
+        self.free: queue.SimpleQueue = queue.SimpleQueue()
+        self.full: queue.SimpleQueue = queue.SimpleQueue()
+        for s in slots:
+            self.free.put(s)
+
+    def wire(self, slot: _Slot, n: int) -> np.ndarray:
+        """The inner transport's descriptors for ``n`` bytes of ``slot``: the same array every time, so that its
+        per-array caches hit."""
+        rows = slot.rows.get(n)
+        if rows is None:
+            rows = slot.rows[n] = np.array([[self.src + slot.off, self.dst + slot.off, n]], dtype=np.int64)
+        return rows
+
+
+def _take(q: queue.SimpleQueue, block: bool = True):
+    """The next item of ``q``; EMPTY when none is there and ``block`` is False; None once the queue is closed
+    (left there for whoever takes next)."""
+    try:
+        item = q.get(block=block)
+    except queue.Empty:
+        return EMPTY
+    if item is None:
+        q.put(None)
+    return item
 
 
 class StagedTransport(Transport):
@@ -43,8 +103,9 @@ class StagedTransport(Transport):
             raise TransportError(f"staged: inner '{self.inner_name}' is not one of {', '.join(INNER)} (two-sided "
                                  "host transports: a one-sided write would land in a slot still being scattered)")
         self.pipeline = o.get("pipeline", "on") == "on"
-        self.chunk = int(o.get("chunk_kib", 1024)) << 10
-        self.slots = int(o.get("slots", 2)) if self.pipeline else 1
+        kib = o.get("chunk_kib")
+        self.chunk = int(kib) << 10 if kib is not None else int(o.get("slot_mib", 4)) << 20
+        self.slots = int(o.get("slots", 3)) if self.pipeline else 1
         self.engine = ctx.copy
         try:
             cls = load(self.inner_name)
@@ -57,8 +118,10 @@ class StagedTransport(Transport):
         self.error: Exception | None = None
         self.live: set[_Job] = set()  # posted and not yet waited for: failed at once when a thread fails
         self.threads: list[threading.Thread] = []
-        self.queues: dict[tuple[int, str], queue.SimpleQueue] = {}
+        self.queues: dict[tuple[int, str], queue.SimpleQueue] = {}  # (peer, "src" | "dst") -> its jobs, in order
+        self.rings: dict[tuple[int, str], _Ring] = {}
         self.bounce = None
+        self.gpu: int | None = None
 
     @classmethod
     def probe(cls) -> str | None:
@@ -73,10 +136,12 @@ class StagedTransport(Transport):
 
     def register(self, pool) -> bytes:
         self.pool, self.dev = pool, device.buf(pool)
-        # pipeline off: a layer moves whole, so a ring is one slot as large as the pool (a layer fits in it)
-        self.per = self.slots * self.chunk if self.pipeline else pool.nbytes
-        if not self.pipeline:
-            self.chunk = self.per
+        self.gpu = C._dev(self.dev)  # None: host bytes, whose copies are done when the call returns
+        if self.engine == C.AUTO:
+            self.engine = C.default(self.name, pool.kind)[0]
+        if not self.pipeline:  # a layer moves whole: a ring is one slot as large as the pool (a layer fits in it)
+            self.chunk = pool.nbytes
+        self.per = self.slots * self.chunk
         nbytes = 2 * self.per * max(1, self.ctx.world_size - 1)
         self.bounce, self._keep = bounce_buffer(self.inner, nbytes, pool.kind, self.ctx.pages)
         self.btensor = _tensor(self.bounce.array)
@@ -84,10 +149,17 @@ class StagedTransport(Transport):
 
     def connect(self, peers: dict[int, bytes]) -> None:
         self.inner.connect(peers)
+        me = self.ctx.rank
         for p in peers:
-            for role, target in (("src", self._src_loop), ("dst", self._dst_loop)):
+            for role, (src, dst) in (("src", (self._ring(me, p, True), self._ring(p, me, False))),
+                                     ("dst", (self._ring(p, me, True), self._ring(me, p, False)))):
+                here = src if role == "src" else dst
+                slots = [_Slot(k * self.chunk, self.btensor[here + k * self.chunk:here + (k + 1) * self.chunk])
+                         for k in range(self.slots)]
+                self.rings[(p, role)] = _Ring(slots, src, dst, "gather" if role == "src" else "scatter")
                 self.queues[(p, role)] = queue.SimpleQueue()
-                self._start(target, p)
+            for fn in (self._gather_loop, self._send_loop, self._recv_loop, self._scatter_loop):
+                self._start(fn, p)
 
     def ready(self) -> None:
         self.inner.ready()
@@ -103,7 +175,9 @@ class StagedTransport(Transport):
             raise TransportError(f"staged: {self.error}")
         big = 1 << 62  # the peer's side is checked there
         check_descs(descs, self.pool.nbytes if source else big, big if source else self.pool.nbytes)
-        job = _Job(op, peer, split(descs, self.chunk), tag)
+        # the harness reuses a request's arrays every iteration: each chunk's copy is made once per array
+        chunks = C.prepared(descs, ("staged", source, self.chunk), lambda: pieces(descs, self.chunk, source))
+        job = _Job(op, peer, chunks, tag)
         self.live.add(job)
         return job
 
@@ -140,13 +214,58 @@ class StagedTransport(Transport):
             self.stats.clear()
         return out
 
-    # ----- threads ------------------------------------------------------------------------
+    # ----- copies between the pool and a slot ----------------------------------------------
     def _add(self, stage: str, since: float) -> float:
         now = time.perf_counter()
         with self.lock:
             self.stats[stage] += now - since
         return now
 
+    def _bind(self, copies: bool) -> None:
+        """A thread's first step on a GPU: bind the device's context (a fresh thread has none) and, where it copies,
+        make its stream, before any work is handed to it."""
+        if self.gpu is not None and copies:
+            C._stream(None, self.gpu)
+        elif self.gpu is not None:
+            driver.ensure_context(self.gpu)
+
+    def _fill(self, ring: _Ring, slot: _Slot, descs: np.ndarray) -> None:
+        """Copy one chunk between the pool and ``slot`` (into it at a source, out of it at a destination).  Host
+        bytes: done on return, this thread's time counts.  A GPU: queued on this thread's stream between the slot's
+        events, whose device time counts once a thread has waited for them (_await_copy)."""
+        dst, src = (slot.view, self.dev) if ring.stage == "gather" else (self.dev, slot.view)
+        if self.gpu is None:
+            t = time.perf_counter()
+            C.copy(self.engine, dst, src, descs)
+            self._add(ring.stage, t)
+            return
+        handle = C._stream(None, self.gpu)
+        if slot.end is None:
+            slot.start, slot.end = driver.event(self.gpu), driver.event(self.gpu)
+        driver.record(slot.start, handle)
+        C.copy(self.engine, dst, src, descs, device=self.gpu)
+        driver.record(slot.end, handle)
+        slot.busy = True
+
+    def _await_copy(self, ring: _Ring, slot: _Slot) -> None:
+        """Wait for the copy that last filled or emptied ``slot`` (its event, not the stream) and count its time."""
+        with ring.lock:  # a destination's wire thread and its scatter thread (at a layer's end) both settle
+            if not slot.busy:
+                return
+            driver.event_synchronize(slot.end)
+            took = driver.elapsed(slot.start, slot.end)
+            slot.busy = False
+        with self.lock:
+            self.stats[ring.stage] += took
+
+    def _copy(self, descs: np.ndarray, to_bounce: bool) -> None:
+        """One copy between the pool and the whole bounce buffer, complete on return (offsets in the buffer): off
+        the pipeline's path; tests/test_cuda_driver.py holds it to the driver's rules from a fresh thread."""
+        dst, src = (self.btensor, self.dev) if to_bounce else (self.dev, self.btensor)
+        C.copy(self.engine, dst, src, np.ascontiguousarray(descs))
+        C.sync(dst, src)
+
+    # ----- threads ------------------------------------------------------------------------
     def _guard(self, fn, peer: int) -> None:
         try:
             fn(peer)
@@ -155,97 +274,126 @@ class StagedTransport(Transport):
             for job in list(self.live):
                 job.error = job.error or exc
                 job.done.set()
-            for q in self.queues.values():
-                q.put(None)
+            self._close_queues()
 
-    def _copy(self, descs: np.ndarray, to_bounce: bool) -> None:
-        dst, src = (self.btensor, self.dev) if to_bounce else (self.dev, self.btensor)
-        C.copy(self.engine, dst, src, np.ascontiguousarray(descs))
-        C.sync(dst, src)
+    def _close_queues(self) -> None:
+        for q in self.queues.values():
+            q.put(None)
+        for ring in self.rings.values():
+            ring.free.put(None)
+            ring.full.put(None)
 
-    def _src_loop(self, peer: int) -> None:
-        """Gather chunk n into slot n % slots once that slot's previous send is complete, and post it; the wire
-        (the kernel's socket buffers, the inner transport's threads) carries chunk n while chunk n+1 is gathered.
-        One thread: a hand-off between threads per chunk cost more than a chunk's copy on a busy 2-core VM."""
-        base, there = self._ring(self.ctx.rank, peer, True), self._ring(peer, self.ctx.rank, False)
-        window, n = collections.deque(), 0
+    def _gather_loop(self, peer: int) -> None:
+        """Source: copy each layer's chunks, in order, into the free slots and hand them to the wire thread."""
+        ring = self.rings[(peer, "src")]
+        self._bind(True)
         while True:
-            job = self._next((peer, "src"), block=not window)
-            if job is None and window:  # nothing new to gather: finish the oldest send
-                self._retire(window)
-                continue
+            job = _take(self.queues[(peer, "src")])
             if job is None:
                 return self._fail_pending()
-            for i, ch in enumerate(job.chunks):
-                if len(window) == self.slots:
-                    self._retire(window)
-                off = (n % self.slots) * self.chunk
-                n += 1
-                t = time.perf_counter()
-                self._copy(np.stack([ch[:, 0], base + off + ch[:, 3], ch[:, 2]], axis=1), True)
-                t = self._add("gather", t)
-                d = np.array([[base + off, there + off, int(ch[:, 2].sum())]], dtype=np.int64)
-                if job.op == "push":
-                    h = self.inner.post("push", peer, d, _tag(job.tag, i))  # tcp: the bytes go out in this call
-                else:
-                    h = self.inner.serve("pull", peer, d, _tag(job.tag, i))
-                    self.inner.answer(h)
-                self._add("wire", t)
-                window.append((job, i, h))
             if not job.chunks:
                 job.done.set()
+                continue
+            for i, (descs, n) in enumerate(job.chunks):
+                slot = _take(ring.free)
+                if slot is None:
+                    return None
+                self._fill(ring, slot, descs)
+                ring.full.put((job, i, slot, n))
 
-    def _retire(self, window) -> None:
-        """The oldest send of a source's window is complete: its slot is free (and its layer, if last, done)."""
-        job, i, h = window.popleft()
+    def _send_loop(self, peer: int) -> None:
+        """Source: send the filled slots in order, at most slots - 1 in flight (a slot stays free for the gather); a
+        slot whose send is complete goes back to the gather thread, and a layer is done when its last chunk's is."""
+        ring = self.rings[(peer, "src")]
+        self._bind(False)
+        window: collections.deque = collections.deque()
+        while True:
+            item = _take(ring.full, block=not window)
+            if item is EMPTY:  # nothing gathered yet: finish the oldest send, which frees a slot for the gather
+                self._retire(ring, window)
+                continue
+            if item is None:
+                return None
+            job, i, slot, n = item
+            while len(window) > max(0, self.slots - 2):  # a slot stays free for the next gather while this is sent
+                self._retire(ring, window)
+            self._await_copy(ring, slot)  # the chunk is in the slot (a GPU's copy: its event)
+            t = time.perf_counter()
+            if job.op == "push":
+                h = self.inner.post("push", peer, ring.wire(slot, n), _tag(job.tag, i))  # tcp: the bytes go out here
+            else:
+                h = self.inner.serve("pull", peer, ring.wire(slot, n), _tag(job.tag, i))
+                self.inner.answer(h)
+            self._add("wire", t)
+            window.append((job, i, slot, h))
+
+    def _retire(self, ring: _Ring, window: collections.deque) -> None:
+        job, i, slot, h = window.popleft()
         t = time.perf_counter()
         self.inner.wait(h)
         self._add("wire", t)
+        ring.free.put(slot)
         if i == len(job.chunks) - 1:
             job.done.set()
 
-    def _dst_loop(self, peer: int) -> None:
-        """Keep ``slots`` receives out; as the oldest lands, scatter it and give its slot back."""
-        here, there = self._ring(self.ctx.rank, peer, False), self._ring(peer, self.ctx.rank, True)
-        window, pending, n = collections.deque(), collections.deque(), 0
+    def _recv_loop(self, peer: int) -> None:
+        """Destination: keep a receive posted in every free slot, chunks in order; hand each landed slot to the
+        scatter thread."""
+        ring, jobs = self.rings[(peer, "dst")], self.queues[(peer, "dst")]
+        self._bind(False)
+        window: collections.deque = collections.deque()
+        pending: collections.deque = collections.deque()
         while True:
-            while len(window) < self.slots:
+            while True:  # post every receive that has a free slot, without waiting while one is out
                 if not pending:
-                    job = self._next((peer, "dst"), block=not window)
-                    if job is None:
-                        if not window:
-                            return self._fail_pending()
+                    job = _take(jobs, block=not window)
+                    if job is EMPTY:
                         break
+                    if job is None:
+                        return self._fail_pending()
                     if not job.chunks:
                         job.done.set()
                         continue
                     pending.extend((job, i) for i in range(len(job.chunks)))
+                slot = _take(ring.free, block=not window)
+                if slot is EMPTY:
+                    break
+                if slot is None:
+                    return None
+                self._await_copy(ring, slot)  # its last scatter has read it before new bytes land there
                 job, i = pending.popleft()
-                off = (n % self.slots) * self.chunk
-                n += 1
-                ch = job.chunks[i]
-                d = np.array([[there + off, here + off, int(ch[:, 2].sum())]], dtype=np.int64)
-                op = "push" if job.op == "push" else "pull"
-                h = (self.inner.serve if op == "push" else self.inner.post)(op, peer, d, _tag(job.tag, i))
-                window.append((job, i, off, h))
-            job, i, off, h = window.popleft()
+                d = ring.wire(slot, job.chunks[i][1])
+                t = time.perf_counter()
+                if job.op == "push":
+                    h = self.inner.serve("push", peer, d, _tag(job.tag, i))
+                else:
+                    h = self.inner.post("pull", peer, d, _tag(job.tag, i))
+                self._add("wire", t)
+                window.append((job, i, slot, h))
+            job, i, slot, h = window.popleft()
             t = time.perf_counter()  # wire: the time this thread waits for bytes (not the time they are in flight)
             self.inner.wait(h)
-            t = self._add("wire", t)
-            ch = job.chunks[i]
-            self._copy(np.stack([here + off + ch[:, 3], ch[:, 1], ch[:, 2]], axis=1), False)
-            job.at = self._add("scatter", t)
-            if i == len(job.chunks) - 1:
-                job.done.set()
+            self._add("wire", t)
+            ring.full.put((job, i, slot))
 
-    def _next(self, key, block: bool = True):
-        try:
-            item = self.queues[key].get(block=block)
-        except queue.Empty:
-            return None
-        if item is None:
-            self.queues[key].put(None)  # every loop of this key sees the end
-        return item
+    def _scatter_loop(self, peer: int) -> None:
+        """Destination: copy each landed slot into the pool and give it back to the wire thread; a layer is done
+        when its last chunk's copy is (a GPU's stream runs them in order)."""
+        ring = self.rings[(peer, "dst")]
+        self._bind(True)
+        while True:
+            item = _take(ring.full)
+            if item is None:
+                return None
+            job, i, slot = item
+            self._fill(ring, slot, job.chunks[i][0])
+            if i == len(job.chunks) - 1:
+                self._await_copy(ring, slot)
+                for s in ring.slots:  # complete with the last (one stream): counted in this layer's iteration
+                    self._await_copy(ring, s)
+                job.at = time.perf_counter()
+                job.done.set()
+            ring.free.put(slot)
 
     def _fail_pending(self) -> None:
         """After an error or close: jobs still queued fail instead of leaving their waiters hanging."""
@@ -263,15 +411,22 @@ class StagedTransport(Transport):
     def info(self) -> dict:
         kind = "page-locked" if self.bounce is not None and self.bounce.kind == "pinned" else \
             "pageable (page-locking needs CUDA)"
-        return {"inner": self.inner_name, "pipeline": "on" if self.pipeline else "off", "chunk_bytes": self.chunk,
+        return {"inner": self.inner_name, "pipeline": "on" if self.pipeline else "off", "slot_bytes": self.chunk,
                 "slots": self.slots, "copy": self.engine, "bounce": kind, "inner_info": self.inner.info()}
 
     def close(self) -> None:
-        for q in self.queues.values():
-            q.put(None)
+        self._close_queues()
         for th in self.threads:
             th.join(timeout=5)
         self.inner.close()
         if self.bounce is not None:
             self.bounce.release()
             self.bounce = None
+        if self.gpu is not None:
+            driver.ensure_context(self.gpu)  # the closing thread may never have made a driver call
+            for ring in self.rings.values():
+                for s in ring.slots:
+                    for ev in (s.start, s.end):
+                        if ev is not None:
+                            driver.destroy(ev)
+                    s.start = s.end = None

@@ -1,4 +1,5 @@
-"""staged's pure parts: a layer cut into chunks, the jobs its threads pass along, the inner transport's tags."""
+"""staged's pure parts: a layer cut into chunks, each chunk's copy to or from its slot, the jobs its threads pass
+along, the inner transport's tags."""
 from __future__ import annotations
 
 import threading
@@ -12,7 +13,7 @@ from .base import DST, LEN, SRC
 
 
 def split(descs: np.ndarray, chunk: int) -> list[np.ndarray]:
-    """A layer's descriptors cut at every ``chunk`` bytes of payload: per chunk, (src, offset in chunk, len)."""
+    """A layer's descriptors cut at every ``chunk`` bytes of payload: per chunk, (src, dst, len, offset in chunk)."""
     if not len(descs):
         return []
     ends = np.cumsum(descs[:, LEN])
@@ -24,6 +25,17 @@ def split(descs: np.ndarray, chunk: int) -> list[np.ndarray]:
     pieces = np.stack([descs[which, SRC] + within, descs[which, DST] + within, lens, cuts % chunk], axis=1)
     bounds = np.searchsorted(cuts, np.arange(chunk, total, chunk))
     return np.split(pieces, bounds)
+
+
+def pieces(descs: np.ndarray, chunk: int, gather: bool) -> list[tuple[np.ndarray, int]]:
+    """Per chunk of a layer: its copy between the pool and a slot, as int64 (n, 3) rows in C order (pool -> slot
+    when ``gather``, else slot -> pool; slot offsets count from the slot's start, so one array serves every
+    slot), and its payload bytes.  Made once per descriptor array (staged caches it with copy.prepared)."""
+    out = []
+    for ch in split(descs, chunk):
+        cols = (ch[:, 0], ch[:, 3], ch[:, 2]) if gather else (ch[:, 3], ch[:, 1], ch[:, 2])
+        out.append((np.ascontiguousarray(np.stack(cols, axis=1)), int(ch[:, 2].sum())))
+    return out
 
 
 class _Job:

@@ -102,7 +102,7 @@ def test_poison_and_epoch_writes_take_the_word_path_without_waiting():
 
 
 def test_unaligned_ranges_fall_back_to_the_byte_path_with_the_same_count():
-    src, dst = _pool(1 << 16, 1), _pool(1 << 16, 0)
+    dst = _pool(1 << 16, 0)
     descs = np.array([[1, 40001, 333], [8192, 30000, 1000]], np.int64)
     device.poison(dst.tensor, descs, 1, 2)
     assert int(device.count_now(dst.tensor, descs, 1, 1, 2)) == 1333

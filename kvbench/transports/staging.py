@@ -2,6 +2,7 @@
 along, the inner transport's tags."""
 from __future__ import annotations
 
+import queue
 import threading
 
 import numpy as np
@@ -10,6 +11,8 @@ from kvbench.model.layout import Pool
 
 from .. import memory
 from .base import DST, LEN, SRC
+
+EMPTY = object()  # _take: nothing queued (a non-blocking take); None: the queue is closed
 
 
 def split(descs: np.ndarray, chunk: int) -> list[np.ndarray]:
@@ -69,3 +72,50 @@ def bounce_buffer(inner, nbytes: int, kind: str, pages: str):
         t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)  # page-locked: the GPU's DMA reads it directly
         return Pool(t.numpy(), "pinned"), t
     return Pool(memory.alloc_host(nbytes, pages=pages)), None
+
+
+class _Slot:
+    """A slot of a ring: its part of the bounce buffer and, on a GPU, the events around the copy that last filled
+    or emptied it (``busy`` until a thread has waited for them and counted their time)."""
+
+    __slots__ = ("off", "view", "start", "end", "busy", "rows")
+
+    def __init__(self, off: int, view):
+        self.off, self.view = off, view
+        self.start = self.end = None
+        self.busy = False
+        self.rows: dict[int, np.ndarray] = {}  # payload bytes -> the inner transport's one-row array, made once
+
+
+class _Ring:
+    """One peer and direction: its slots, the free ones, and the full ones (filled at a source, landed at a
+    destination) handed from one thread to the other in order; ``stage`` names its copies."""
+
+    def __init__(self, slots: list[_Slot], src: int, dst: int, stage: str):
+        self.slots, self.src, self.dst = slots, src, dst  # src, dst: the ring's offsets at the sending, receiving end
+        self.stage = stage
+        self.lock = threading.Lock()  # one thread at a time waits for the ring's events: each is counted once
+        self.free: queue.SimpleQueue = queue.SimpleQueue()
+        self.full: queue.SimpleQueue = queue.SimpleQueue()
+        for s in slots:
+            self.free.put(s)
+
+    def wire(self, slot: _Slot, n: int) -> np.ndarray:
+        """The inner transport's descriptors for ``n`` bytes of ``slot``: the same array every time, so that its
+        per-array caches hit."""
+        rows = slot.rows.get(n)
+        if rows is None:
+            rows = slot.rows[n] = np.array([[self.src + slot.off, self.dst + slot.off, n]], dtype=np.int64)
+        return rows
+
+
+def _take(q: queue.SimpleQueue, block: bool = True):
+    """The next item of ``q``; EMPTY when none is there and ``block`` is False; None once the queue is closed
+    (left there for whoever takes next)."""
+    try:
+        item = q.get(block=block)
+    except queue.Empty:
+        return EMPTY
+    if item is None:
+        q.put(None)
+    return item

@@ -299,8 +299,8 @@ def test_pinned_pools_page_lock_their_own_mapping_and_unlock_it_on_release(monke
 
 def test_copy_auto_resolves_per_case_and_the_preamble_says_why():
     """--copy auto (the default): the case's engine follows the pair of memories its transport copies between."""
-    from kvbench.cli.run import copy_lines
     from kvbench.config import suite as S
+    from kvbench.memory.copy import preamble_lines as copy_lines
 
     s = S.validate({"name": "t", "axes": {"transport": ["cuda_ipc", "staged", "tcp"], "memory": ["cuda", "host"]}})
     got = {(c["transport"], c["memory"]): c["copy"] for c in S.expand(s)}

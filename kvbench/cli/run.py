@@ -17,7 +17,7 @@ from kvbench.job import cleanup, comm, faults, reaper
 from kvbench.job import status as ST
 from kvbench.job.guard import GUARD, describe, env_rank
 from kvbench.memory.cachestate import SAYS
-from kvbench.memory.copy import default as copy_default
+from kvbench.memory.copy import preamble_lines as copy_lines
 from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
@@ -83,13 +83,6 @@ def preamble(c, suite, argv, hosts) -> list[str]:
            f"interval is within it or {suite.ci_budget:g} s are spent)" if suite.target_ci else ""),
     ] + copy_lines(suite)
 
-
-def copy_lines(suite) -> list[str]:
-    """Where --copy auto chose an engine for device pools: which, for which transport, and why."""
-    if "auto" not in suite.axes.copy:
-        return []
-    seen = {(t, m) for t in suite.axes.transport for m in suite.axes.memory if m == "cuda"}
-    return [f"# copy auto: {t} on {m} pools -> {e} ({why})" for t, m in sorted(seen) for e, why in [copy_default(t, m)]]
 
 
 # the preamble's word for each check level; the footer says what the check cost

@@ -5,15 +5,12 @@ Device time is the time of the stream that carries the work.  The copy engines q
 stream (copy.copy), so their rows are timed by two events recorded on that stream (copy.Timer); torch's own ops
 (the reference ``copy_``, the fill, host<->device ``copy_``) run on torch's current stream, the default one, and
 are timed by torch events there; the check is timed by the host clock after the streams it reads behind are
-waited for.  Two non-NULL streams never order each other, so an event on one times nothing of the other's work;
-torch's default stream and the copy stream (a blocking stream) are ordered, which is why no step moves torch to
-a stream of its own.  Every check reads after the copy stream is synchronised (copy.sync), in place
+waited for.  No step moves torch to a stream of its own: the copy stream (blocking) is ordered with its default one.
+Every check reads after the copy stream is synchronised (copy.sync), in place
 (device.count_now), its destination poisoned first, so an engine that copies nothing fails.  Each row names its
 clock; times are medians of ``repeats`` samples.  On the CPU rehearsal host work is done when its call returns
-(the host clock), and the engines' CUDA paths run through the fake driver: there the timer must read exactly
-the fake's model of the copies it brackets and a read before the sync must see the poison (no rate: a fake
-has none).
-"""
+(the host clock); the engines' CUDA paths run through the fake driver, where the timer must read the fake's model
+of the copies it brackets and a read before the sync must see the poison (no rate: a fake has none)."""
 from __future__ import annotations
 
 import importlib.util

@@ -96,6 +96,14 @@ def default(transport: str, memory: str) -> tuple[str, str]:
     return "batch", "host bytes: every engine is the native batched copy"
 
 
+def preamble_lines(suite) -> list[str]:
+    """Where --copy auto chose an engine for device pools: which, for which transport, and why."""
+    if AUTO not in suite.axes.copy:
+        return []
+    pairs = sorted({(t, m) for t in suite.axes.transport for m in suite.axes.memory if m == "cuda"})
+    return [f"# copy auto: {t} on {m} pools -> {e} ({why})" for t, m in pairs for e, why in [default(t, m)]]
+
+
 def probe(engine: str, device: str = "cpu") -> str | None:
     """Why ``engine`` cannot copy on ``device`` ("cpu" or "cuda") here, or None."""
     if engine not in ENGINES:

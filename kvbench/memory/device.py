@@ -23,13 +23,10 @@ from kvbench.memory import verify
 from kvbench.model.layout import Pool
 
 from . import driver, host, pattern
-from .copy import split_rows
 from .pattern import POISON
 
 KINDS = ("host", "torch-cpu", "pinned", "cuda")
 DEVICE_KINDS = KINDS[1:]
-_MUL = 2654435761  # pattern.py's multiplier
-_RANK = 0x9E3779B9
 _CHUNK = 1 << 22  # words per fill step: bounds the int64 temporaries at 32 MiB
 
 
@@ -165,39 +162,16 @@ def alloc(nbytes: int, kind: str, pages: str = "4k", device: int | None = None) 
     return DevicePool(t, kind)
 
 
-# ----- the pattern, on the device ---------------------------------------------------------------
-def _s32(x: int) -> int:
-    """A 32-bit word as the signed int32 with the same bits."""
-    x &= 0xFFFFFFFF
-    return x - (1 << 32) if x >= 1 << 31 else x
-
-
-def _words(torch, idx, rank: int, epoch: int = 0):
-    """pattern.pattern_at(rank, idx) ^ verify._mix(epoch) as int32 (the same bits), for int64 word indices.
-
-    int32 products wrap like the uint32 ones of pattern.py (torch has no uint32 arithmetic on every build);
-    int32 runs faster than int64 with masks."""
-    w = (idx & 0xFFFFFFFF).to(torch.int32)  # wraps: the word index modulo 2^32, as pattern.py's astype
-    w.mul_(_s32(_MUL))
-    w.bitwise_xor_(_s32((rank + 1) * _RANK) ^ (_s32(epoch * 0x85EBCA6B) if epoch else 0))
-    return w
-
-
-# Extra memory the fill and the check may take where the pool lives, at most: an eighth of the pool, 1 GiB at
-# most.  Per element of a step the temporaries (int64 positions, shifted and masked copies, int32 words) take
-# under _PER_ELEM bytes, so a step handles budget / _PER_ELEM elements (words for the fill, bytes for the check).
-_BUDGET_MAX = 1 << 30
-_PER_ELEM = 64
-
-
-def budget(pool_bytes: int) -> int:
-    """Bytes of temporaries the fill and the check of a pool of ``pool_bytes`` may hold at once."""
-    return min(max(pool_bytes // 8, 1), _BUDGET_MAX)
-
-
-def step(pool_bytes: int) -> int:
-    """Elements per step (a multiple of 64, so a cut range keeps whole elements of every dtype)."""
-    return max(64, budget(pool_bytes) // _PER_ELEM // 64 * 64)
+from .words import (  # noqa: E402, F401  (the word path and the budget: memory/words.py; budget is device's API)
+    _PER_ELEM,
+    _PER_WORD,
+    _by_words,
+    _word_pieces,
+    _words,
+    budget,
+    pieces,
+    step,
+)
 
 
 def fill(tensor, rank: int) -> None:
@@ -218,62 +192,6 @@ def fill(tensor, rank: int) -> None:
         tensor[n * 4 :] = POISON
 
 
-def pieces(descs: np.ndarray, limit: int) -> list[np.ndarray]:
-    """``descs`` cut into groups of rows of at most 2 * ``limit`` bytes in all, a row longer than ``limit`` cut at
-    multiples of ``limit`` from its start; the rows keep their order (so a copy back to back keeps its layout)."""
-    if not len(descs):
-        return []
-    rows = split_rows(descs, limit)
-    group = (np.cumsum(rows[:, 2]) - 1) // limit
-    return np.split(rows, np.flatnonzero(np.diff(group)) + 1)
-
-
-# ----- the check per 32-bit word, in place where the pool lives --------------------------------------------------
-# Per word of a piece the temporaries are two indices, the row map, the words read and a flag: under _PER_WORD
-# bytes, so a piece takes budget / _PER_WORD words.  The launches per piece are a constant (two small uploads of
-# the piece's descriptors, the index build, one gather, the pattern, a compare, a sum), and nothing waits for the
-# device until the caller reads the count.
-_PER_WORD = 40
-
-
-def _by_words(descs: np.ndarray, elem: int = 4) -> bool:
-    """The word path applies: the check pattern, every offset and length a whole number of 32-bit words, and an
-    element either inside a word or a whole number of words that every range holds whole."""
-    return (pattern.CONTENTS is None and not (descs % 4).any()
-            and (4 % elem == 0 or (64 % elem == 0 and not (descs[:, 2] % elem).any())))
-
-
-def _word_index(torch, d: np.ndarray, device, wide: bool):
-    """(source word, destination word) indices of piece ``d``'s ranges, back to back, built on ``device``."""
-    w = d // 4
-    lens = w[:, 2]
-    first = np.cumsum(lens) - lens
-    dt = torch.int64 if wide else torch.int32
-    delta = torch.as_tensor(np.stack([w[:, 0] - first, w[:, 1] - first]).astype(np.int64), device=device).to(dt)
-    n = int(lens.sum())
-    row = torch.repeat_interleave(torch.arange(len(w), device=device), torch.as_tensor(lens, device=device),
-                                  output_size=n)  # output_size given: no wait for the device
-    k = torch.arange(n, dtype=dt, device=device)
-    return delta[0].index_select(0, row).add_(k), delta[1].index_select(0, row).add_(k)
-
-
-def _pattern(torch, src_w, rank: int, epoch: int):
-    """The words ``rank``'s pool holds at word indices ``src_w`` in ``epoch``, int32 (pattern.py's bits)."""
-    w = src_w.to(torch.int32) if src_w.dtype != torch.int32 else src_w.clone()
-    w.mul_(_s32(_MUL))  # int32 products wrap like pattern.py's uint32 ones
-    return w.bitwise_xor_(_s32((rank + 1) * _RANK) ^ (_s32(epoch * 0x85EBCA6B) if epoch else 0))
-
-
-def _word_pieces(tensor, descs: np.ndarray):
-    """Per piece of ``descs`` (sized from the pool's budget): (the pool's int32 words, source and destination word
-    indices)."""
-    torch = _torch()
-    nbytes = int(tensor.numel())
-    words = tensor[: nbytes // 4 * 4].view(torch.int32)
-    limit = max(64, budget(nbytes) // _PER_WORD * 4 // 64 * 64)
-    for d in pieces(descs, limit):
-        yield (words,) + _word_index(torch, d, tensor.device, nbytes >= 1 << 33)
-
 
 def count_now(tensor, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: int):
     """Wrong elements of ``descs``' destination ranges as the pool holds them now, compared in place on its device
@@ -286,7 +204,7 @@ def count_now(tensor, descs: np.ndarray, src_rank: int, elem_bytes: int, epoch: 
     if not _by_words(descs, elem_bytes):
         return total.add_(count_wrong(*snapshot(tensor, [descs]), src_rank, elem_bytes, epoch))
     for words, src_w, dst_w in _word_pieces(tensor, descs):
-        total.add_(_elements(torch, words.index_select(0, dst_w).bitwise_xor_(_pattern(torch, src_w, src_rank, epoch)),
+        total.add_(_elements(torch, words.index_select(0, dst_w).bitwise_xor_(_words(torch, src_w, src_rank, epoch)),
                              elem_bytes))
     return total
 
@@ -325,7 +243,7 @@ def write_epoch(tensor, descs: np.ndarray, rank: int, epoch: int) -> None:
     torch = _torch()
     if _by_words(descs):
         for words, src_w, _ in _word_pieces(tensor, descs):
-            words.index_copy_(0, src_w.long(), _pattern(torch, src_w, rank, epoch))
+            words.index_copy_(0, src_w.long(), _words(torch, src_w, rank, epoch))
         return
     for d in pieces(descs, step(int(tensor.numel())) // 2):
         tensor[_positions(torch, d, 0, tensor.device)] = expected(torch, rank, d, epoch, tensor.device)
@@ -336,7 +254,7 @@ def poison(tensor, descs: np.ndarray, src_rank: int, epoch: int) -> None:
     torch = _torch()
     if _by_words(descs):
         for words, src_w, dst_w in _word_pieces(tensor, descs):
-            words.index_copy_(0, dst_w.long(), _pattern(torch, src_w, src_rank, epoch).bitwise_not_())
+            words.index_copy_(0, dst_w.long(), _words(torch, src_w, src_rank, epoch).bitwise_not_())
         return
     for d in pieces(descs, step(int(tensor.numel())) // 2):
         tensor[_positions(torch, d, 1, tensor.device)] = ~expected(torch, src_rank, d, epoch, tensor.device)

@@ -429,12 +429,50 @@ def test_compare_warns_when_the_machines_differ(tmp_path, kv):
 def test_compare_and_report_name_a_suspect_run(tmp_path, kv):
     a = synth(tmp_path / "a", "a")
     b = synth(tmp_path / "b", "b", status="SUSPECT")
-    r = kv("compare", a, b)
-    assert r.returncode == 0, r.stdout + r.stderr
-    warn = [ln for ln in r.stdout.splitlines() if "ended SUSPECT" in ln]
-    assert len(warn) == 1 and warn[0].startswith("# WARNING: B's ") and "kvbench: suspect: rank 1" in warn[0]
+    for args in ((), ("--fail-above", "5%")):  # a gate or a look: a suspect run never reads as a pass
+        r = kv("compare", a, b, *args)
+        assert r.returncode == 6, r.stdout + r.stderr  # SUSPECT's own exit code (job/status.py)
+        warn = [ln for ln in r.stdout.splitlines() if "ended SUSPECT" in ln]
+        assert len(warn) == 1 and warn[0].startswith("# WARNING: B's ") and "kvbench: suspect: rank 1" in warn[0]
+        name = os.path.basename(b).removesuffix(".parquet")
+        assert r.stderr.count("\n") == 1 and f"B's {name} ended SUSPECT" in r.stderr, r.stderr
     rep = kv("report", b)
     assert rep.returncode == 0 and ("[SUSPECT]" in rep.stdout or "status=SUSPECT" in rep.stdout), rep.stdout
+
+
+@pytest.mark.parametrize("side", ["A", "B"])
+@pytest.mark.parametrize("status", ["FAILED", "SUSPECT", "TIMEOUT", "INCOMPLETE"])
+def test_compare_fails_the_gate_when_a_run_did_not_end_cleanly(tmp_path, kv, status, side):
+    from kvbench.job.status import exit_code
+
+    ok, bad = synth(tmp_path / "a", "a"), synth(tmp_path / "b", "b", status=status)
+    r = kv("compare", *((bad, ok) if side == "A" else (ok, bad)), "--fail-above", "5%")
+    assert r.returncode == exit_code(status) != 0, r.stdout + r.stderr  # INCOMPLETE never exited: 1
+    name = os.path.basename(bad).removesuffix(".parquet")
+    (line,) = r.stderr.splitlines()
+    assert f"{side}'s {name} ended {status}" in line and "0 regression(s)" in r.stdout
+
+
+def test_compare_names_every_unsound_run_and_exits_with_the_worst(tmp_path, kv):
+    a = synth(tmp_path / "a", "a", status="SUSPECT")
+    b = synth(tmp_path / "b", "b", scale=1.2, seed=1, status="FAILED")
+    r = kv("compare", a, b, "--fail-above", "5%")
+    assert r.returncode == 2, r.stdout + r.stderr  # FAILED (2) outranks SUSPECT (6) and the regression (2)
+    (line,) = r.stderr.splitlines()
+    assert "A's " in line and "ended SUSPECT" in line and "B's " in line and "ended FAILED" in line
+
+
+def test_compare_prints_p95_only_from_20_samples(tmp_path, kv):
+    rows = {}
+    for n in (19, 20):
+        a, b = synth(tmp_path / f"a{n}", "a", n=n), synth(tmp_path / f"b{n}", "b", n=n, seed=1)
+        r = kv("compare", a, b)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "p95 from 20, p99 from 100" in r.stdout
+        rows[n] = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("  ")]
+    # metric, n A/B, p50 A, p50 B, d%, GB/s A, GB/s B (or -), p95 A, p95 B, d%
+    assert all(f[1] == "19/19" and f[7:10] == ["-", "-", "-"] for f in rows[19]), rows[19]
+    assert all(f[1] == "20/20" and all(float(v) > 0 for v in f[7:9]) for f in rows[20]), rows[20]
 
 
 def test_readers_refuse_an_unknown_schema_in_one_line(tmp_path, kv):

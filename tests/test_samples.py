@@ -1,5 +1,5 @@
 """Samples earned (issue 31, item 4): every table shows n, a percentile only from the samples that can hold it,
-the p50's bootstrap interval, --target-ci's calibration (pure, then one short real run), rank 0's word on going
+the p50's order-statistic interval, --target-ci's calibration (pure, then one short real run), rank 0's word on going
 on, and the readers of older schemas (schema 5 renames `iters` to `samples` and adds ci_stop)."""
 import glob
 import json
@@ -29,17 +29,17 @@ def test_a_percentile_is_shown_only_from_the_samples_that_hold_it():
     assert S.percentile(x[:1], 50) == 1.0 and np.isnan(S.percentile([], 50))
 
 
-def test_the_bootstrap_interval_covers_the_true_median_at_its_rate():
+def test_the_interval_covers_the_true_median_at_its_rate():
     rng = np.random.default_rng(7)
     trials, n = 300, 40
     hits = 0
     for _ in range(trials):  # lognormal(0, 0.5): skewed like request times, true median exp(0) = 1
         lo, hi = S.p50_ci(rng.lognormal(0.0, 0.5, n))
         hits += lo <= 1.0 <= hi
-    assert 0.88 <= hits / trials <= 0.99, hits / trials
+    assert 0.9 <= hits / trials <= 0.995, hits / trials  # at n = 40 the exact level is 96.2%
     x = rng.lognormal(0.0, 0.5, n)
-    assert S.p50_ci(x) == S.p50_ci(x.copy())  # a fixed seed: the same rows, the same report
-    big = rng.lognormal(0.0, 0.5, 3 * S.BOOTSTRAP_MAX)  # the order-statistic interval past the bootstrap's range
+    assert S.p50_ci(x) == S.p50_ci(x.copy())  # order statistics: the same rows, the same report
+    big = rng.lognormal(0.0, 0.5, 6000)
     lo, hi = S.p50_ci(big)
     assert lo < np.median(big) < hi and hi - lo < 0.1
 
@@ -63,7 +63,7 @@ def test_calibration_stops_on_target_when_quiet_and_on_budget_when_noisy():
     assert stop == "target" and 20 < n <= 250
     stop, n = calibrated(lambda rng, k: rng.lognormal(0.0, 1.0, k))  # never within 2% in 5 s of 50 ms
     assert stop == "budget" and n <= 5.0 / 0.05
-    assert S.next_batch([1.0], 2.0, 1, 0.1, 5.0) == (None, 1)  # one sample: no interval yet, go on
+    assert S.next_batch([1.0], 2.0, 1, 0.1, 5.0) == (None, 5)  # one sample: no interval yet, on to 6
 
 
 @pytest.mark.parametrize("text", ["0", "150%", "-1", "nan", "inf", "", "x", "100"])
@@ -127,7 +127,7 @@ def test_older_files_read_in_report_and_compare(tmp_path):
                                  sweep=[(256, 1, 0), (256, 1, 16)]))
     run = load_run(old)
     assert set(run.df["ci_stop"]) == {"fixed"} and (run.st["samples"] == 4).all()
-    assert "iters" not in run.st and run.st["p99"].isna().all() and run.st["p50_lo"].notna().all()
+    assert "iters" not in run.st and run.st["p99"].isna().all() and run.st["p50_lo"].isna().all()  # n = 4: no CI
     page, _ = build([old])
     csv = page.data[""]
     assert {"samples", "p50_lo_s", "p50_hi_s", "ci_pct", "ci_stop"} <= set(csv.columns) and "iters" not in csv

@@ -22,9 +22,19 @@ from kvbench.memory.cachestate import MODES
 from kvbench.model import shapes as M
 from kvbench.model import trace as T
 from kvbench.model.schemes import SCHEME_HELP
-from kvbench.results.samples import DEFAULT_BUDGET_S
+from kvbench.results.samples import CI_MIN_SAMPLES, DEFAULT_BUDGET_S
 from kvbench.selftest import main as selftest_main
 from kvbench.transports import options as O
+
+EPILOG_COMPARE = """\
+exit codes: 0 every run read ended cleanly (OK, UNCHECKED) and no case regressed beyond --fail-above,
+  1 a mistake in the input, 2 a case regressed beyond --fail-above. A run of A or B that did not end
+  cleanly gives its own code, with or without --fail-above, and one line naming it: 2 FAILED,
+  6 SUSPECT, 5 TIMEOUT, 4 ERROR, 130 INTERRUPTED, 1 INCOMPLETE (killed, or still running); with several,
+  the first in that order
+
+p95 is shown from 20 samples a side, '-' with fewer (the tables' rule)
+"""
 
 EPILOG_RUN = """\
 vocabulary:
@@ -81,7 +91,9 @@ def build_parser() -> Parser:
                         "takes GPU k, modulo the GPUs it sees)")
     r.add_argument("--target-ci", type=target_pct, metavar="PCT",
                    help="adapt each case's iterations (-n is then the least) until its p50's 95%% confidence "
-                        "interval is within PCT of the p50 (e.g. 2%%), or --ci-budget runs out; rows say which")
+                        "interval is within PCT of the p50 (e.g. 2%%), or --ci-budget runs out; rows say which. A "
+                        f"case never stops below {CI_MIN_SAMPLES} samples, the fewest the interval needs (the "
+                        "order statistics around the median), even past the budget")
     r.add_argument("--ci-budget", type=float, metavar="S",
                    help=f"seconds of iterations one case may spend reaching --target-ci (default {DEFAULT_BUDGET_S:g})")
     r.add_argument("--bind", choices=("none", "core"), default="none",
@@ -214,11 +226,14 @@ def build_parser() -> Parser:
                      "GB/s (10^9 B/s), for every row or per transport; default: the NIC's reported speed across "
                      "hosts, the best host copy measured in the run within a host, 'unknown' otherwise")
     cmp_ = sub.add_parser("compare", help="the same cases in two result sets: p50/p95 ratio, a Mann-Whitney test "
-                          "over the iterations, regressions flagged; exit 2 with --fail-above when one is beyond it")
+                          "over the iterations, regressions flagged; exit 2 with --fail-above when one is beyond it, "
+                          "non-zero when a run read ended FAILED, SUSPECT, TIMEOUT or INCOMPLETE",
+                          epilog=EPILOG_COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp_.add_argument("a", metavar="A", help="baseline: a result file (.parquet) or a folder of them")
     cmp_.add_argument("b", metavar="B", help="candidate: a result file or a folder of them")
     cmp_.add_argument("--fail-above", metavar="PCT", help="exit 2 when a case of B is slower than A at p50 by more "
-                      "than PCT percent (e.g. 5%%) and the difference is significant (for CI); default: report only")
+                      "than PCT percent (e.g. 5%%) and the difference is significant (for CI); default: report only "
+                      "(a run that did not end cleanly still exits non-zero: exit codes below)")
     cmp_.add_argument("--alpha", type=float, default=0.05, help="significance level of the Mann-Whitney U test "
                       "(default 0.05)")
     from kvbench.cli.plan import add_parsers  # kvbench fit, kvbench plan

@@ -1,5 +1,6 @@
 """--target-ci: a case's timed iterations continue, a batch at a time, until its p50's 95% interval is within the
-target or its --ci-budget runs out (pyperf's calibration: warm-up, then rounds of iterations).
+target or its --ci-budget runs out (pyperf's calibration: warm-up, then rounds of iterations).  A case never stops
+below samples.CI_MIN_SAMPLES (6), the fewest its interval needs, whatever the budget (``samples.next_batch``).
 
 Rank 0 decides from every rank's times (results/samples.py, a pure function) and every rank follows its word
 (``Comm.agree``), so ranks that would judge their own samples differently still take the same turns.

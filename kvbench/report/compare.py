@@ -3,23 +3,30 @@
 Cases are joined on their keys (everything that defines a case but its number). Each case compares
 the samples that fit its kind: request times for bandwidth rows, exposed times for exposed-time and
 workload rows (never GB/s of times that include a prefill or a queue). A regression is B slower than
-A by more than the threshold at p50 with a Mann-Whitney U test over the iterations below alpha.
+A by more than the threshold at p50 with a Mann-Whitney U test over the iterations below alpha.  A percentile
+is shown by the tables' rule (p95 from 20 samples a side, samples.py), and a set holding a run that did not end
+cleanly (FAILED, SUSPECT, TIMEOUT, INCOMPLETE, ...) makes compare exit with that run's own code (job/status.py).
 """
 from __future__ import annotations
 
 import glob
 import math
 import os
+import sys
 
 import numpy as np
 import pandas as pd
 
+from kvbench.job.status import INPUT_ERROR, STATUSES
+from kvbench.results.samples import FOOTNOTE, percentile
 from kvbench.results.store import CASE_COLUMNS, pair_times
 
 from .stats import Run, load_run
 
 KEYS = [c for c in CASE_COLUMNS if c != "case"]
 REGRESSED = 2  # exit code: a case regressed beyond --fail-above (1 stays "a mistake in the input")
+# a run that did not end cleanly, worst first (wrong bytes outrank a time beyond physics, as in status.verdict)
+UNSOUND = ("FAILED", "SUSPECT", "TIMEOUT", "ERROR", "INTERRUPTED", "INCOMPLETE")
 MACHINE_FIELDS = ("hostname", "cpu_model", "cpus", "mem_total_bytes", "machine", "platform", "gpus", "rdma_devices",
                   "nic_speed_mbps")
 
@@ -99,7 +106,7 @@ def join(a: list[Run], b: list[Run], threshold: float = 5.0, alpha: float = 0.05
         ra, rb = sa.loc[k], sb.loc[k]
         xa, xb = ra["x"], rb["x"]
         pa50, pb50 = np.percentile(xa, 50), np.percentile(xb, 50)
-        pa95, pb95 = np.percentile(xa, 95), np.percentile(xb, 95)
+        pa95, pb95 = percentile(xa, 95), percentile(xb, 95)  # NaN below 20 samples: the tables' rule
         ident = len(xa) == len(xb) and np.array_equal(np.sort(xa), np.sort(xb))
         p = 1.0 if ident else float(mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
         testable = min_p(len(xa), len(xb)) <= alpha
@@ -155,8 +162,26 @@ def _same(f: str, x, y) -> bool:
     return x == y
 
 
-def main(a_path: str, b_path: str, fail_above: str | None, alpha: float = 0.05, out=print) -> int:
-    """Print the comparison; the exit code (0, or REGRESSED when --fail-above is given and exceeded)."""
+def unsound(a: list[Run], b: list[Run]) -> tuple[int, str] | None:
+    """(exit code, one line) when a run of either set did not end cleanly: the worst one's own exit code, and every
+    such run named with its status; None when all ended OK, UNCHECKED or NOTHING MEASURED."""
+    bad = [(side, r) for side, runs in (("A", a), ("B", b)) for r in runs if r.status is not None]
+    if not bad:
+        return None
+    worst = min((r.status for _, r in bad), key=lambda st: UNSOUND.index(st) if st in UNSOUND else len(UNSOUND))
+    code = STATUSES.get(worst, (INPUT_ERROR,))[0]
+    names = ", ".join(f"{side}'s {r.name} ended {r.status}" for side, r in bad)
+    whose = "its" if len(bad) == 1 else "their"
+    return (INPUT_ERROR if code is None else code), f"kvbench compare: {names}: {whose} rows are not to be trusted"
+
+
+def _ms(x: float) -> str:
+    return f"{'-':>9}" if math.isnan(x) else f"{x:>9.3f}"
+
+
+def main(a_path: str, b_path: str, fail_above: str | None, alpha: float = 0.05, out=print, err=None) -> int:
+    """Print the comparison; the exit code: a run that did not end cleanly gives its own (``unsound``, one line on
+    ``err``), else REGRESSED when --fail-above is given and exceeded, else 0."""
     threshold = parse_threshold(fail_above) if fail_above is not None else 5.0
     if not (0 < alpha < 1):
         raise ValueError(f"--alpha {alpha}: a probability between 0 and 1")
@@ -181,16 +206,22 @@ def main(a_path: str, b_path: str, fail_above: str | None, alpha: float = 0.05, 
     # a key that differs only between variants (bulk's allocation is 'bulk') names nothing: vary within one
     vary = [k for k in LABEL_KEYS if (table[k].astype(str).groupby(table["variant"]).nunique() > 1).any()]
     out("# GB/s = payload / p50 time (10^9 B/s), bandwidth rows only; case = the full key of the case")
+    out(f"# {FOOTNOTE}")
     verdicts = max(len("verdict"), int(table["verdict"].str.len().max()))
     head = (f"{'metric':>7} {'n A/B':>7} {'p50 A':>9} {'p50 B':>9} {'d%':>7} {'GB/s A':>7} {'GB/s B':>7} "
             f"{'p95 A':>9} {'p95 B':>9} {'d%':>7} {'p':>8}  {'verdict':<{verdicts}}  case")
     out("# " + head)
     for _, r in table.iterrows():
         gb = " ".join(f"{x:>7.2f}" if not math.isnan(x) else f"{'-':>7}" for x in (r["a_gbps"], r["b_gbps"]))
+        d95 = f"{'-':>7}" if math.isnan(r["d_p95_pct"]) else f"{r['d_p95_pct']:>+7.1f}"
         out(f"  {r['metric']:>7} {r['n_a']:>3}/{r['n_b']:<3} {r['a_p50_ms']:>9.3f} {r['b_p50_ms']:>9.3f} "
-            f"{r['d_p50_pct']:>+7.1f} {gb} {r['a_p95_ms']:>9.3f} {r['b_p95_ms']:>9.3f} {r['d_p95_pct']:>+7.1f} "
+            f"{r['d_p50_pct']:>+7.1f} {gb} {_ms(r['a_p95_ms'])} {_ms(r['b_p95_ms'])} {d95} "
             f"{r['p_value']:>8.2g}  {r['verdict']:<{verdicts}}  {_case_label(r, vary)}")
     bad = int(table["verdict"].str.startswith("REGRESSION").sum())
     out(f"# {len(table)} case(s) compared: {bad} regression(s) beyond {threshold:g}%, "
         f"{int((table['verdict'] == 'faster').sum())} faster")
+    failed = unsound(a, b)
+    if failed is not None:  # its times or bytes are not to be trusted, so no verdict on them may read as a pass
+        (err or (lambda line: print(line, file=sys.stderr, flush=True)))(failed[1])
+        return failed[0]
     return REGRESSED if (fail_above is not None and bad) else 0

@@ -1,21 +1,20 @@
-"""Samples earned: how many samples a percentile needs, the p50's bootstrap confidence interval, and when a case
-has enough of them (``--target-ci``: pure functions, no MPI).
+"""Samples earned: how many samples a percentile needs, the p50's order-statistic confidence interval, and when a
+case has enough of them (``--target-ci``: pure functions, no MPI).
 
 A percentile q is printed only from n >= 100 / (100 - q) samples (p95 from 20, p99 from 100): below that it is
-the largest sample or an interpolation towards it, not a tail.  The p50's 95% interval is a percentile
-bootstrap, resampled with a fixed seed so that a report of the same rows is the same report.
+the largest sample or an interpolation towards it, not a tail.  The p50's 95% interval is the distribution-free
+order-statistic (binomial) interval for the median: [x_(k), x_(n-k+1)] of the sorted samples, k the largest rank
+with P(Binomial(n, 1/2) < k) <= 2.5%.  Its coverage is at least its level for any continuous distribution at any n;
+it needs n >= 6 for 95% (CI_MIN_SAMPLES), and with fewer samples it is NaN and the tables print '-'.
 """
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
 LEVEL = 95.0  # the confidence of the p50's interval, %
-RESAMPLES = 1000  # bootstrap resamples per case
-SEED = 20261203  # fixed: the same samples give the same interval on every reading
-CHUNK = 2_000_000  # resampled values held at once (a case of many samples is resampled in slices)
-BOOTSTRAP_MAX = 2000  # above this many samples, the distribution-free order-statistic interval (the same one, asymptotically)
 DEFAULT_BUDGET_S = 60.0  # --ci-budget's default: seconds of iterations one case may spend reaching its target
 FOOTNOTE = ("- = fewer samples than the percentile needs: p95 from 20, p99 from 100 (with fewer it is the "
             "largest sample, not a tail)")
@@ -33,32 +32,39 @@ def percentile(x, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) >= max(needed(q), 1) else math.nan
 
 
-def p50_ci(x, level: float = LEVEL, resamples: int = RESAMPLES) -> tuple[float, float]:
-    """The p50's ``level``% confidence interval (percentile bootstrap, fixed seed); NaNs below 2 samples.  Past
-    BOOTSTRAP_MAX samples, whose resampling would hold up the live table, the order statistics around the median
-    that a binomial count puts the interval at."""
+def ci_min_samples(level: float = LEVEL) -> int:
+    """The fewest samples whose p50 has a ``level``% order-statistic interval: the extremes [x_(1), x_(n)] miss
+    the median with probability 2 / 2^n, which must be at most 1 - level (95%: 6 samples)."""
+    return math.ceil(round(math.log2(200.0 / (100.0 - level)), 9))
+
+
+CI_MIN_SAMPLES = ci_min_samples()  # 6: --target-ci never stops a case below it (next_batch)
+
+
+@lru_cache(maxsize=256)
+def ci_rank(n: int, level: float = LEVEL) -> int:
+    """k of the interval [x_(k), x_(n-k+1)] (1-based ranks): the largest k with P(Binomial(n, 1/2) < k) <=
+    (1 - level) / 2; 0 when no k holds (n < ``ci_min_samples(level)``)."""
+    if n < 1:
+        return 0
+    tail = (100.0 - level) / 200.0
+    i = np.arange(n // 2 + 1)
+    # log pmf by the ratio pmf(i+1)/pmf(i) = (n-i)/(i+1): no factorial overflows at any n
+    logpmf = -n * math.log(2.0) + np.concatenate(([0.0], np.cumsum(np.log((n - i[:-1]) / (i[:-1] + 1.0)))))
+    cdf = np.cumsum(np.exp(logpmf))  # cdf[j] = P(B <= j) = P(B < j + 1)
+    return int(np.searchsorted(cdf, tail * (1 + 1e-12), side="right"))  # the tolerance keeps an exact tie in
+
+
+def p50_ci(x, level: float = LEVEL) -> tuple[float, float]:
+    """The p50's ``level``% confidence interval: the order statistics [x_(k), x_(n-k+1)] (``ci_rank``); NaNs when
+    n is below ``ci_min_samples(level)`` (6 at 95%)."""
     x = np.asarray(x, dtype=float)
-    x = x[~np.isnan(x)]
+    x = np.sort(x[~np.isnan(x)])
     n = len(x)
-    if n < 2:
+    k = ci_rank(n, float(level))
+    if k < 1:
         return math.nan, math.nan
-    if n > BOOTSTRAP_MAX:
-        z = {95.0: 1.959964}.get(level) or _z(level)
-        k = int(z * math.sqrt(n) / 2)
-        srt = np.sort(x)
-        return float(srt[max(n // 2 - k - 1, 0)]), float(srt[min(n // 2 + k, n - 1)])
-    rng = np.random.default_rng(SEED)
-    step = max(1, CHUNK // n)
-    medians = np.concatenate([np.median(x[rng.integers(0, n, size=(min(step, resamples - i), n))], axis=1)
-                              for i in range(0, resamples, step)])
-    lo, hi = np.percentile(medians, [(100 - level) / 2, (100 + level) / 2])
-    return float(lo), float(hi)
-
-
-def _z(level: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(0.5 + level / 200)
+    return float(x[k - 1]), float(x[n - k])
 
 
 def ci_half_pct(x) -> float:
@@ -84,18 +90,24 @@ def parse_target(text, name: str = "--target-ci") -> float:
 def next_batch(x, target_pct: float, timed: int, spent_s: float, budget_s: float,
                ran: int | None = None) -> tuple[str | None, int]:
     """After ``timed`` timed iterations of a case that gave the samples ``x`` (``ran`` iterations in all, warm-ups
-    included, in ``spent_s`` seconds): ('target', 0) when the p50's half-width is within ``target_pct``;
-    ('budget', 0) when another iteration would not fit in ``budget_s``; else (None, k): run k more iterations
-    (enough to reach the target if the half-width shrinks as 1/sqrt(n), at most as many again as so far, at most
-    what the budget holds)."""
+    included, in ``spent_s`` seconds): (None, k) with the k iterations that reach CI_MIN_SAMPLES while the case has
+    fewer, whatever the budget; then ('target', 0) when the p50's half-width is within ``target_pct``; ('budget', 0)
+    when another iteration would not fit in ``budget_s``; else (None, k): run k more iterations (enough to reach
+    the target if the half-width shrinks as 1/sqrt(n), at most as many again as so far, at most what the budget
+    holds)."""
+    x = np.asarray(x, dtype=float)
+    x = x[~np.isnan(x)]
+    timed = max(int(timed), 1)
+    per_sample = max(len(x), 1) / timed  # samples one iteration adds (pairs x requests)
+    if len(x) < CI_MIN_SAMPLES:
+        # below it the interval does not exist: stopping there would record a case with no verdict on its p50
+        return None, max(1, math.ceil((CI_MIN_SAMPLES - len(x)) / per_sample))
     half = ci_half_pct(x)
     if half <= target_pct:
         return "target", 0
-    timed = max(int(timed), 1)
     per_iter = spent_s / max(int(ran or timed), 1)
     room = int((budget_s - spent_s) / per_iter) if per_iter > 0 else timed
-    n = max(len(x), 1)
+    n = len(x)
     want = n if math.isnan(half) else math.ceil(n * (half / target_pct) ** 2) - n
-    per_sample = n / timed  # samples one iteration adds (pairs x requests)
     batch = min(max(1, math.ceil(want / per_sample)), timed, room)
     return ("budget", 0) if batch < 1 else (None, batch)

@@ -12,10 +12,10 @@ from . import codecs, fabric, fitsection, plots, setup, summary, tracesection
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
-from .tables import bulk_pct_text
+from .tables import WRONG_NOTE, bulk_pct_text, checks_text, wrong_text
 
-SAMPLES_NOTE = ("n = samples behind the percentiles (requests x iterations). p50 95% CI = the p50's bootstrap "
-                "confidence interval; (target) or (budget) after it: --target-ci ran the case until the interval's "
+SAMPLES_NOTE = ("n = samples behind the percentiles (requests x iterations). p50 95% CI = the p50's order-statistic "
+                "confidence interval (- below 6 samples); (target) or (budget) after it: --target-ci ran the case until the interval's "
                 f"half-width was within the target, or until --ci-budget ran out first. {FOOTNOTE}.")
 
 
@@ -78,10 +78,6 @@ def compact(caption: str, table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
             table.drop(columns=same))
 
 
-def _wrong(r) -> str:
-    return "-" if pd.isna(r["nwrong_checked"]) else str(int(r["nwrong_checked"]))
-
-
 def _n(x) -> str:
     return "-" if x is None or pd.isna(x) else str(int(x))
 
@@ -105,7 +101,7 @@ def bandwidth_table(bw: pd.DataFrame) -> pd.DataFrame:
         "p99 (ms)": _f(r["p99"] * 1e3, ".3f"), "GB/s": _f(r["gbps"], ".2f"), "±%": _f(r["spread_pct"], ".1f"),
         "bulk%": bulk_pct_text(r), "ceiling": r["ceil_name"] or "-",
         "link (GB/s)": _f(r["link_gbps"], ".2f"), "%line": _f(r["pct_line"], ".1f"), "link rate from": r["link"],
-        "#wrong": _wrong(r)} for _, r in bw.iterrows()])
+        "#wrong": wrong_text(r), "#chk": checks_text(r)} for _, r in bw.iterrows()])
 
 
 def exposed_table(ex: pd.DataFrame) -> pd.DataFrame:
@@ -116,7 +112,8 @@ def exposed_table(ex: pd.DataFrame) -> pd.DataFrame:
         "prefill P (ms)": _f(r["prefill_s"] * 1e3, ".2f"), "transfer T (ms)": _f(r["T_ms"], ".2f"),
         "handshake (us)": _f(r["handshake_p50"] * 1e6, ".0f"), "n": _n(r.get("exposed_samples")), "exposed p50 (ms)": _f(r["exposed_p50"] * 1e3, ".2f"),
         "p95 (ms)": _f(r["exposed_p95"] * 1e3, ".2f"), "p99 (ms)": _f(r["exposed_p99"] * 1e3, ".2f"),
-        "model (ms)": _f(r["model_ms"], ".2f"), "diff (ms)": _f(r["diff_ms"], "+.2f"), "#wrong": _wrong(r)}
+        "model (ms)": _f(r["model_ms"], ".2f"), "diff (ms)": _f(r["diff_ms"], "+.2f"), "#wrong": wrong_text(r),
+        "#chk": checks_text(r)}
         for _, r in ex.iterrows()])
 
 
@@ -129,7 +126,8 @@ def workload_table(wl: pd.DataFrame) -> pd.DataFrame:
         "exposed p50/p95/p99 (ms)": "/".join(_f(r[f"exposed_p{q}_ms"], ".2f") for q in (50, 95, 99)),
         "landed p99 (ms from arrival)": _f(r["landed_p99_ms"], ".2f"),
         "pool peak/cap (blocks)": f"{_f(r['pool_peak'], '.0f')}/{_f(r['pool_cap'], '.0f')}",
-        "pool mean": _f(r["pool_mean"], ".1f")} for _, r in wl.iterrows()])
+        "pool mean": _f(r["pool_mean"], ".1f"), "#wrong": wrong_text(r), "#chk": checks_text(r)}
+        for _, r in wl.iterrows()])
 
 
 CSV_RENAME = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "p50_lo": "p50_lo_s", "p50_hi": "p50_hi_s", "exposed_p50": "exposed_p50_s",
@@ -142,8 +140,12 @@ def _rows(runs: list[Run]) -> pd.DataFrame:
     return pd.concat([r.st for r in runs], ignore_index=True)
 
 
+WRONG = ["nwrong_checked", "nwrong_iters"]  # a case's wrong elements over its checked requests (tables.wrong_counts)
+
+
 def _workload(runs: list[Run]) -> pd.DataFrame | None:
-    return pd.concat([r.wl for r in runs if len(r.wl)], ignore_index=True) if any(len(r.wl) for r in runs) else None
+    wl = [r.wl.merge(r.st[["run", "case", *WRONG]], on=["run", "case"], how="left") for r in runs if len(r.wl)]
+    return pd.concat(wl, ignore_index=True) if wl else None
 
 
 def _measured(runs: list[Run], kind: str) -> pd.DataFrame:
@@ -171,7 +173,7 @@ def bandwidth_section(page: Page, runs: list[Run]) -> None:
             "landed (max over the pair's ranks). GB/s = payload / p50 time. bulk% = GB/s / the ceiling (the best of "
             "the same payload as one descriptor per layer or contiguous 64K-4M chunks, measured alongside; * = "
             "above it by more than both spreads: noise). ±% = interquartile range of the per-round medians.",
-            SAMPLES_NOTE,
+            SAMPLES_NOTE, WRONG_NOTE + ".",
             "%line = GB/s / the rate of the link: the NIC's reported speed when the pair's ranks are on different "
             "hosts (nominal), a rate the transport or device layer reported (nominal), or, when they share a host, "
             "the best host copy of the same payload measured in the same run (measured, not nominal); "
@@ -194,7 +196,7 @@ def exposed_section(page: Page, runs: list[Run]) -> None:
         "Requests timed against a prefill clock or an allocate-then-stream handshake: exposed = from prefill end "
         "until decode knows the last byte landed. No GB/s here: these times include the prefill and the "
         "handshake. Model = max(0, T - P) + T/L streaming, T serial, with T = payload / this path's bulk GB/s. "
-        f"n = exposed-time samples; {FOOTNOTE}.",
+        f"n = exposed-time samples; {FOOTNOTE}. {WRONG_NOTE}.",
         "exposed-time rows", _measured(runs, "exposed"), exposed_table, plots.exposed_vs_prompt)
 
 
@@ -203,7 +205,7 @@ def workload_section(page: Page, runs: list[Run]) -> None:
         page, "Workload",
         "Requests arriving at a rate into a bounded decode pool (allocate-then-stream, back-pressure): tails over "
         "the admitted requests; queue = wait for decode blocks; exposed = prefill end to KV landed; landed = "
-        f"arrival to KV landed. No GB/s here: these times include the queue. {FOOTNOTE} (n = admitted).",
+        f"arrival to KV landed. No GB/s here: these times include the queue. {FOOTNOTE} (n = admitted). {WRONG_NOTE}.",
         "workload rows", _workload(runs), workload_table, plots.workload_tails)
 
 
@@ -248,7 +250,7 @@ def build(paths: list[str], override: LinkOverride | None = None) -> tuple[Page,
     rows = _rows(runs).rename(columns=CSV_RENAME)
     wl = _workload(runs)
     if wl is not None:
-        rows = rows.merge(wl.drop(columns=["transport", "op", "model", "tokens", "block_size", "overlap", "variant"]),
+        rows = rows.merge(wl.drop(columns=["transport", "op", "model", "tokens", "block_size", "overlap", "variant", *WRONG]),
                           on=["run", "case"], how="left")
     # the CSV keeps the file's name as the run's key and says its status in a column of its own
     rows["run"] = rows["run"].map({r.label: r.name for r in runs})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 
 import pandas as pd
 
@@ -40,7 +41,8 @@ COLUMNS = [
     ("±%", 5, lambda r: _f(r.get("spread_pct"), ".1f")),
     ("bulk%", 7, lambda r: bulk_pct_text(r)),
     ("ceiling", 10, lambda r: r.get("ceil_name") or "-"),
-    ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
+    ("#wrong", 6, lambda r: wrong_text(r)),
+    ("#chk", 5, lambda r: checks_text(r)),
     ("clock", 5, lambda r: _clock(r)),
     ("us/L", 6, lambda r: _f(r.get("cost_us"), ".1f")),  # time per layer outside the wire (costs.py)
 ]
@@ -111,6 +113,43 @@ def _i(x) -> str:
     return "-" if x is None or pd.isna(x) else f"{int(x)}"
 
 
+def wrong_text(r) -> str:
+    """A row's #wrong: wrong elements over every checked iteration ('-' = not checked)."""
+    return _i(r.get("nwrong_checked"))
+
+
+def checks_text(r) -> str:
+    """How many checked iterations (a workload: checked requests) its #wrong covers ('-' = not checked)."""
+    return "-" if pd.isna(r.get("nwrong_checked")) else _i(r.get("nwrong_iters"))
+
+
+WRONG_NOTE = ("#wrong = destination elements that failed the check, summed over the #chk checked iterations (the "
+              "check pass, and each timed one under -c all; a workload: its checked requests); - = not checked")
+
+
+def _wrap(text: str) -> list[str]:
+    """A legend as '#' lines of the table's width."""
+    return ["# " + ln for ln in textwrap.wrap(text, 104)]
+
+
+def wrong_counts(df: pd.DataFrame) -> pd.DataFrame:
+    """Per case (the index): ``nwrong_checked``, the wrong elements of its destination rows summed over every
+    checked iteration, and ``nwrong_iters``, how many that covers: the check pass (iter -1), each timed iteration
+    whose rows carry a count (-c all), a workload's each checked request.  A case nothing checked is absent; a file
+    without per-iteration counts (before -c all, or -c 1) sums the check pass alone, as it always read."""
+    d = df[df["nwrong"].notna()]
+    if "role" in d:  # a source's rows carry 0 (checkpass.py): the counts are the destination's
+        d = d[d["role"] != "prefill"]
+    if d.empty:
+        return pd.DataFrame({"nwrong_checked": pd.Series(dtype=float), "nwrong_iters": pd.Series(dtype=float)})
+    workload = d["workload"].fillna("none") != "none" if "workload" in d else pd.Series(False, index=d.index)
+    # a timed iteration is one check of every pair and request; a workload's request is a check of its own
+    n_iter = d[~workload].groupby("case")["iter"].nunique()
+    n_req = d[workload].groupby("case").size()
+    return pd.DataFrame({"nwrong_checked": d.groupby("case")["nwrong"].sum().astype(float),
+                         "nwrong_iters": pd.concat([n_iter, n_req]).groupby(level=0).sum().astype(float)})
+
+
 def bulk_pct_text(r) -> str:
     """A row's bulk%, marked * above its ceiling beyond both spreads (noise) and ~ above it within them."""
     return _f(r.get("bulk_pct"), ".1f") + ("*" if r.get("noise") else "~" if r.get("at_ceiling") else "")
@@ -130,12 +169,12 @@ def header_lines(columns=None) -> list[str]:
             "# medians; bulk% = GB/s / the ceiling: the best of the same payload as one descriptor per layer (bulk)",
             "# or in contiguous chunks of 64K-4M, named in 'ceiling'; * = above the ceiling by more than the two",
             "# spreads (noise), ~ = above it within them (at the ceiling: the same rate);",
-            "# #wrong = destination elements that failed the check (- = not checked);",
+            *_wrap(WRONG_NOTE + ";"),
             "# clock = SKEW when the ranks' clocks are matched only within more than 5% of p50 (clocks.py);",
             "# us/L = kvbench's own time per layer outside the wire: posting calls + its notifications + landing",
             "# stamp to wait return (us, median over iterations of the slowest rank; costs.py);",
             "# n = samples behind the percentiles (requests x iterations); ci% = half the p50's 95% confidence",
-            "# interval (bootstrap), % of p50 (+ = --ci-budget ran out before --target-ci was met);",
+            "# interval (order statistics; - below 6 samples), % of p50 (+ = --ci-budget ran out before --target-ci was met);",
             f"# {FOOTNOTE}",
             *_variant_note(columns), "#", cols]
 
@@ -193,10 +232,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     for col, dflt in (("memory", "host"), ("copy", "batch"), ("register", "once")):  # older rows: the defaults
         if col in st:
             st[col] = st[col].astype(object).where(st[col].notna(), dflt)
-    # the check pass is the iter == -1 row; under a workload every admitted request carries its own count
-    rows = df[(df["iter"] == -1) | (df["workload"] != "none")]
-    checked = rows.groupby("case")["nwrong"].apply(lambda s: s.sum(min_count=1))
-    st["nwrong_checked"] = st["case"].map(checked)
+    # every checked iteration's count, not the check pass's alone: -c all's failing timed iteration shows here
+    counts = wrong_counts(df)
+    for col in counts:
+        st[col] = st["case"].map(counts[col])
     # a matrix's measurement (harness/flows.py): its one flow ("0->1") alone, or "all" of them
     flows = df[df["flow"].astype(str) != ""].groupby("case")["flow"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else "all") \
         if "flow" in df else pd.Series(dtype=object)
@@ -256,7 +295,8 @@ OVERLAP_COLUMNS = [
     ("p99", 8, lambda r: _f(r["exposed_p99"] * 1e3, ".2f")),
     ("model", 8, lambda r: _f(r["model_ms"], ".2f")),
     ("diff", 7, lambda r: _f(r["diff_ms"], "+.2f")),
-    ("#wrong", 6, lambda r: "-" if pd.isna(r["nwrong_checked"]) else f"{int(r['nwrong_checked'])}"),
+    ("#wrong", 6, lambda r: wrong_text(r)),
+    ("#chk", 5, lambda r: checks_text(r)),
     ("clock", 5, lambda r: _clock(r)),
 ]
 
@@ -268,7 +308,7 @@ def overlap_header_lines(columns=None) -> list[str]:
             "# synchronized by a barrier), ms; P = prefill time; T = payload / bulk GB/s of this path;",
             "# model = max(0, T - P) + T/L when streaming, T when serial; diff = exp p50 - model;",
             "# hs = allocate-then-stream handshake round trip (us, p50); n = exposed-time samples behind the",
-            f"# percentiles; {FOOTNOTE}", *_variant_note(columns), "#", "#" + cols[1:]]
+            f"# percentiles; {FOOTNOTE}", *_wrap(WRONG_NOTE), *_variant_note(columns), "#", "#" + cols[1:]]
 
 
 def uses_overlap(cases: list[dict]) -> bool:

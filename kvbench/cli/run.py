@@ -304,11 +304,13 @@ def footer(cfg, writer, printer, h) -> int:
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
-    sus = bounds.suspects(df, st)  # a time beyond physics (results/bounds.py)
+    judged = bounds.verdicts(df, st)  # a time beyond physics (results/bounds.py), or too noisy to say
+    sus = [v for v in judged if v.get("verdict", "SUSPECT") == "SUSPECT"]
+    loud = [v for v in judged if v.get("verdict") == "NOISY"]
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))
     for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)) + carriage.footer_lines(df):
         print(line)
-    for s in sus:
+    for s in sus + loud:
         print(f"# {bounds.line(s)}")
     print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
     print(f"# results: {writer.path}")
@@ -318,7 +320,7 @@ def footer(cfg, writer, printer, h) -> int:
                          "timed_s": [round(t, 4) for _, t in cost or []]},
                   clocks=pair_clocks(df),
                   reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
-                  suspects=[bounds.line(s) for s in sus], harness_overhead_us=overhead_us(printer),
+                  suspects=[bounds.line(s) for s in sus], noisy=[bounds.line(s) for s in loud], harness_overhead_us=overhead_us(printer),
                   layer_cost_us=costs.sidecar(df),  # per layer outside the wire (costs.py)
                   carriers=carriage.sidecar(df),
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))

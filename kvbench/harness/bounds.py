@@ -2,9 +2,10 @@
 
 ``wake_samples``: how long a thread takes to wake another here, at each transport's setup on every rank
 (a stamping thread sets an event, as a transport's receive thread does, and the waiter notes its return).
-``entry_bounds``: after a case's check, per request this rank receives, the GB/s its path can carry: the
-harness's own copy of the same bytes (a pair on one host) or the NIC's link rate (across hosts).
-Both run outside the timed iterations.
+``Beside``: beside each timed iteration, on its destination, the harness's own copy of the same bytes (a pair on
+one host): each iteration is judged against the copy made next to it, so load that comes and goes on a shared
+machine moves a row and its bound alike.  ``entry_bounds``: per request this rank receives from another host, the
+NIC's link rate.  All of it outside the timed iterations.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ WAKE_SAMPLES = 100  # wake-ups measured per setup of a transport that stamps
 WAKE_BUDGET_S = 0.3  # ... or fewer when a loaded machine makes them slower
 CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S = 30, 0.05  # again after each case: a shared machine's load comes and goes
 WORK = 1 << 20  # bytes the stamping thread copies before each stamp, as a receive thread reads before its own
-COPIES, MIN_COPIES, COPY_BUDGET_S = 12, 5, 0.25  # the best of up to COPIES copies, at least MIN_COPIES, until COPY_BUDGET_S are spent
-COPY_SPAN_S, MAX_COPIES = 0.005, 200  # small copies go on for this long (up to MAX_COPIES): a best that spans a time slice
 SCRATCH = 256 << 20  # the most bytes the copy's target holds: a larger request's bytes wrap around in it
+BESIDE_COPIES = 2  # beside each timed iteration, the better of this many copies: a time slice lost to another job
+# in one of them is not the bound
 
 
 def setup_wake(t, rank: int, hosts: list[str]) -> float:
@@ -78,71 +79,76 @@ def wake_samples(n: int = WAKE_SAMPLES, budget_s: float = WAKE_BUDGET_S) -> np.n
     return np.asarray(out)
 
 
-def best_copy_s(dst: np.ndarray, src: np.ndarray, descs: np.ndarray) -> float:
-    """The shortest of several harness copies of ``descs`` (one native call each)."""
-    best, spent, k = float("inf"), 0.0, 0
-    while k < MIN_COPIES or (k < COPIES and spent < COPY_BUDGET_S) or (k < MAX_COPIES and spent < COPY_SPAN_S):
-        a = time.perf_counter()
-        _native.copy_batch(dst, src, descs)
-        took = time.perf_counter() - a
-        best, spent, k = min(best, took), spent + took, k + 1
-    return best
-
-
-def alone(comm, entries, rank: int, hosts: list[str], pools, ifname: str | None, pages: str = "4k") -> dict:
-    """``entry_bounds`` on every rank at once (collective), between two barriers that sleep: no peer is still
-    filling or checking its pool, or spinning in MPI, while a rank copies (either made the copy, and so the bound,
-    slower than the path itself on a loaded machine: a row beyond it was called SUSPECT)."""
-    comm.barrier_asleep()
-    out = entry_bounds(entries, rank, hosts, pools, ifname, pages)
-    comm.barrier_asleep()
-    return out
-
-
-def entry_bounds(entries, rank: int, hosts: list[str], pools, ifname: str | None, pages: str = "4k") -> dict:
-    """Per request this rank receives: (GB/s bound, kind).  One host: the harness's own copy of the same bytes
-    (``packed``); across hosts: the link rate (results/bounds.network_bound); device memory: none."""
+def entry_bounds(entries, rank: int, hosts: list[str], pools, ifname: str | None) -> dict:
+    """Per request this rank receives: (GB/s bound, kind) where no copy beside its iterations measures it: across
+    hosts the link rate (results/bounds.network_bound); device memory: none.  A pair on one host: ``Beside``."""
     out = {}
     for e in entries if pools else ():  # a local-only transport's idle rank holds no pool
         if e.dst != rank:
             continue
         if hosts[e.src] != hosts[e.dst]:
             out[id(e)] = B.network_bound(ifname)
-            continue
-        dst = pools[-1].array
-        if dst is None or pools[-1].kind == "cuda":
+        elif pools[-1].array is None or pools[-1].kind == "cuda":
             out[id(e)] = (B.NAN, "none (device memory: no harness copy)")
-            continue
-        out[id(e)] = (B.copy_gbps(e.payload, best_copy_s(*packed(dst, e.layers, pages))), "memory copy")
     return out
 
 
-def after_case(m, s, comm, rank: int, hosts: list[str], pages: str = "4k") -> tuple[float, dict]:
+class Beside:
+    """The harness's copy of each request this rank receives from its own host, beside every timed iteration.
+
+    ``any``: whether any rank copies (collective, so that every rank waits at the same sleeping barriers);
+    ``copy()`` after each timed iteration, on every rank: a sleeping barrier (no peer still checking or spinning
+    in MPI beside the copy), this rank's copies (each the better of BESIDE_COPIES), another sleeping barrier;
+    ``gbps``: id(entry) -> per timed iteration GB/s."""
+
+    def __init__(self, h, entries, pools, variant: str = ""):
+        """``h``: the harness (its comm, rank, every rank's host, and --pages)."""
+        comm, rank, hosts, pages = h.comm, h.rank, h.hosts, h.opts.pages
+        pool = pools[-1] if pools else None
+        host = pool is not None and pool.array is not None and pool.kind != "cuda" and variant != "hot"
+        mine = [e for e in entries if host and e.dst == rank and hosts[e.src] == hosts[e.dst]]
+        self.jobs = [(id(e), e.payload, packed_descs(e.layers)) for e in mine]
+        self.gbps = {k: [] for k, _, _ in self.jobs}
+        size = max((int(min(d[:, 2].sum(), SCRATCH) + d[:, 2].max()) for _, _, d in self.jobs), default=0)
+        # page-aligned, and on huge pages where the pools are: on 4k pages beside a huge-page pool the copy paid
+        # TLB misses the transport did not, and bounded it too low
+        self.scratch = memory.alloc_host(size, pages="4k" if pages == "4k" else "thp") if size else None
+        self.pool, self.comm = pool.array if mine else None, comm
+        self.any = any(comm.allgather(bool(self.jobs)))
+
+    def copy(self) -> None:
+        if not self.any:
+            return
+        self.comm.barrier_asleep()
+        for k, payload, d in self.jobs:
+            best = float("inf")
+            for _ in range(BESIDE_COPIES):
+                a = time.perf_counter()
+                _native.copy_batch(self.scratch, self.pool, d)
+                best = min(best, time.perf_counter() - a)
+            self.gbps[k].append(B.copy_gbps(payload, best))
+        self.comm.barrier_asleep()
+
+
+def after_case(m, s) -> tuple[float, dict]:
     """After a case's check, on every rank: (its wake-up bound: the higher of its transport's setup's and one
-    measured now; per row index of its entries, (GB/s bound, kind): the better of before and after its timed
-    iterations).  ``m``: the case's Measurement, ``s``: the transport's Session (harness/state.py)."""
-    per = best(m.bounds, alone(comm, m.entries, rank, hosts, s.pools, s.ifname, pages))
+    measured now; per row index of its entries, (GB/s bound, kind): a list of one per timed iteration where the
+    harness copied beside them, else one value).  ``m``: the case's Measurement, ``s``: the transport's Session."""
+    per = dict(m.bounds)
+    if m.beside is not None:
+        per.update({k: (v, "memory copy") for k, v in m.beside.gbps.items() if v})
     wake = s.wake_bound
     if wake == wake:  # a transport that stamps: measured again now
         wake = max(wake, B.wake_bound(wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)))
     return wake, {i: per[id(e)] for i, e in enumerate(m.entries) if id(e) in per}
 
 
-def best(before: dict, after: dict) -> dict:
-    """Per request, the higher of two measurements of its bound (before and after its timed iterations: a
-    phase of a shared machine that slows one copy does not make the bound)."""
-    return {k: max(before.get(k, v), v, key=lambda x: x[0] if x[0] == x[0] else -1.0) for k, v in after.items()}
-
-
-def packed(pool: np.ndarray, layers: list[np.ndarray], pages: str = "4k") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(scratch, pool, descriptors) of a copy that reads a request's destination ranges where they lie in
-    ``pool`` and writes them one after another into a scratch buffer: the same bytes, read as the transport
-    wrote them, and the pool left as it is (bulk ranges lie at the same offsets on both sides, so a copy
-    from the pool's source ranges to its destination ranges could be a copy onto itself)."""
+def packed_descs(layers: list[np.ndarray]) -> np.ndarray:
+    """Descriptors of a copy that reads a request's destination ranges where they lie in its pool and writes them
+    one after another into a scratch buffer (wrapping at SCRATCH): the same bytes, read as the transport wrote
+    them, and the pool left as it is (bulk ranges lie at the same offsets on both sides, so a copy from the pool's
+    source ranges to its destination ranges could be a copy onto itself)."""
     d = np.concatenate(layers)
     lens = d[:, LEN]
     at = (np.cumsum(lens) - lens) % SCRATCH
-    # page-aligned, and on huge pages where the pools are (thp: a hugetlb reservation may not hold it too); on 4k
-    # pages beside a huge-page pool the copy paid TLB misses the transport did not, and bounded it too low
-    scratch = memory.alloc_host(int(min(lens.sum(), SCRATCH) + lens.max()), pages="4k" if pages == "4k" else "thp")
-    return scratch, pool, np.ascontiguousarray(np.stack([d[:, DST], at, lens], axis=1), dtype=np.int64)
+    return np.ascontiguousarray(np.stack([d[:, DST], at, lens], axis=1), dtype=np.int64)

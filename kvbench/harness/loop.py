@@ -1,12 +1,10 @@
 """The one timing loop: pools, registration, warm-up, barrier, iterations; then the check and the rows.
 
-Beside it: requests.py (a case's geometry, pool size and plan of requests), checkpass.py (the clock match and
-the check transfer after the timed iterations), rows.py (building and delivering result rows) and carriage.py
-(the NICs' counters around the timed iterations).  The harness owns *how* a case is measured; transports own
-*what* moves.  An iteration starts when a barrier ends.  Each rank records, for each of its requests, when its
-part was complete; for the destination that means the bytes are visible in its pool (its own receive
-completed, or the initiator's notification arrived).  The headline per request is the max over the two ranks
-of its pair, computed when results are read.
+Beside it: requests.py (a case's geometry, pool size, plan), checkpass.py (the clock match and the check after
+the timed iterations), rows.py (result rows), carriage.py (the NICs' counters).  The harness owns *how* a case is
+measured; transports own *what* moves.  An iteration starts when a barrier ends.  Each rank records, per request,
+when its part was complete (a destination: the bytes visible in its pool); the headline per request is the max
+over the two ranks of its pair, computed when results are read.
 """
 from __future__ import annotations
 
@@ -294,7 +292,8 @@ class Harness(Rows, Calibration, Carrying):
         itr = Iteration(t, self.comm, self.rank, entries, case, s.local)
         m = Measurement(self.case_no, case, g, entries, itr, codec=[] if t is not s.t else None,
                         cache=cachestate.make(self.opts.cache, s.pools, entries, self.rank, s.local),
-                        bounds=bounds.alone(self.comm, entries, self.rank, self.hosts, s.pools, s.ifname, self.opts.pages))
+                        bounds=bounds.entry_bounds(entries, self.rank, self.hosts, s.pools, s.ifname),
+                        beside=bounds.Beside(self, entries, s.pools, case["variant"]))
         if self.opts.check == "all" and s.pools:  # -c all: every timed iteration checked (checkpass.Every)
             m.every = checkpass.Every(self.rank, m, s.pools, s.nbytes)
         return m
@@ -349,6 +348,7 @@ class Harness(Rows, Calibration, Carrying):
                 stats = s.codec.take_stats() if m.codec is not None else None
                 ends, took = itr.prefill_ends(offset)  # per source: its prefill's end (real: measured there)
                 if k >= warmup:  # per timed iteration: done per entry, harness overhead, handshake, exposed
+                    m.beside.copy()  # the harness's own copy of the same bytes, beside this iteration (bounds.py)
                     self.timed_s += total
                     exposed = [d - ends.get(e.src, itr.prefill_s) if e.dst == self.rank else None
                                for d, e in zip(done, itr.order)]
@@ -384,7 +384,7 @@ class Harness(Rows, Calibration, Carrying):
             if self.opts.check:
                 nwrong = checkpass.check(self.comm, self.rank, m, s.pools, self._once, self.opts.inject_corruption)
             self.check_s += time.perf_counter() - a + (m.every.seconds if m.every is not None else 0.0)
-            wake_and_paths = bounds.after_case(m, s, self.comm, self.rank, self.hosts, self.opts.pages)  # bounds on its times
+            wake_and_paths = bounds.after_case(m, s)  # bounds on its times
         finally:
             GUARD.disarm()
         faults.at("between-cases", self.rank, m.no)  # before its rows reach rank 0 (a gather)

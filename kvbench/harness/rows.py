@@ -7,6 +7,8 @@ build their rows through the same ``base_row`` and ``deliver``.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from kvbench.codecs.path import codec_columns, lossy_columns
 from kvbench.harness import carriage, flows, placing, railrows, setuprows
 from kvbench.harness.requests import case_geometry
@@ -66,7 +68,7 @@ class Rows:
                         payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
                         queue_s=nan, arrival_s=nan, completion=rules[k], wake_bound_s=wake_bound,
-                        bound_gbps=per_entry.get(k, (nan, ""))[0], bound_kind=per_entry.get(k, (nan, ""))[1],
+                        bound_gbps=bound_at(per_entry.get(k, (nan, ""))[0], None), bound_kind=per_entry.get(k, (nan, ""))[1],
                         **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst),
                         **(rails or {}).get(k, railrows.EMPTY),
                         **({"tokens": e.tokens} if e.tokens else {}),
@@ -83,7 +85,8 @@ class Rows:
                                  skew_s=skew if skews is not None else nan, clock_err_s=err, clock_offset_s=off,
                                  **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
                                  **real_prefill_s(took, it, e.src),
-                                 cache_bytes=0 if cache is None or not cache[1][it] else cache[0][k], **(carry or {})))
+                                 cache_bytes=0 if cache is None or not cache[1][it] else cache[0][k],
+                                 bound_gbps=bound_at(per_entry.get(k, (nan, ""))[0], it), **(carry or {})))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
@@ -130,3 +133,13 @@ def stage_columns(stages: dict | None) -> dict:
     nan = float("nan")
     stages = stages or {}
     return {f"{k}_s": float(stages.get(k, nan)) for k in ("gather", "wire", "scatter")}
+
+
+def bound_at(bound, it: int | None) -> float:
+    """A row's GB/s bound: the copy beside its timed iteration ``it`` (a list per iteration), their median for
+    the check pass's row (``it`` None), or the one value a link's rate gives every iteration."""
+    if not isinstance(bound, list):
+        return bound
+    if it is None:
+        return float(np.median(bound)) if bound else float("nan")
+    return bound[it] if it < len(bound) else float("nan")

@@ -65,6 +65,7 @@ class Measurement:
     ran: int = 0  # iterations so far, warm-ups included
     every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)
     bounds: dict = field(default_factory=dict)  # id(entry) -> (GB/s its path can carry, kind) (harness/bounds.py)
+    beside: Any = None  # the harness's copies beside each timed iteration (harness/bounds.Beside)
     first: list | None = None  # per entry in the iteration's order: its first transfer's seconds (setuprows.py)
     rail_wire: dict = field(default_factory=dict)  # per peer and rail: kernel-counted [sent, received] bytes, timed
     timed: int = 0  # timed iterations so far (the rail counts' divisor)

@@ -45,6 +45,9 @@ def status(r) -> str:
     flag = r.get("suspect")
     if flag is not None and not (isinstance(flag, float) and pd.isna(flag)) and bool(flag):
         return "SUSPECT"
+    loud = r.get("noisy_case")  # beyond the copies beside it, within their best: no verdict (results/bounds.py)
+    if loud is not None and not (isinstance(loud, float) and pd.isna(loud)) and bool(loud):
+        return "noisy"
     for col in STATUS_COLUMNS:
         if col in r and isinstance(r[col], str) and r[col] and r[col] != "ok":
             return r[col]
@@ -103,10 +106,10 @@ def machine_line(meta: dict) -> str:
             f"RDMA: {', '.join(s.get('rdma_devices') or []) or 'none'}")
 
 
-def suspect_cases(meta: dict) -> set[int]:
-    """The cases a run's sidecar names in its SUSPECT lines ('SUSPECT: case N (...)'), for rows that carry no
-    status of their own."""
-    return {int(m.group(1)) for line in meta.get("suspects") or [] if isinstance(line, str)
+def suspect_cases(meta: dict, key: str = "suspects") -> set[int]:
+    """The cases a run's sidecar names in its SUSPECT lines ('SUSPECT: case N (...)'; ``key`` "noisy": its NOISY
+    lines), for rows that carry no status of their own."""
+    return {int(m.group(1)) for line in meta.get(key) or [] if isinstance(line, str)
             for m in [re.search(r"\bcase (\d+)\b", line)] if m}
 
 
@@ -118,7 +121,9 @@ def _one_run(table: pd.DataFrame) -> pd.DataFrame:
 def add_section(page, runs) -> None:
     """The summary, made the page's lead (rendered first, before the machines and the contents)."""
     st = pd.concat([r.st.assign(suspect=r.st["suspect"] if "suspect" in r.st else
-                                r.st["case"].isin(suspect_cases(r.meta))) for r in runs], ignore_index=True)
+                                r.st["case"].isin(suspect_cases(r.meta)),
+                                noisy_case=r.st["case"].isin(suspect_cases(r.meta, "noisy"))) for r in runs],
+                   ignore_index=True)
     st = st[st["status"] != "skipped"]
     bw, ex = best_paged(st[st["kind"] == "bandwidth"]), exposed_per_model(st[st["kind"] == "exposed"])
     machines = list(dict.fromkeys(machine_line(r.meta) for r in runs))
@@ -129,7 +134,8 @@ def add_section(page, runs) -> None:
                     "ceiling = against the same bytes in one piece or in large chunks, measured alongside; % of line = "
                     "against the link's rate; status: ok, at ceiling = above the ceiling within both spreads (the same rate), "
                     "noise = above the ceiling by more than both spreads, "
-                    "SUSPECT = beyond a physical bound, WRONG = the check found wrong bytes). Every row follows below "
+                    "SUSPECT = beyond a physical bound, noisy = beyond the harness's copies beside it but within "
+                    "their best (load can make that: no verdict), WRONG = the check found wrong bytes). Every row follows below "
                     "and in the CSV.")
         tables.append(("best paged GB/s per path and op", _one_run(bw)))
     if len(ex):

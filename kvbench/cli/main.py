@@ -195,7 +195,8 @@ def build_parser() -> Parser:
                    "its file is)")
     r.add_argument("--name", type=text, help="name used in the result file (default: the suite's name)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",
-                   help="fault injection: flip N destination bytes before the check (proves the check works)")
+                   help="fault injection: flip N bytes of the first request in the destination pool as they land, "
+                        "before the check (proves the check end to end, from the pool)")
     add_model_flags(r)
 
     s = sub.add_parser("size", help="KV bytes of a request, blocks, descriptors and time at named link rates")

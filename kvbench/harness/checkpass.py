@@ -62,14 +62,15 @@ def check(comm, rank: int, m: Measurement, pools: list[Pool], run_once, inject_c
     first = mine[0] if mine else None
 
     def look(e):
-        """At the landing: a device pool's ranges counted in place (the flipped bytes of the fault test first),
-        host bytes copied aside."""
-        if not in_place:
-            return chk.snapshot(dst_pool, e.layers)
+        """At the landing: the fault test's bytes flipped in the pool itself (the landed bytes, so the check is
+        proven from the pool on, not from its copy), then a device pool's ranges counted in place, host bytes
+        copied aside."""
         d = np.concatenate(e.layers)
         if e is first and inject_corruption:
             at = int(d[0, DST])
             dst_pool[at : at + min(inject_corruption, int(d[0, LEN]))] ^= 0xFF
+        if not in_place:
+            return chk.snapshot(dst_pool, e.layers)
         return chk.count_now(dst_pool, d, e.src, elem_of(m), epoch)
 
     def final(ks):
@@ -92,9 +93,6 @@ def check(comm, rank: int, m: Measurement, pools: list[Pool], run_once, inject_c
     landed_after_posted(comm, m, mine, landed, dict(itr.bound_at))
     if in_place:
         return [int(copies[id(e)]) if e.dst == rank else 0 for e in entries]
-    if mine and inject_corruption:
-        copy = copies[id(mine[0])][0]
-        copy[:inject_corruption] ^= 0xFF
     if case.get("codec", "").startswith("cast-"):  # lossy: elements outside the codec's stated tolerance
         m.errors = {id(e): lossy_check(copies[id(e)], e, epoch, case) for e in mine}
         return [m.errors[id(e)][0] if e.dst == rank else 0 for e in entries]

@@ -172,23 +172,30 @@ def test_a_paged_row_above_the_ceiling_by_more_than_the_spread_is_flagged():
     from kvbench.report import summarize
     from kvbench.results.store import CASE_COLUMNS, ROW_COLUMNS
 
-    def rows(case, variant, times):
+    def rows(case, variant, times, rounds=5):
         base = {c: 0 for c in CASE_COLUMNS} | {"case": case, "variant": variant, "transport": "shm", "op": "push",
                                                 "model": "m", "tokens": 1, "layers": 1, "overlap": "serial",
                                                 "prefill_ms_set": "0", "workload": "none", "status": "ok",
                                                 "payload_bytes": 10**9, "descriptors": 1, "pair": 0, "req": 0,
                                                 "prefill_s": 0.0}
-        return [dict(base, iter=i, round=i % 4, seconds=s, rank=0) for i, s in enumerate(times)]
+        return [dict(base, iter=i, round=i % rounds, seconds=s, rank=0) for i, s in enumerate(times)]
 
-    steady = [1.0] * 8
-    df = pd.DataFrame(rows(1, "bulk", steady) + rows(2, "paged", [0.5] * 8) + rows(3, "paged", [1.25] * 8)
-                      + rows(4, "paged", [0.5, 0.9] * 4), columns=ROW_COLUMNS)
+    steady = [1.0] * 10
+    df = pd.DataFrame(rows(1, "bulk", steady) + rows(2, "paged", [0.5] * 10) + rows(3, "paged", [1.25] * 10)
+                      + rows(4, "paged", [0.5, 0.9, 0.5, 0.9, 0.7] * 2), columns=ROW_COLUMNS)
     st = summarize(df).set_index("case")
     assert st.loc[1, "ceil_name"] == "bulk" and st.loc[2, "bulk_pct"] == 200.0
     assert st.loc[2, "noise"]  # twice the ceiling, no spread on either: noise, flagged
     assert st.loc[3, "bulk_pct"] == 80.0 and not st.loc[3, "noise"]
-    # per-round medians 0.5, 0.9, 0.5, 0.9: spread (0.9 - 0.5) / 0.7 = 57%; 1/0.7 = 143% is within 100 + 57
+    # per-round medians 0.5, 0.9, 0.5, 0.9, 0.7: spread (0.9 - 0.5) / 0.7 = 57%; 1/0.7 = 143% is within 100 + 57
     assert round(st.loc[4, "spread_pct"]) == 57 and round(st.loc[4, "bulk_pct"]) == 143 and not st.loc[4, "noise"]
+    # from 4 rounds a spread is 4 medians: printed with its n, and it decides no * (twice the ceiling reads ~)
+    few = summarize(pd.DataFrame(rows(1, "bulk", steady, 4) + rows(2, "paged", [0.5, 0.6] * 5, 4),
+                                 columns=ROW_COLUMNS)).set_index("case")
+    assert few.loc[2, "bulk_pct"] > 150 and not few.loc[2, "noise"] and few.loc[2, "at_ceiling"]
+    from kvbench.report.tables import bulk_pct_text, spread_text
+    assert spread_text(few.loc[2]).endswith("(4)") and bulk_pct_text(few.loc[2]).endswith("~")
+    assert spread_text(st.loc[4]) == "57.1" and bulk_pct_text(st.loc[2]) == "200.0*"
     one = pd.DataFrame([dict(r, round=0) for r in rows(5, "bulk", [1.0, 2.0] * 4)], columns=ROW_COLUMNS)
     assert pd.isna(summarize(one)["spread_pct"].iloc[0])  # one round: no spread measured, not a 0% one
 

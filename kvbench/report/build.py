@@ -12,7 +12,7 @@ from . import codecs, fabric, fitsection, plots, setup, summary, tracesection
 from .link import LinkOverride
 from .page import Page
 from .stats import Run, load_run
-from .tables import WRONG_NOTE, bulk_pct_text, checks_text, wrong_text
+from .tables import WRONG_NOTE, bulk_pct_text, checks_text, spread_text, wrong_text
 
 SAMPLES_NOTE = ("n = samples behind the percentiles (requests x iterations). p50 95% CI = the p50's order-statistic "
                 "confidence interval (- below 6 samples); (target) or (budget) after it: --target-ci ran the case until the interval's "
@@ -98,7 +98,7 @@ def bandwidth_table(bw: pd.DataFrame) -> pd.DataFrame:
         "block (tok)": r["block_size"] if r["variant"] == "paged" else "-", "alloc": r["allocation"],
         "descs": r["descriptors"], "payload (MB)": _f(r["payload_bytes"] / 1e6, ".2f"), "n": _n(r.get("samples")),
         "p50 (ms)": _f(r["p50"] * 1e3, ".3f"), "p50 95% CI (ms)": _ci(r), "p95 (ms)": _f(r["p95"] * 1e3, ".3f"),
-        "p99 (ms)": _f(r["p99"] * 1e3, ".3f"), "GB/s": _f(r["gbps"], ".2f"), "±%": _f(r["spread_pct"], ".1f"),
+        "p99 (ms)": _f(r["p99"] * 1e3, ".3f"), "GB/s": _f(r["gbps"], ".2f"), "±%": spread_text(r),
         "bulk%": bulk_pct_text(r), "ceiling": r["ceil_name"] or "-",
         "link (GB/s)": _f(r["link_gbps"], ".2f"), "%line": _f(r["pct_line"], ".1f"), "link rate from": r["link"],
         "#wrong": wrong_text(r), "#chk": checks_text(r)} for _, r in bw.iterrows()])

@@ -15,6 +15,9 @@ from kvbench.results import costs
 from kvbench.results.samples import FOOTNOTE
 from kvbench.results.store import SCHEMA_VERSION, case_stats, transfer_rows, upgrade
 
+# re-exported: build.py and older callers read them here
+from .counts import MIN_ROUNDS, WRONG_NOTE, checks_text, spread_pct, spread_text, wrong_counts, wrong_text  # noqa: F401
+
 # (header, width, formatter of a case_stats line)
 COLUMNS = [
     ("transport", 10, lambda r: r["transport"]),
@@ -38,7 +41,7 @@ COLUMNS = [
     ("p99(us)", 9, lambda r: _f(r["p99"] * 1e6, ".1f")),
     ("GB/s", 7, lambda r: _f(r["gbps"], ".2f")),
     ("aggGB/s", 7, lambda r: _f(r.get("agg_gbps"), ".2f")),
-    ("±%", 5, lambda r: _f(r.get("spread_pct"), ".1f")),
+    ("±%", 6, spread_text),
     ("bulk%", 7, lambda r: bulk_pct_text(r)),
     ("ceiling", 10, lambda r: r.get("ceil_name") or "-"),
     ("#wrong", 6, lambda r: wrong_text(r)),
@@ -113,41 +116,9 @@ def _i(x) -> str:
     return "-" if x is None or pd.isna(x) else f"{int(x)}"
 
 
-def wrong_text(r) -> str:
-    """A row's #wrong: wrong elements over every checked iteration ('-' = not checked)."""
-    return _i(r.get("nwrong_checked"))
-
-
-def checks_text(r) -> str:
-    """How many checked iterations (a workload: checked requests) its #wrong covers ('-' = not checked)."""
-    return "-" if pd.isna(r.get("nwrong_checked")) else _i(r.get("nwrong_iters"))
-
-
-WRONG_NOTE = ("#wrong = destination elements that failed the check, summed over the #chk checked iterations (the "
-              "check pass, and each timed one under -c all; a workload: its checked requests); - = not checked")
-
-
 def _wrap(text: str) -> list[str]:
     """A legend as '#' lines of the table's width."""
     return ["# " + ln for ln in textwrap.wrap(text, 104)]
-
-
-def wrong_counts(df: pd.DataFrame) -> pd.DataFrame:
-    """Per case (the index): ``nwrong_checked``, the wrong elements of its destination rows summed over every
-    checked iteration, and ``nwrong_iters``, how many that covers: the check pass (iter -1), each timed iteration
-    whose rows carry a count (-c all), a workload's each checked request.  A case nothing checked is absent; a file
-    without per-iteration counts (before -c all, or -c 1) sums the check pass alone, as it always read."""
-    d = df[df["nwrong"].notna()]
-    if "role" in d:  # a source's rows carry 0 (checkpass.py): the counts are the destination's
-        d = d[d["role"] != "prefill"]
-    if d.empty:
-        return pd.DataFrame({"nwrong_checked": pd.Series(dtype=float), "nwrong_iters": pd.Series(dtype=float)})
-    workload = d["workload"].fillna("none") != "none" if "workload" in d else pd.Series(False, index=d.index)
-    # a timed iteration is one check of every pair and request; a workload's request is a check of its own
-    n_iter = d[~workload].groupby("case")["iter"].nunique()
-    n_req = d[workload].groupby("case").size()
-    return pd.DataFrame({"nwrong_checked": d.groupby("case")["nwrong"].sum().astype(float),
-                         "nwrong_iters": pd.concat([n_iter, n_req]).groupby(level=0).sum().astype(float)})
 
 
 def bulk_pct_text(r) -> str:
@@ -166,9 +137,10 @@ def header_lines(columns=None) -> list[str]:
     return ["# GB/s = 10^9 bytes/s of one request's KV payload at its p50 time; time = until the destination",
             "# knows the last byte landed (max over the pair's ranks); aggGB/s = all requests of all pairs of an",
             "# iteration / the time the last one landed (median); ±% = spread: interquartile range of the per-round",
-            "# medians; bulk% = GB/s / the ceiling: the best of the same payload as one descriptor per layer (bulk)",
-            "# or in contiguous chunks of 64K-4M, named in 'ceiling'; * = above the ceiling by more than the two",
-            "# spreads (noise), ~ = above it within them (at the ceiling: the same rate);",
+            "# medians, (n) after it: from n < 5 rounds, too few to decide a *; bulk% = GB/s / the ceiling: the",
+            "# best of the same payload as one descriptor per layer (bulk) or in contiguous chunks of 64K-4M, named",
+            "# in 'ceiling'; * = above the ceiling by more than the two spreads (noise), ~ = above it within them",
+            "# (at the ceiling: the same rate);",
             *_wrap(WRONG_NOTE + ";"),
             "# clock = SKEW when the ranks' clocks are matched only within more than 5% of p50 (clocks.py);",
             "# us/L = kvbench's own time per layer outside the wire: posting calls + its notifications + landing",
@@ -213,18 +185,6 @@ BULK_KEYS += ["flow_mode", "flows"]  # v7: a matrix's flow alone against its own
 BULK_KEYS += ["register"]  # v7: a per-request case's references register per request too
 
 
-def spread_pct(df: pd.DataFrame) -> pd.Series:
-    """Per case: the interquartile range of its per-round median times, in % of their median (NaN with one round:
-    no spread to measure, where 0 would read as a steady one)."""
-    ok = df[(df["status"] == "ok") & (df["iter"] >= 0) & df["round"].notna() & df["seconds"].notna()]
-    if ok.empty:  # a workload's rows have no rounds
-        return pd.Series(dtype=float)
-    t = ok.groupby(["case", "round", "pair", "req", "iter"])["seconds"].max()
-    per_round = t.groupby(["case", "round"]).median()
-    q = per_round.groupby("case").quantile([0.25, 0.5, 0.75]).unstack()
-    return (100 * (q[0.75] - q[0.25]) / q[0.5]).where(per_round.groupby("case").size() > 1)
-
-
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """case_stats plus bulk% (each paged case against the bulk case of the same payload)."""
     df = transfer_rows(df)  # setup rows have tables of their own (report/setup.py)
@@ -249,12 +209,17 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     # the ceiling: the best of the same bytes as one descriptor per layer or in contiguous chunks, measured
     # alongside; bulk% is against it, and a row above it by more than the two spreads is noise, flagged
     st["spread_pct"] = st["case"].map(spread_pct(df))
+    st["spread_rounds"] = st["case"].map(spread_pct(df, rounds=True))
     refs = st[st["variant"].isin(REFERENCES)].sort_values("gbps").groupby(BULK_KEYS).last()
-    best = {k: (r["gbps"], r["variant"], r["spread_pct"]) for k, r in refs.iterrows()}
-    nan = (float("nan"), "", float("nan"))
-    st["ceil_gbps"], st["ceil_name"], ceil_spread = zip(*[best.get(k, nan) for k in keyed]) if len(st) else ((), (), ())
+    best = {k: (r["gbps"], r["variant"], r["spread_pct"], r["spread_rounds"]) for k, r in refs.iterrows()}
+    nan = (float("nan"), "", float("nan"), float("nan"))
+    st["ceil_gbps"], st["ceil_name"], ceil_spread, ceil_rounds = zip(*[best.get(k, nan) for k in keyed]) \
+        if len(st) else ((), (), (), ())
     st["bulk_pct"] = 100 * st["gbps"] / st["ceil_gbps"]
     over = st["bulk_pct"] > 100 + st["spread_pct"].fillna(0) + pd.Series(ceil_spread, index=st.index).fillna(0)
+    # a spread from fewer than MIN_ROUNDS rounds (2-4 medians) is no measure of noise: it decides no *
+    enough = (st["spread_rounds"].fillna(0) >= MIN_ROUNDS) & (pd.Series(ceil_rounds, index=st.index).fillna(0) >= MIN_ROUNDS)
+    over = over & enough
     st["noise"] = over & (st["variant"] == "paged")  # hot beats the ceiling by design (cache-resident)
     # above its ceiling within the two spreads: the same rate as the ceiling, said so rather than shown as a gain
     st["at_ceiling"] = (st["bulk_pct"] > 100) & ~over & (st["variant"] == "paged")

@@ -39,6 +39,18 @@ class Record(NamedTuple):
     round: int  # the turn it was measured in (rounds > 1)
 
 
+class _NoCopies:
+    """A Measurement built without the harness's copies beside its iterations (harness/bounds.Beside): none made."""
+
+    gbps: dict = {}
+
+    def copy(self) -> None:
+        pass
+
+
+NO_COPIES = _NoCopies()
+
+
 @dataclass
 class Measurement:
     """One case on this rank: its plan and iteration, then what each timed iteration recorded."""
@@ -65,7 +77,7 @@ class Measurement:
     ran: int = 0  # iterations so far, warm-ups included
     every: Any = None  # -c all: the check of every timed iteration (checkpass.Every)
     bounds: dict = field(default_factory=dict)  # id(entry) -> (GB/s its path can carry, kind) (harness/bounds.py)
-    beside: Any = None  # the harness's copies beside each timed iteration (harness/bounds.Beside)
+    beside: Any = field(default_factory=lambda: NO_COPIES)  # the harness's copies beside each timed iteration
     first: list | None = None  # per entry in the iteration's order: its first transfer's seconds (setuprows.py)
     rail_wire: dict = field(default_factory=dict)  # per peer and rail: kernel-counted [sent, received] bytes, timed
     timed: int = 0  # timed iterations so far (the rail counts' divisor)

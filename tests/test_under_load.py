@@ -1,0 +1,41 @@
+"""Verdicts that hold under load (issue: no lie reads OK, item 6): beside two CPU-bound processes on this
+machine, honest shm and tcp runs end OK, never SUSPECT (each timed iteration is judged against the harness's
+copy made beside it, so the load moves a row and its bound alike), while a lie about the bytes is still caught:
+its verdict rests on content, not on time."""
+import os
+import subprocess
+import sys
+
+import pytest
+from liars import LIARS
+
+ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
+       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture
+def hogs():
+    """Two busy loops, one per CPU of these machines, for as long as the test runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
+
+
+@pytest.mark.alone  # it brings its own load: another test's beside it would be a third
+def test_honest_runs_beside_two_busy_loops_end_ok(kvrun, hogs):
+    r = kvrun(["-t", "shm,tcp", "-n", "8"], timeout=400)
+    assert r.code == 0 and "SUSPECT" not in r.out, r.out + r.err
+    assert r.out.rstrip().splitlines()[-2].endswith("OK"), r.out
+    assert all(p.poll() is None for p in hogs)  # the load was there throughout
+
+
+@pytest.mark.alone
+def test_a_skipped_iteration_is_caught_beside_two_busy_loops(kvrun, hogs):
+    r = kvrun(["-t", "lie-skip", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16", "-e", "16",
+               "-n", "10", "-w", "0", "--rounds", "1", "--variants", "paged", "-c", "all"], env=ENV, timeout=400)
+    assert r.code == 2 and "FAILED" in r.out, r.out + r.err
+    assert all(p.poll() is None for p in hogs)

@@ -249,3 +249,16 @@ def test_beyond_the_copies_beside_it_but_within_their_best_is_noisy_not_suspect(
     line = B.line(s)
     assert line.startswith("NOISY: case 1 (shm pull m 256 tokens, bulk, host, serial): 20.00 GB/s (p50) beyond")
     assert "within the best copy of its window (18.00 GB/s)" in line and "--bind core" in line
+
+
+def test_a_case_whose_clocks_are_matched_only_loosely_is_named_skew_and_not_ok_on_the_page():
+    from kvbench.report.summary import status
+
+    df = pd.concat([rows(1, [1e-3] * 4, bound=np.nan), rows(2, [1e-3] * 4, bound=np.nan)], ignore_index=True)
+    st = stats(df)
+    st["clock_err_s"], st["clock_flag"] = [1e-5, 2e-4], [False, True]  # 1% and 20% of a 1 ms p50
+    (line,) = B.skew_lines(st)
+    assert line.startswith("SKEW: case 2 (shm pull m 256 tokens, bulk, host, serial): the ranks' clocks are matched "
+                           "only within 200 us, 20% of its p50 (1000 us)"), line
+    assert [status(r) for _, r in st.iterrows()] == ["ok", "SKEW"]
+    assert B.skew_lines(st.drop(columns="clock_flag")) == [] and B.skew_lines(None) == []

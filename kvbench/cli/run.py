@@ -310,8 +310,8 @@ def footer(cfg, writer, printer, h) -> int:
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))
     for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)) + carriage.footer_lines(df):
         print(line)
-    for s in sus + loud:
-        print(f"# {bounds.line(s)}")
+    for line in [bounds.line(s) for s in sus + loud] + bounds.skew_lines(st):
+        print(f"# {line}")
     print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
     print(f"# results: {writer.path}")
     cost = getattr(h, "check_cost", None)
@@ -320,9 +320,9 @@ def footer(cfg, writer, printer, h) -> int:
                          "timed_s": [round(t, 4) for _, t in cost or []]},
                   clocks=pair_clocks(df),
                   reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
-                  suspects=[bounds.line(s) for s in sus], noisy=[bounds.line(s) for s in loud], harness_overhead_us=overhead_us(printer),
-                  layer_cost_us=costs.sidecar(df),  # per layer outside the wire (costs.py)
-                  carriers=carriage.sidecar(df),
+                  suspects=[bounds.line(s) for s in sus], noisy=[bounds.line(s) for s in loud],
+                  skew=bounds.skew_lines(st), harness_overhead_us=overhead_us(printer),
+                  layer_cost_us=costs.sidecar(df), carriers=carriage.sidecar(df),  # costs.py, carriage.py
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
     return ST.exit_code(status)
 

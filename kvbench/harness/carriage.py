@@ -15,7 +15,7 @@ import subprocess
 
 from kvbench.fabric import carriers as C
 from kvbench.fabric import nics
-from kvbench.harness import railrows
+from kvbench.harness import railrows, wirerows
 from kvbench.harness.state import UserError
 from kvbench.model.schemes import make_pairs
 from kvbench.transports import options as O
@@ -97,6 +97,14 @@ class Carrying:
         count of each rail of transport ``t`` (railrows.py)."""
         m.nic_before = nics.sample(nvlink=m.case.get("memory") == "cuda")
         m.rails_before = railrows.counters(t)
+        m.wire_before = wirerows.sample(t)
+
+    def after_iteration(self, m, t, timed: bool) -> dict | None:
+        """After an iteration's closing barrier (outside its window): on a timed one, the wire count of transport
+        ``t`` since the last sample (wirerows.py); a staged transport's per-stage seconds (None for the rest)."""
+        if timed:
+            wirerows.take(m, t)
+        return t.take_stages() if hasattr(t, "take_stages") else None
 
     def nic_take(self, m, t, iters: int) -> None:
         """After its last timed iteration (``iters`` of them): add what every NIC and rail moved since ``nic_mark``."""

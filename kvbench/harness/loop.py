@@ -343,7 +343,7 @@ class Harness(Rows, Calibration, Carrying):
                 (self.comm.barrier_asleep if s.t.idle_sleeps else self.comm.barrier)()
                 if every is not None:
                     every.count()
-                stages = s.t.take_stages() if hasattr(s.t, "take_stages") else None  # staged: per-stage seconds
+                stages = self.after_iteration(m, s.t, k >= warmup)  # staged: per-stage seconds; tcp: its wire count
                 m.next += 1  # tags stay distinct across rounds
                 stats = s.codec.take_stats() if m.codec is not None else None
                 ends, took = itr.prefill_ends(offset)  # per source: its prefill's end (real: measured there)
@@ -397,4 +397,4 @@ class Harness(Rows, Calibration, Carrying):
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
                   every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
                   first=[m.first[p] for p in pos] if m.first else None, carry=self.carrier_columns(m, s),
-                  rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed))
+                  rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed), wire=m.wire)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench.codecs.path import codec_columns, lossy_columns
-from kvbench.harness import carriage, flows, placing, railrows, setuprows
+from kvbench.harness import carriage, flows, placing, railrows, setuprows, wirerows
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
 from kvbench.job import faults
@@ -49,17 +49,20 @@ class Rows:
             "row_kind": "transfer", "phase": "", "peer": -1, "region_bytes": nan,  # setup rows: setuprows.py
             **dict(FABRIC_DEFAULTS, flow_mode=case.get("flow_mode", "")),  # rails (railrows.py), flows (flows.py)
             **carriage.DEFAULTS,  # a timed row's carrier columns (schema 7): carriage.py
+            **wirerows.DEFAULTS,  # a timed row's counted wire bytes (schema 8): wirerows.py
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
              errors=None, stages=None, cost=None, took=None, cache=None, every=None, bounds=None, first=None,
-             rails=None, carry=None) -> None:
+             rails=None, carry=None, wire=None) -> None:
         """A case's rows on this rank: one per (entry, timed iteration) and the check pass's; ``every`` (-c all):
         per timed iteration the wrong elements per entry, each timed row's ``nwrong``; ``bounds``: (this rank's
         wake-up bound, per entry (GB/s bound, kind)) from harness/bounds.py; ``first``: per entry, its first
         transfer's seconds (setuprows.py); ``rails``: per entry its rail columns (railrows.py); ``carry``: this
-        rank's carrier columns of the timed rows (carriage.py)."""
+        rank's carrier columns of the timed rows (carriage.py); ``wire``: per timed iteration the transport's counted
+        bytes per peer (wirerows.py)."""
         rows, bases = [], []
+        counted = wirerows.per_entry(wire, entries, self.rank)
         wake_bound, per_entry = bounds or (nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
         for k, e in enumerate(entries):
@@ -86,7 +89,8 @@ class Rows:
                                  **codec_columns(codec, it, e, case), **costs.row(cost, it, k),
                                  **real_prefill_s(took, it, e.src),
                                  cache_bytes=0 if cache is None or not cache[1][it] else cache[0][k],
-                                 bound_gbps=bound_at(per_entry.get(k, (nan, ""))[0], it), **(carry or {})))
+                                 bound_gbps=bound_at(per_entry.get(k, (nan, ""))[0], it), **(carry or {}),
+                                 wire_counted_bytes=wirerows.at(counted, k, it)))
             if nwrong is not None:
                 rows.append(dict(base, iter=-1, round=-1, seconds=nan, harness_seconds=nan, handshake_s=nan, exposed_s=nan,
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,

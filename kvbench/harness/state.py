@@ -84,6 +84,8 @@ class Measurement:
     rails_before: dict | None = None  # the rails' kernel counts before the timed iterations under way (carriage.py)
     nic_before: dict | None = None  # every NIC's counters before the timed iterations under way (carriage.py)
     nic_moved: dict | None = None  # per NIC (tx, rx) bytes over the case's timed iterations so far
+    wire: list = field(default_factory=list)  # per timed iteration: per peer the counted (sent, received) bytes
+    wire_before: dict | None = None  # the transport's wire count at the last sample (harness/wirerows.py)
 
 
 class UserError(ValueError):

@@ -48,6 +48,8 @@ def status(r) -> str:
     loud = r.get("noisy_case")  # beyond the copies beside it, within their best: no verdict (results/bounds.py)
     if loud is not None and not (isinstance(loud, float) and pd.isna(loud)) and bool(loud):
         return "noisy"
+    if r.get("clock_flag") is not None and not pd.isna(r.get("clock_flag")) and bool(r.get("clock_flag")):
+        return "SKEW"  # its clocks matched only within more than 5% of its p50: not an OK measurement
     for col in STATUS_COLUMNS:
         if col in r and isinstance(r[col], str) and r[col] and r[col] != "ok":
             return r[col]
@@ -135,7 +137,8 @@ def add_section(page, runs) -> None:
                     "against the link's rate; status: ok, at ceiling = above the ceiling within both spreads (the same rate), "
                     "noise = above the ceiling by more than both spreads, "
                     "SUSPECT = beyond a physical bound, noisy = beyond the harness's copies beside it but within "
-                    "their best (load can make that: no verdict), WRONG = the check found wrong bytes). Every row follows below "
+                    "their best (load can make that: no verdict), SKEW = its ranks' clocks matched only within more "
+                    "than 5% of its p50, WRONG = the check found wrong bytes). Every row follows below "
                     "and in the CSV.")
         tables.append(("best paged GB/s per path and op", _one_run(bw)))
     if len(ex):

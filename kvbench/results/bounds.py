@@ -214,3 +214,17 @@ def line(s: dict) -> str:
         return (f"NOISY: {head}, but its fastest iterations are within the best copy of its window ({s['best']:.2f} GB/s): other work on this "
                 "machine can make that, so no verdict; for one, run it with fewer jobs beside it, or --bind core")
     return f"SUSPECT: {head}: faster than the bytes can move"
+
+
+def skew_lines(st: pd.DataFrame | None) -> list[str]:
+    """One line per case whose ranks' clocks are matched only within more than 5% of its p50 (``clock_flag``,
+    report/tables.py): its time is uncertain by that much, so the footer names it beside the run's status."""
+    if st is None or "clock_flag" not in st or not len(st):
+        return []
+    out = []
+    for _, r in st[st["clock_flag"].fillna(False).astype(bool)].set_index("case").iterrows():
+        err, p50 = float(r["clock_err_s"]), float(r["p50"])
+        out.append(f"SKEW: {key(r)}: the ranks' clocks are matched only within {err * 1e6:.0f} us, "
+                   f"{100 * err / p50:.0f}% of its p50 ({p50 * 1e6:.0f} us): its time is that uncertain, not an OK "
+                   "measurement (a larger request, or fewer jobs beside it)")
+    return out

@@ -6,13 +6,14 @@ import numpy as np
 
 from kvbench.fabric.carriers import COLUMNS as CARRIER_DEFAULTS
 
-SCHEMA_VERSION = 7  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 8  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
 # blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
-# 7: --register (schema 7 below; 1-6 read as "once"), carriers and the fabric columns (schema 7 below)
-READS = (1, 2, 3, 4, 5, 6, 7)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4, 5, 6, 7)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# 7: --register (schema 7 below; 1-6 read as "once"), carriers and the fabric columns (schema 7 below);
+# 8: wire_counted_bytes (schema 8 below; 1-7 read with it empty)
+READS = (1, 2, 3, 4, 5, 6, 7, 8)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5, 6, 7, 8)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
@@ -100,3 +101,10 @@ FABRIC_DEFAULTS = {"rails": 0, "rail_nics": "", "rail_bytes": "", "rail_descs": 
                    "flow_mode": "", "flow": "", "isolated_s": np.nan, "congested_s": np.nan, "slowdown": np.nan,
                    "fairness": np.nan, "receiver_gbps": np.nan}
 ROW_COLUMNS += [c for c in FABRIC_DEFAULTS if c not in ROW_COLUMNS]  # flow_mode is a case column
+# --- schema 8, the wire's own count (harness/wirerows.py; rows of 1-7 read with it empty): wire_counted_bytes = on a
+# timed row of a transport that counts its connections' bytes (tcp: the kernel's tcp_info), this request's share of
+# what its connection to the peer carried in that iteration (sent, on the source's row; received, on the
+# destination's); NaN where nothing was counted (every other transport, check-pass and setup rows).  wire_bytes stays
+# the computed payload + control-plane bytes (a codec's frames), which the socket never sees all of
+WIRE_DEFAULTS = {"wire_counted_bytes": np.nan}
+ROW_COLUMNS += list(WIRE_DEFAULTS)

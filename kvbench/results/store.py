@@ -37,6 +37,7 @@ from kvbench.results.schema import (
     SAMPLES_DEFAULTS,
     SCHEMA_VERSION,
     SETUP_DEFAULTS,
+    WIRE_DEFAULTS,
 )
 from kvbench.results.sidecar import replace_whole, write_json
 
@@ -57,7 +58,7 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
             df[col] = {"completion": "", "pages": "4k", "fill": "pattern", "scales": "none",
                        "cache": "as-is", "bound_kind": "", **GPU_DEFAULTS, **PLACEMENT_DEFAULTS, **SAMPLES_DEFAULTS,
                        **SETUP_DEFAULTS, **CARRIER_DEFAULTS, **REGISTER_DEFAULTS,
-                       **FABRIC_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
+                       **FABRIC_DEFAULTS, **WIRE_DEFAULTS}.get(col, np.nan)  # v1 pools were anonymous 4 KiB mmaps
     return df
 
 

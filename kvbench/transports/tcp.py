@@ -58,6 +58,7 @@ from dataclasses import replace
 import numpy as np
 
 from kvbench.job import faults
+from kvbench.transports import tcp_wire
 from kvbench.transports.rails import Splits, Striped, select_rails
 from kvbench.transports.sockets import Acceptor, bind_device, dial, tcp_bytes, tune
 
@@ -319,6 +320,10 @@ class TcpTransport(Transport):
             counts = [[tcp_bytes(c.sock) for c in rails] for rails in lanes]
             out[p] = [tuple(sum(x[r][k] for x in counts) for k in (0, 1)) for r in range(len(lanes[0]))]
         return out
+
+    def wire_counts(self) -> dict[int, tuple[int, int]]:
+        """Per peer, the kernel's count of the bytes its data connections sent and received so far (tcp_wire.py)."""
+        return tcp_wire.counts(self.lanes)
 
     def close(self) -> None:
         """Stop the threads, close every socket and the listener if setup did not (idempotent)."""

@@ -225,7 +225,8 @@ def build_parser() -> Parser:
                      "DIR/report.csv instead of printing the table (docs/report.md)")
     rep.add_argument("--link-gbps", metavar="GBPS|TRANSPORT=GBPS,...", help="the link rate %%line divides by, in "
                      "GB/s (10^9 B/s), for every row or per transport; default: the NIC's reported speed across "
-                     "hosts, the best host copy measured in the run within a host, 'unknown' otherwise")
+                     "hosts, kvbench's own copy of the same bytes beside each case's iterations within a host, 'unknown' "
+                     "otherwise")
     cmp_ = sub.add_parser("compare", help="the same cases in two result sets: p50/p95 ratio, a Mann-Whitney test "
                           "over the iterations, regressions flagged; exit 2 with --fail-above when one is beyond it, "
                           "non-zero when a run read ended FAILED, SUSPECT, TIMEOUT or INCOMPLETE",

@@ -176,7 +176,7 @@ def bandwidth_section(page: Page, runs: list[Run]) -> None:
             SAMPLES_NOTE, WRONG_NOTE + ".",
             "%line = GB/s / the rate of the link: the NIC's reported speed when the pair's ranks are on different "
             "hosts (nominal), a rate the transport or device layer reported (nominal), or, when they share a host, "
-            "the best host copy of the same payload measured in the same run (measured, not nominal); "
+            "kvbench's own copy of the same bytes beside the case's iterations (measured, not nominal); "
             "--link-gbps overrides; 'unknown' where kvbench cannot tell."],
             tables=[compact("bandwidth rows", bandwidth_table(bw))],
             figures=chain(plots.bandwidth_vs_block(bw), plots.descriptors_vs_bandwidth(bw),

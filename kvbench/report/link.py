@@ -2,9 +2,11 @@
 
 Where the rate comes from, in order: ``--link-gbps`` (given); a rate the transport or the device layer
 put in its ``info()`` (``link_gbps`` and ``link``: NVLink/PCIe generation and width, the hook for the
-device layer); the NIC's reported speed when a pair's ranks sit on different hosts (nominal); the best
-host copy measured in the same run when they share a host (measured, not nominal). Otherwise the row
-says it cannot tell, instead of guessing.
+device layer); the NIC's reported speed when a pair's ranks sit on different hosts (nominal); kvbench's own
+copy of the same bytes beside the case's iterations when they share a host (``bound_gbps``, measured, not
+nominal: never a row of the run it judges, which a lying row would make the line).  A file older than those
+copies falls back to the best host copy row of its run, and says so.  Otherwise the row says it cannot tell,
+instead of guessing.
 """
 from __future__ import annotations
 
@@ -97,11 +99,13 @@ def add_line_rate(st: pd.DataFrame, df: pd.DataFrame, meta: dict, override: Link
     bw = pd.Series(True, index=st.index) if bandwidth is None else bandwidth.reindex(st.index).fillna(False)
     xhost = st["case"].map(cross_host(df, meta)).fillna(False)
     # host paths: the best copy of the same payload measured in this run, over every same-host reference
+    copies = own_copy(df)
     refs = st[bw & ~xhost & (st["memory"] == "host") & st["ceil_gbps"].notna()]
     best = {}
     for key, g in refs.groupby(PAYLOAD_KEYS):
         top = g.loc[g["ceil_gbps"].idxmax()]
-        best[key] = (float(top["ceil_gbps"]), f"measured: best host copy ({top['transport']} {top['ceil_name']})")
+        best[key] = (float(top["ceil_gbps"]),
+                     f"measured: best host copy ({top['transport']} {top['ceil_name']}; an older file: a row of its run)")
     rates, sources = [], []
     for i, r in st.iterrows():
         got = None
@@ -115,6 +119,8 @@ def add_line_rate(st: pd.DataFrame, df: pd.DataFrame, meta: dict, override: Link
             got = nic_link(meta, r["transport"]) or (math.nan, "unknown: the NIC's speed is not recorded")
         if got is None and r["memory"] != "host":
             got = (math.nan, f"unknown: {r['memory']} memory, the device layer reported no link rate")
+        if got is None and r["case"] in copies.index:
+            got = (float(copies[r["case"]]), "measured: kvbench's own copy of the same bytes beside its iterations")
         if got is None:
             got = best.get(tuple(r[k] for k in PAYLOAD_KEYS), (math.nan, "unknown: no host copy of this payload measured"))
         rates.append(got[0])
@@ -124,3 +130,12 @@ def add_line_rate(st: pd.DataFrame, df: pd.DataFrame, meta: dict, override: Link
     st["pct_line"] = 100 * st["gbps"] / st["link_gbps"]
     st.loc[~bw, "pct_line"] = math.nan
     return st
+
+
+def own_copy(df: pd.DataFrame) -> pd.Series:
+    """Per case: the median GB/s of the harness's own copies of its bytes beside its timed iterations (harness/
+    bounds.Beside, the rows' ``bound_gbps`` where ``bound_kind`` is a memory copy); empty for older files."""
+    if df is None or not {"bound_gbps", "bound_kind", "case", "iter"} <= set(df.columns):
+        return pd.Series(dtype=float)
+    d = df[(df["iter"] >= 0) & (df["bound_kind"] == "memory copy") & df["bound_gbps"].notna()]
+    return d.groupby("case")["bound_gbps"].median()

@@ -27,7 +27,7 @@ from jobs import launch  # noqa: E402
 def one(mpirun: str, mode: str, a, out: str) -> pd.DataFrame:
     cmd = [mpirun, "-n", "2", sys.executable, "-m", "kvbench", "run", "-o", out, "-t", "staged", "--memory",
            "torch-cpu", "--copy", a.copy, "-O", f"inner={a.inner}", "-O", f"pipeline={mode}", "-O",
-           f"chunk_kib={a.chunk_kib}", "-O", f"slots={a.slots}", "-m", a.model, "--tokens", str(a.tokens),
+           f"slot_mib={a.slot_mib}", "-O", f"slots={a.slots}", "-m", a.model, "--tokens", str(a.tokens),
            "-n", str(a.iters), "--variants", "bulk,paged", "--name", f"staged-{mode}"]
     rc, text = launch(cmd, 900)
     if rc != 0:
@@ -46,8 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--copy", default="batch")
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--tokens", type=int, default=1024)
-    p.add_argument("--chunk-kib", type=int, default=1024)
-    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--slot-mib", type=int, default=4, help="bounce slot size, MiB (the transport's default)")
+    p.add_argument("--slots", type=int, default=3, help="slots per peer and direction (the transport's default)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--repeats", type=int, default=3, help="launches per mode, alternating")
     a = p.parse_args(argv)
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     t = df.groupby(["mode", "variant", "iter", "case"])["seconds"].max().groupby(["mode", "variant"]).median()
     st = df.groupby(["mode", "variant", "role"])[["gather_s", "wire_s", "scatter_s"]].median()
     payload = df.groupby("variant")["payload_bytes"].first()
-    print(f"# staged over {a.inner}, {a.model} {a.tokens} tokens, chunks {a.chunk_kib} KiB x {a.slots} slots, "
+    print(f"# staged over {a.inner}, {a.model} {a.tokens} tokens, slots {a.slot_mib} MiB x {a.slots}, "
           f"copy {a.copy}; medians of {a.repeats} alternating launches per mode; GB/s = 10^9 B/s")
     print(f"{'variant':<8} {'mode':<4} {'p50 ms':>8} {'GB/s':>6}  {'gather ms':>9} {'wire ms src/dst':>16} "
           f"{'scatter ms':>10}")

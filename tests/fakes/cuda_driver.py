@@ -98,6 +98,9 @@ class FakeDriver:
         self.devices, self.version = devices, version
         self.bus_ids = bus_ids or [f"0000:{0x1b + i:02x}:00.0" for i in range(devices)]
         self.tls = threading.local()
+        # the driver is thread-safe: threads that create streams, queue work and wait on events at once (staged's
+        # gather, wire and scatter threads) see one consistent set of queues
+        self._lock = threading.RLock()
         self.ranges: list[tuple[int, int, object]] = []  # (start, end, keep-alive)
         self.streams: set[int] = set()
         self.calls: list[tuple] = []
@@ -167,9 +170,10 @@ class FakeDriver:
     def cuStreamCreate(self, flags):  # noqa: N802
         if self._ctx() is None:
             return INVALID_CONTEXT, None
-        s = next(self._ids)
-        self.streams.add(s)
-        self.queues[s] = _Queue(self._dev(), blocking=not int(flags) & 1)  # CU_STREAM_NON_BLOCKING = 1
+        with self._lock:
+            s = next(self._ids)
+            self.streams.add(s)
+            self.queues[s] = _Queue(self._dev(), blocking=not int(flags) & 1)  # CU_STREAM_NON_BLOCKING = 1
         return SUCCESS, CUstream(s)
 
     def cuStreamSynchronize(self, stream):  # noqa: N802
@@ -186,37 +190,40 @@ class FakeDriver:
         if self._ctx() is None:
             return (INVALID_CONTEXT,)
         self.syncs += 1
-        for q in self.queues.values():
-            if q.dev == self._dev():
-                self._drain(q)
+        with self._lock:
+            for q in list(self.queues.values()):
+                if q.dev == self._dev():
+                    self._drain(q)
         return (SUCCESS,)
 
     # ----- streams as queues, events on the device's clock --------------------------------------
     def _drain(self, q: _Queue, upto=None) -> None:
         """Complete ``q``'s work in order, up to and including ``upto`` (an event), or all of it."""
-        while q.work:
-            item = q.work.pop(0)
-            if isinstance(item, _Event):
-                item.time, item.done = self.clock[q.dev], True
-                if item is upto:
-                    return
-                continue
-            fn, seconds = item
-            fn()
-            self.clock[q.dev] += seconds
+        with self._lock:
+            while q.work:
+                item = q.work.pop(0)
+                if isinstance(item, _Event):
+                    item.time, item.done = self.clock[q.dev], True
+                    if item is upto:
+                        return
+                    continue
+                fn, seconds = item
+                fn()
+                self.clock[q.dev] += seconds
 
     def _enqueue(self, stream, fn, seconds: float) -> None:
         """Queue work on ``stream``; on the legacy stream, after every blocking stream of the device, at once."""
-        q = self.queues.get(int(stream or 0))
-        if q is None:  # legacy
-            dev = self._dev()
-            for other in self.queues.values():
-                if other.dev == dev and other.blocking:
-                    self._drain(other)
-            fn()
-            self.clock[dev] += seconds
-            return
-        q.work.append((fn, seconds))
+        with self._lock:
+            q = self.queues.get(int(stream or 0))
+            if q is None:  # legacy
+                dev = self._dev()
+                for other in list(self.queues.values()):
+                    if other.dev == dev and other.blocking:
+                        self._drain(other)
+                fn()
+                self.clock[dev] += seconds
+                return
+            q.work.append((fn, seconds))
 
     def pending(self) -> int:
         """Copies and kernels queued and not yet complete, on every stream."""
@@ -240,11 +247,12 @@ class FakeDriver:
             return (INVALID_HANDLE,)
         if (q.dev if q is not None else self._dev()) != ev.dev:  # an event and its stream: one device
             return (INVALID_HANDLE,)
-        if q is None or not q.work:
-            ev.time, ev.done = self.clock[ev.dev], True
-        else:
-            ev.time, ev.done = None, False
-            q.work.append(ev)
+        with self._lock:
+            if q is None or not q.work:
+                ev.time, ev.done = self.clock[ev.dev], True
+            else:
+                ev.time, ev.done = None, False
+                q.work.append(ev)
         return (SUCCESS,)
 
     def _owner(self, ev: _Event):
@@ -255,8 +263,9 @@ class FakeDriver:
         if ev is None:
             return (INVALID_HANDLE,)
         self.syncs += 1
-        if not ev.done:
-            self._drain(self._owner(ev), upto=ev)
+        with self._lock:  # another thread may have completed it meanwhile: then it has no queue left
+            if not ev.done and (q := self._owner(ev)) is not None:
+                self._drain(q, upto=ev)
         return (SUCCESS,)
 
     def cuEventQuery(self, event):  # noqa: N802
@@ -277,8 +286,9 @@ class FakeDriver:
         ev = self.events.get(int(event))
         if ev is None:
             return (INVALID_HANDLE,)
-        if not ev.done:
-            self._drain(self._owner(ev), upto=ev)
+        with self._lock:
+            if not ev.done and (q := self._owner(ev)) is not None:
+                self._drain(q, upto=ev)
         return (SUCCESS,)
 
     def launch_kv_copy(self, dst: int, src: int, tiles, stream, dev: int):

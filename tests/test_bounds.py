@@ -44,6 +44,19 @@ def test_a_stamp_halfway_to_the_landing_is_suspect(kvrun, op, check):
     assert (r.table().query("iter >= 0 and role == 'decode'").wake_bound_s > 0).all()
 
 
+@pytest.mark.parametrize("op,check", [("pull", "1"), ("push", "0")])
+@pytest.mark.parametrize("tokens", ["64", "256"])  # 8 and 32 MiB: a half far below the p99 wake-up bound
+def test_a_stamp_halfway_to_the_landing_of_a_small_request_is_suspect(kvrun, op, check, tokens):
+    """Below the p99-based wake-up bound, a stamp halfway to the landing still leads its wait by the whole time it
+    reports, where an honest one leads by a wake-up: the share rule names it (results/bounds.py, LEAD_SHARE)."""
+    small = ["-m", "llama-3-8b", "--tokens", tokens, "-n", "8", "-w", "1", "--variants", "bulk"]
+    r = kvrun(["-t", "lie-stamp-half", "--op", op, "-c", check, *small], env=ENV, timeout=120)
+    assert r.code == 6, r.out + r.err
+    line = suspect_line(r)
+    assert f"case 1 (lie-stamp-half {op} llama-3-8b {tokens} tokens, bulk" in line, line
+    assert "precedes its wait's return" in line, line  # by a share of its time, or beyond the p99 wake-up bound
+
+
 @pytest.mark.alone  # the lie against a bound measured beside it: another test's load moves them apart
 def test_half_the_real_time_on_shm_is_suspect(kvrun):
     r = kvrun(["-t", "lie-half-time", "--op", "pull", *BIG], env=ENV, timeout=120)
@@ -262,3 +275,21 @@ def test_a_case_whose_clocks_are_matched_only_loosely_is_named_skew_and_not_ok_o
                            "only within 200 us, 20% of its p50 (1000 us)"), line
     assert [status(r) for _, r in st.iterrows()] == ["ok", "SKEW"]
     assert B.skew_lines(st.drop(columns="clock_flag")) == [] and B.skew_lines(None) == []
+
+
+def test_a_stamp_that_leads_by_a_share_of_its_own_time_is_suspect_below_the_wake_up_bound():
+    """An honest stamp leads its wait's return by a wake-up (tens of us, even beside two busy loops); one halfway
+    to the landing leads by the whole time it reports.  At 8 MiB (1 ms reported) that is far below the p99-based
+    wake-up bound (5 ms here), but a quarter of its own time and more than 0.5 ms: SUSPECT.  Below the floor
+    (a 0.3 ms lead) or below the share (1 ms of a 10 ms time) it is not."""
+    honest = rows(1, [1e-3] * 6, bound=np.nan, lead=[3e-5, 5e-5, 4e-5, 6e-5, 3e-5, 1e-3], wake=5e-3)
+    liar = rows(2, [1e-3] * 6, bound=np.nan, lead=[1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3, 1.05e-3, 1e-3], wake=5e-3)
+    small = rows(3, [0.6e-3] * 6, bound=np.nan, lead=[3e-4] * 6, wake=5e-3)
+    long_ = rows(4, [10e-3] * 6, bound=np.nan, lead=[1e-3] * 6, wake=5e-3)
+    df = pd.concat([honest, liar, small, long_], ignore_index=True)
+    (s,) = B.verdicts(df, stats(df))
+    assert s["case"] == 2 and s["what"] == "lead" and s["value"] == pytest.approx(1e-3)
+    line = B.line(s)
+    assert line.startswith("SUSPECT: case 2 (shm pull m 256 tokens, bulk, host, serial): rank 1's landing stamp "
+                           "(pair 0, request 0) precedes its wait's return by 1000 us (median), 100% of the 1000 us "
+                           "it reports"), line

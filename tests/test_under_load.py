@@ -39,3 +39,12 @@ def test_a_skipped_iteration_is_caught_beside_two_busy_loops(kvrun, hogs):
                "-n", "10", "-w", "0", "--rounds", "1", "--variants", "paged", "-c", "all"], env=ENV, timeout=400)
     assert r.code == 2 and "FAILED" in r.out, r.out + r.err
     assert all(p.poll() is None for p in hogs)
+
+
+@pytest.mark.alone
+def test_a_compressing_path_is_caught_beside_two_busy_loops(kvrun, hogs):
+    """Its verdict rests on the kernel's byte count of its sockets, not on time: load does not hide it."""
+    r = kvrun(["-t", "lie-compress-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-n", "5",
+               "--variants", "bulk"], env=ENV, timeout=400)
+    assert r.code == 6 and "fewer bytes than it claims to move" in r.out, r.out + r.err
+    assert all(p.poll() is None for p in hogs)

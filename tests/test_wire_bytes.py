@@ -47,6 +47,9 @@ def test_a_path_that_compresses_the_fill_is_named(kvrun):
     assert sorted(s["case"] for s in got) == sorted(t["case"].unique())
     assert all(s["line"].startswith(f"SUSPECT: case {s['case']} (lie-compress-tcp ") and "no codec" in s["line"]
                for s in got), got
+    # the run itself ends SUSPECT (exit 6), each line in its footer and sidecar, on content and byte counts alone
+    assert r.code == 6 and r.out.rstrip().splitlines()[-2].endswith("SUSPECT"), r.out
+    assert all(f"# {s['line']}" in r.out for s in got) and r.meta()["suspects"] == [s["line"] for s in got]
 
 
 def _rows(**over) -> dict:

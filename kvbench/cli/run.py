@@ -21,7 +21,7 @@ from kvbench.memory.copy import preamble_lines as copy_lines
 from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
 from kvbench.model.schemes import make_pairs
-from kvbench.results import bounds, costs
+from kvbench.results import bounds, costs, wire
 from kvbench.results.lock import LockHeld, ResultLock
 from kvbench.results.sidecar import record_for_rank0
 
@@ -304,7 +304,7 @@ def footer(cfg, writer, printer, h) -> int:
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
-    judged = bounds.verdicts(df, st)  # a time beyond physics (results/bounds.py), or too noisy to say
+    judged = bounds.verdicts(df, st) + wire.short(df)  # beyond physics, too noisy to say, or fewer bytes on the wire
     sus = [v for v in judged if v.get("verdict", "SUSPECT") == "SUSPECT"]
     loud = [v for v in judged if v.get("verdict") == "NOISY"]
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))

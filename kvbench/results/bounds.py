@@ -7,7 +7,9 @@ holds the arithmetic and reads the kernel's link rates):
   most the time a thread takes to wake another on this machine.  Each rank measures that at each
   transport's setup (a thread stamps and sets an event, the waiter notes its return; ``wake_bound`` of the
   samples, plus a GIL switch interval).  A row's ``stamp_lead_s`` is its wait's return minus the later of the stamp and the wait's
-  start (a stamp before the wait began claims nothing the wait could contradict);
+  start (a stamp before the wait began claims nothing the wait could contradict).  Its median is also judged
+  against the request's own reported time: a lead of a quarter of it, and of 0.5 ms at least, is no wake-up
+  (honest medians are tens of us) but a stamp well before the landing, at any size that leaves 0.5 ms;
 * the path bound: a row's GB/s may not exceed what its path can carry (at p50, and where the destination
   posted the request itself, from its post to the landing: ``measures``).  A pair on one host moves bytes
   through memory: the bound is the harness's own copy of the same descriptors beside each timed iteration
@@ -41,6 +43,10 @@ WAKE_PCT = 99  # the percentile of the wake-up samples the bound starts from
 WAKE_FACTOR = 3.0  # ... times this: a loaded machine wakes threads later in some phases than in others
 WAKE_FLOOR_S = 5e-3  # ... plus this: scheduler time slices the measurement may have missed (a busy machine)
 COPY_MARGIN = 0.25  # a row may beat the harness's best copy by this much (plus its spread) before it is a lie
+# a landing stamp whose median lead over its wait's return is this share of the request's own time, and at least
+# LEAD_FLOOR_S, is no wake-up: honest leads are wake-ups (tens of us, ~2% of a 1 ms request beside two busy loops
+# on 2 cores), a stamp halfway to the landing leads by the whole reported time
+LEAD_SHARE, LEAD_FLOOR_S = 0.25, 5e-4
 NAN = float("nan")
 
 
@@ -119,9 +125,17 @@ def verdicts(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
     for (case, rank, pair, req), g in lead.groupby(["case", "rank", "pair", "req"]):
         med, bound = float(g["stamp_lead_s"].median()), float(g["wake_bound_s"].max())
         sp = spread(g["stamp_lead_s"])
-        if med > bound * (1 + sp) and case in keys.index:
+        own = float(g["seconds"].median()) if "seconds" in g else NAN  # the request's own reported time
+        share = max(LEAD_FLOOR_S, LEAD_SHARE * own) if own == own else NAN
+        if case not in keys.index:
+            continue
+        if med > bound * (1 + sp):
             out.append(dict(case=int(case), key=key(keys.loc[case]), what="wake", value=med, bound=bound,
                             margin_pct=100 * (med / bound - 1), spread_pct=100 * sp, rank=int(rank),
+                            pair=int(pair), req=int(req)))
+        elif share == share and med > share * (1 + sp):
+            out.append(dict(case=int(case), key=key(keys.loc[case]), what="lead", value=med, bound=share,
+                            own=own, margin_pct=100 * (med / share - 1), spread_pct=100 * sp, rank=int(rank),
                             pair=int(pair), req=int(req)))
     # GB/s: each iteration against the bound measured beside it (the harness's copy next to it, or a link's rate)
     # hot re-sends one cache-resident buffer by design (it beats the ceiling too): no copy of memory bounds it
@@ -199,13 +213,21 @@ def key(r) -> str:
 
 
 def line(s: dict) -> str:
-    """The one line of a SUSPECT (or NOISY) case."""
+    """The one line of a SUSPECT (or NOISY) case (a verdict that brings its own line, results/wire.py: that)."""
+    if "line" in s:
+        return s["line"]
     if s["what"] == "wake":
         return (f"SUSPECT: {s['key']}: rank {s['rank']}'s landing stamp (pair {s['pair']}, request {s['req']}) "
                 f"precedes its wait's return by "
                 f"{s['value'] * 1e6:.0f} us (median), beyond the wake-up bound {s['bound'] * 1e6:.0f} us measured "
                 f"on this machine by {s['margin_pct']:.0f}% (spread {s['spread_pct']:.0f}%): the stamp is not when "
                 "the bytes landed")
+    if s["what"] == "lead":
+        return (f"SUSPECT: {s['key']}: rank {s['rank']}'s landing stamp (pair {s['pair']}, request {s['req']}) "
+                f"precedes its wait's return by {s['value'] * 1e6:.0f} us (median), {100 * s['value'] / s['own']:.0f}% "
+                f"of the {s['own'] * 1e6:.0f} us it reports (beyond {100 * LEAD_SHARE:.0f}% and "
+                f"{LEAD_FLOOR_S * 1e6:.0f} us by {s['margin_pct']:.0f}%, spread {s['spread_pct']:.0f}%): a wake-up "
+                "takes tens of us, so the stamp is not when the bytes landed")
     beside = "each iteration against the copy beside it, median; " if s["what"] == "memory copy" else ""
     head = (f"{s['key']}: {s['value']:.2f} GB/s ({s.get('measure', 'p50')}) beyond the path's bound "
             f"{s['bound']:.2f} GB/s ({s['what']}) by {s['margin_pct']:.0f}% ({beside}spread {s['spread_pct']:.0f}%, "

@@ -7,9 +7,12 @@ an older file, or a transport that counts nothing, has none and is never judged.
 """
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kvbench.results.bounds import key
+
+if TYPE_CHECKING:  # every rank imports the footer's modules; only rank 0 judges rows (it holds the frames)
+    import pandas as pd
 
 _KEYS = ["transport", "op", "model", "tokens", "variant", "allocation", "block_size", "memory", "overlap"]
 
@@ -23,6 +26,7 @@ def short(df: pd.DataFrame | None) -> list[dict]:
     wire_bytes (the median counted bytes of its timed rows), line}."""
     if df is None or "wire_counted_bytes" not in df.columns or not len(df):
         return []
+    import pandas as pd
     rows = df[(df["iter"] >= 0) & (df["status"] == "ok") & df["wire_counted_bytes"].notna() & _no_codec(df["codec"])]
     if "row_kind" in rows.columns:
         rows = rows[rows["row_kind"].astype(object).fillna("transfer") == "transfer"]

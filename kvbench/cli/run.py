@@ -304,9 +304,8 @@ def footer(cfg, writer, printer, h) -> int:
     cases = 0 if st is None else len(st)
     skipped = 0 if st is None else int((st["status"] == "skipped").sum())
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
-    judged = bounds.verdicts(df, st) + wire.short(df)  # beyond physics, too noisy to say, or fewer bytes on the wire
-    sus = [v for v in judged if v.get("verdict", "SUSPECT") == "SUSPECT"]
-    loud = [v for v in judged if v.get("verdict") == "NOISY"]
+    # beyond physics or too noisy to say (results/bounds.py), or fewer bytes on the wire than moved (wire.py)
+    sus, loud = bounds.split(bounds.verdicts(df, st) + wire.short(df))
     status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))
     for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)) + carriage.footer_lines(df):
         print(line)

@@ -134,9 +134,7 @@ def after_case(m, s) -> tuple[float, dict]:
     """After a case's check, on every rank: (its wake-up bound: the higher of its transport's setup's and one
     measured now; per row index of its entries, (GB/s bound, kind): a list of one per timed iteration where the
     harness copied beside them, else one value).  ``m``: the case's Measurement, ``s``: the transport's Session."""
-    per = dict(m.bounds)
-    if m.beside is not None:
-        per.update({k: (v, "memory copy") for k, v in m.beside.gbps.items() if v})
+    per = dict(m.bounds) | {k: (v, "memory copy") for k, v in m.beside.gbps.items() if v}
     wake = s.wake_bound
     if wake == wake:  # a transport that stamps: measured again now
         wake = max(wake, B.wake_bound(wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)))

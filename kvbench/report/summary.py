@@ -42,14 +42,12 @@ def ci(r) -> str:
 
 def status(r) -> str:
     """SUSPECT (or another status the rows carry), wrong elements, noise above the ceiling, at the ceiling, or ok."""
-    flag = r.get("suspect")
-    if flag is not None and not (isinstance(flag, float) and pd.isna(flag)) and bool(flag):
-        return "SUSPECT"
-    loud = r.get("noisy_case")  # beyond the copies beside it, within their best: no verdict (results/bounds.py)
-    if loud is not None and not (isinstance(loud, float) and pd.isna(loud)) and bool(loud):
-        return "noisy"
-    if r.get("clock_flag") is not None and not pd.isna(r.get("clock_flag")) and bool(r.get("clock_flag")):
-        return "SKEW"  # its clocks matched only within more than 5% of its p50: not an OK measurement
+    # beyond a bound; beyond the copies beside it within their best (no verdict, results/bounds.py); clocks
+    # matched only within more than 5% of its p50 (not an OK measurement)
+    for col, word in (("suspect", "SUSPECT"), ("noisy_case", "noisy"), ("clock_flag", "SKEW")):
+        flag = r.get(col)
+        if flag is not None and not pd.isna(flag) and bool(flag):
+            return word
     for col in STATUS_COLUMNS:
         if col in r and isinstance(r[col], str) and r[col] and r[col] != "ok":
             return r[col]

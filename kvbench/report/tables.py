@@ -16,7 +16,7 @@ from kvbench.results.samples import FOOTNOTE
 from kvbench.results.store import SCHEMA_VERSION, case_stats, transfer_rows, upgrade
 
 # re-exported: build.py and older callers read them here
-from .counts import MIN_ROUNDS, WRONG_NOTE, checks_text, spread_pct, spread_text, wrong_counts, wrong_text  # noqa: F401
+from .counts import MIN_ROUNDS, WRONG_NOTE, _i, checks_text, spread_pct, spread_text, wrong_counts, wrong_text  # noqa: F401
 
 # (header, width, formatter of a case_stats line)
 COLUMNS = [
@@ -110,10 +110,6 @@ def _stop(r) -> str:
 
 def _us(x):
     return None if x is None or pd.isna(x) else x * 1e6
-
-
-def _i(x) -> str:
-    return "-" if x is None or pd.isna(x) else f"{int(x)}"
 
 
 def _wrap(text: str) -> list[str]:

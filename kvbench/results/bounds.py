@@ -160,14 +160,20 @@ def verdicts(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
     return out
 
 
+def split(judged: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(SUSPECT, NOISY) of verdicts: a verdict without a word of its own (the wake-up, wire.py's) is SUSPECT."""
+    return ([v for v in judged if v.get("verdict", "SUSPECT") == "SUSPECT"],
+            [v for v in judged if v.get("verdict") == "NOISY"])
+
+
 def suspects(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
     """The cases ``verdicts`` calls SUSPECT (the run's status and exit code rest on these)."""
-    return [v for v in verdicts(df, st) if v.get("verdict", "SUSPECT") == "SUSPECT"]
+    return split(verdicts(df, st))[0]
 
 
 def noisy(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
     """The cases beyond the copy beside their iterations but within the best copy of their window: no verdict."""
-    return [v for v in verdicts(df, st) if v.get("verdict") == "NOISY"]
+    return split(verdicts(df, st))[1]
 
 
 def measures(r, rows: pd.DataFrame, per: pd.Series) -> list[tuple[str, float, float, float]]:
@@ -188,9 +194,7 @@ def measures(r, rows: pd.DataFrame, per: pd.Series) -> list[tuple[str, float, fl
     sp = spread(ratio)
     out = [("p50", float(r["payload_bytes"]) / (float(r["p50"]) + err) / 1e9, float(ratio.median()), sp)]
     if "window_s" in rows and rows["window_s"].notna().any():
-        w = rows[rows["window_s"] > 0].groupby(["pair", "req", "iter"]).agg(t=("window_s", "max"),
-                                                                          b=("payload_bytes", "first"))
-        g = w["b"] / w["t"] / 1e9
+        g = pair_gbps(rows[rows["window_s"] > 0], col="window_s")
         wr = (g / per).dropna()
         if len(wr):
             out.append(("post to landing", float(g.median()), float(wr.median()), spread(wr)))
@@ -198,9 +202,10 @@ def measures(r, rows: pd.DataFrame, per: pd.Series) -> list[tuple[str, float, fl
     return out
 
 
-def pair_gbps(rows: pd.DataFrame, err: float = 0.0) -> pd.Series:
-    """Per (pair, request, iteration): payload / (the later of the pair's two times + ``err``, a clock bound)."""
-    g = rows.groupby(["pair", "req", "iter"]).agg(t=("seconds", "max"), b=("payload_bytes", "first"))
+def pair_gbps(rows: pd.DataFrame, err: float = 0.0, col: str = "seconds") -> pd.Series:
+    """Per (pair, request, iteration): payload / (the later of the pair's two times + ``err``, a clock bound);
+    ``col``: which time (``window_s``: from a destination's post to its landing)."""
+    g = rows.groupby(["pair", "req", "iter"]).agg(t=(col, "max"), b=("payload_bytes", "first"))
     return g["b"] / (g["t"] + err) / 1e9
 
 

@@ -44,7 +44,7 @@ MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 help:
 	@sed -n '2,24p' Makefile
 
-$(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c
+$(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c kvbench/_keyed.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	@if [ "$(MPI)" = "site" ]; then \

@@ -83,7 +83,9 @@ def test_a_check_is_a_constant_number_of_launches_per_piece_and_never_waits():
     (ops64, p64), (ops1k, p1k) = counts[64], counts[1024]
     assert p1k > p64 >= 1
     per = (ops1k - ops64) / (p1k - p64)
-    assert per <= 25 and ops64 <= 5 + 25 * p64  # per piece, whatever its descriptor count
+    # per piece, whatever its descriptor count: ~25 for the index, gather and compare, ~135 elementwise ops for
+    # the keyed generator's ten rounds (memory/keyed.py)
+    assert per <= 175 and ops64 <= 5 + 175 * p64
 
 
 def test_poison_and_epoch_writes_take_the_word_path_without_waiting():

@@ -36,14 +36,14 @@ WINGS: list[tuple[str, ...]] = [
     ("__main__",),
 ]
 LEVEL = {w: i for i, line in enumerate(WINGS) for w in line}
-C_EXTENSIONS = ("_native", "_codec", "_mpicalls")
+C_EXTENSIONS = ("_native", "_codec", "_mpicalls", "_keyed")
 # third-party packages every kvbench process may import at once (a base dependency that loads quickly); any
 # other (torch, pandas, matplotlib, mpi4py, pydantic, an engine...) is optional or slow, and a kvbench module
 # that imports one at its top is the one kind another module may import inside a function
 LIGHT = {"numpy", "yaml", "psutil", "__future__"}
 # the C extensions: _mpicalls links the MPI library mpi4py loads (imported after MPI); _native and _codec are
 # built by the install, and a command that needs no batched copy (list, size, help) must start without them
-LAZY_C = {"kvbench._mpicalls", "kvbench._native", "kvbench._codec"}
+LAZY_C = {"kvbench._mpicalls", "kvbench._native", "kvbench._codec", "kvbench._keyed"}
 
 
 @dataclass

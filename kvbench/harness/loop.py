@@ -24,7 +24,7 @@ from kvbench.harness.schedule import Iteration
 from kvbench.harness.state import Measurement, Options, Record, Session, UserError
 from kvbench.job import faults
 from kvbench.job.guard import GUARD
-from kvbench.memory import cachestate
+from kvbench.memory import cachestate, keyed
 from kvbench.model.descriptors import CHUNKS
 from kvbench.model.layout import Pool
 from kvbench.model.schemes import Entry, SchemeError, flow_cells, make_pairs, max_entries_per_rank
@@ -38,8 +38,10 @@ class Harness(Rows, Calibration, Carrying):
     def __init__(self, comm, opts: Options, sink=None):
         self.comm, self.opts, self.sink = comm, opts, sink
         self.rank = comm.rank
-        self.run_id = comm.bcast(secrets.token_hex(4) if self.rank == 0 else None)
-        self.token = comm.bcast(secrets.token_bytes(16) if self.rank == 0 else None)
+        # the run's id, the transports' rendezvous token and the content's secret (never handed to a transport)
+        self.run_id, self.token, secret = comm.bcast(
+            (secrets.token_hex(4), secrets.token_bytes(16), secrets.randbits(64)) if self.rank == 0 else None)
+        keyed.secret(secret)
         self.hosts = comm.allgather(comm.hostname)  # a pair on one host moves bytes through memory (bounds.py)
         self.case_no = 0
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
@@ -52,12 +54,10 @@ class Harness(Rows, Calibration, Carrying):
         self.flow_state: dict = {}  # rank 0: each flow's isolated time until its congested rows (flows.derive)
         self.extra_meta: dict = {}  # rank 0: more sidecar fields (registering.count: per_request)
 
-    def my_place(self) -> dict:
-        """This rank's placement (placing.place), or NO_GPU before it or without one."""
+    def my_place(self) -> dict:  # this rank's placement (placing.place), or NO_GPU before it or without one
         return self.placement[self.rank] if self.placement else placing.NO_GPU
 
-    def set_sink(self, sink) -> None:
-        """Rank 0: where finished cases' rows go."""
+    def set_sink(self, sink) -> None:  # rank 0: where finished cases' rows go
         self.sink = sink
 
     # ----- whole run ---------------------------------------------------------------------

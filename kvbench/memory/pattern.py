@@ -1,19 +1,19 @@
 """The fill pattern of a pool and its verification.
 
-The fill pattern is a pure function of (source rank, byte offset in the
-source pool), so a destination can recompute, for every element it received,
-the value it must hold.  Because a pool offset determines (layer, region,
-block, offset-in-block) through the layout, the pattern identifies exactly
-which source element belongs where; a block copied to the wrong place, a
-stale block, a torn write or a byte from the wrong rank all count as wrong.
+The fill is keyed content (memory/keyed.py): a function of (source rank, byte offset in the source pool,
+epoch) under a key drawn from the run's secret, so a destination can recompute, for every element it received,
+the value it must hold, and no transport can.  Because a pool offset determines (layer, region, block,
+offset-in-block) through the layout, the pattern identifies exactly which source element belongs where; a
+block copied to the wrong place, a stale block, a torn write or a byte from the wrong rank all count as wrong.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import keyed
+
 POISON = 0xA5
 
-_MUL = np.uint32(2654435761)  # Knuth's multiplicative hash constant
 CONTENTS = None  # values.Realistic / values.Dump in force (None: the check pattern); set by use()
 
 
@@ -21,53 +21,55 @@ def use(contents) -> None:
     """Make ``contents`` (memory/values.py) what fill, expected and verify compute; None: the check pattern."""
     global CONTENTS
     CONTENTS = contents
-_RANK = np.uint32(0x9E3779B9)
 
 
-def pattern_at(rank: int, words: np.ndarray) -> np.ndarray:
-    """The fill pattern of ``rank``'s pool at 32-bit word indices ``words`` (any shape)."""
-    w = np.asarray(words).astype(np.uint32)  # a copy: indices wrap like the pool's own words
-    w *= _MUL
-    w ^= np.uint32((rank + 1) * int(_RANK) & 0xFFFFFFFF)
-    return w
+def pattern_at(rank: int, words: np.ndarray, epoch: int = 0) -> np.ndarray:
+    """The check pattern of ``rank``'s pool at 32-bit word indices ``words`` (any shape) in ``epoch``."""
+    return keyed.words_at(rank, words, epoch)
+
+
+def _run(rank: int, word_start: int, nwords: int, epoch: int) -> np.ndarray:
+    """The check pattern's words [start, start+n) in ``epoch``: one range, one C call."""
+    out = np.empty(nwords, np.uint32)
+    keyed.ranges(out.view(np.uint8), np.array([[4 * word_start, 0, 4 * nwords]], np.int64), rank, epoch)
+    return out
 
 
 def pattern_words(rank: int, word_start: int, nwords: int) -> np.ndarray:
     """The fill pattern of ``rank``'s pool for 32-bit words [start, start+n)."""
     if CONTENTS is not None:
         return CONTENTS.words(rank, word_start, nwords)
-    return pattern_at(rank, np.arange(word_start, word_start + nwords, dtype=np.uint32))
+    return _run(rank, word_start, nwords, 0)
 
 
-def epoch_words(rank: int, word_start: int, nwords: int, epoch: int, mix) -> np.ndarray:
-    """Words of ``epoch``: the check pattern XOR ``mix``; other contents draw new values (their statistics kept)."""
+def epoch_words(rank: int, word_start: int, nwords: int, epoch: int) -> np.ndarray:
+    """Words of ``epoch``: the check pattern under the epoch's key; other contents draw new values (their
+    statistics kept)."""
     if CONTENTS is not None:
         return CONTENTS.words(rank, word_start, nwords, epoch)
-    words = pattern_words(rank, word_start, nwords)
-    if epoch:
-        words ^= mix
-    return words
+    return _run(rank, word_start, nwords, epoch)
 
 
-def epoch_words_at(rank: int, widx: np.ndarray, epoch: int, mix) -> np.ndarray:
+def epoch_words_at(rank: int, widx: np.ndarray, epoch: int) -> np.ndarray:
     """``epoch_words`` at any 32-bit word indices (int64): the check's vectorised path over many ranges."""
     if CONTENTS is not None:
         return CONTENTS.at(rank, widx, epoch)
-    words = pattern_at(rank, widx)
-    if epoch:
-        words ^= mix
-    return words
+    return pattern_at(rank, widx, epoch)
 
 
 def fill(array: np.ndarray, rank: int, chunk: int = 1 << 26) -> None:
-    """Write ``rank``'s pattern over the whole pool (also pre-faults it)."""
-    words = array[: array.nbytes // 4 * 4].view(np.uint32)
-    for start in range(0, len(words), chunk // 4):
-        n = min(chunk // 4, len(words) - start)
-        words[start : start + n] = pattern_words(rank, start, n)
-    tail = array.nbytes % 4
-    if tail:
-        array[-tail:] = POISON
+    """Write ``rank``'s pattern over the whole pool (also pre-faults it); the bytes after the last whole word
+    POISON, as on a device."""
+    whole = array.nbytes // 4 * 4
+    if CONTENTS is None:
+        keyed.ranges(array, np.array([[0, 0, whole]], np.int64), rank, 0, place=0)
+    else:
+        words = array[:whole].view(np.uint32)
+        for start in range(0, len(words), chunk // 4):
+            n = min(chunk // 4, len(words) - start)
+            words[start : start + n] = pattern_words(rank, start, n)
+    if array.nbytes % 4:
+        array[whole:] = POISON
 
 
 def expected_bytes(rank: int, offset: int, nbytes: int) -> np.ndarray:

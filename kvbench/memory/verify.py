@@ -5,7 +5,8 @@ every way of lying is caught deterministically:
 
 * each layer's source ranges get this pass's *epoch* of the fill pattern at the
   moment the layer becomes final (not before), so a read of a layer before it is
-  final, or a stale copy, holds the wrong epoch;
+  final, or a stale copy, holds the wrong epoch; an epoch is keyed content
+  (keyed.py), so no transport can write a byte it did not carry;
 * the destination ranges are poisoned with the bitwise complement of what they
   must hold, so a poisoned element can never equal its expected value, for any
   dtype (a fixed poison byte equals the pattern by chance: 1 in 256 fp8 elements);
@@ -20,24 +21,16 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench import memory
+from kvbench.memory import keyed
 from kvbench.model.descriptors import DST, LEN, SRC
 from kvbench.model.layout import block_array
-
-
-def _mix(epoch: int) -> np.uint32:
-    """The word XOR-ed into every pattern word for ``epoch`` (epoch 0: the plain fill pattern)."""
-    return np.uint32((epoch * 0x85EBCA6B) & 0xFFFFFFFF)
-
 
 _CHUNK = 1 << 24  # bytes per vectorised step: bounds the index arrays a step builds
 
 
 def expected(rank: int, offset: int, nbytes: int, epoch: int) -> np.ndarray:
     """What ``rank``'s pool holds at [offset, offset + nbytes) in ``epoch``."""
-    w0, w1 = offset // 4, -(-(offset + nbytes) // 4)
-    words = memory.epoch_words(rank, w0, w1 - w0, epoch, _mix(epoch))
-    lead = offset - w0 * 4
-    return words.view(np.uint8)[lead : lead + nbytes]
+    return expected_ranges(rank, np.array([[offset, 0, nbytes]], np.int64), epoch)
 
 
 def _steps(descs: np.ndarray):
@@ -59,15 +52,18 @@ def _back_to_back(lens: np.ndarray) -> np.ndarray:
 
 def expected_ranges(rank: int, descs: np.ndarray, epoch: int) -> np.ndarray:
     """What ``rank``'s pool holds at the SRC ranges of ``descs`` in ``epoch``, back to back (vectorised: the
-    words of every range at once, then the bytes of unaligned ranges picked out)."""
+    words of every range at once, then the bytes of unaligned ranges picked out); keyed content: one C call."""
     out = np.empty(int(descs[:, LEN].sum()), np.uint8)
+    if memory.pattern.CONTENTS is None:
+        keyed.ranges(out, descs, rank, epoch)
+        return out
     for sl in _steps(descs):
         d = descs[sl]
         s, n = d[:, SRC], d[:, LEN]
         w0 = s // 4
         nw = -(-(s + n) // 4) - w0
         idx = np.repeat(w0 - _back_to_back(nw), nw) + np.arange(int(nw.sum()), dtype=np.int64)
-        b = memory.epoch_words_at(rank, idx, epoch, _mix(epoch)).view(np.uint8)
+        b = memory.epoch_words_at(rank, idx, epoch).view(np.uint8)
         lead = s - w0 * 4
         o = int(_back_to_back(descs[:, LEN])[sl.start]) if sl.start else 0
         if not (lead.any() or (n % 4).any()):  # every range whole words: they are the bytes
@@ -79,18 +75,14 @@ def expected_ranges(rank: int, descs: np.ndarray, epoch: int) -> np.ndarray:
 
 
 class Expected:
-    """What ranges must hold, epoch after epoch (the check of every timed iteration): the check pattern's epoch 0
-    computed once, each epoch from it by one XOR; other contents, or ranges not of whole words, computed anew."""
+    """What ranges must hold, epoch after epoch (the check of every timed iteration): each epoch's keyed content
+    computed when asked (one C call over the ranges)."""
 
     def __init__(self, rank: int, descs: np.ndarray):
-        self.rank, self.descs = rank, descs
-        whole = not ((descs[:, SRC] | descs[:, LEN]) % 4).any()
-        self.base = expected_ranges(rank, descs, 0) if whole and memory.pattern.CONTENTS is None else None
+        self.rank, self.descs = rank, np.ascontiguousarray(descs)
 
     def at(self, epoch: int) -> np.ndarray:
-        if self.base is None:
-            return expected_ranges(self.rank, self.descs, epoch)
-        return (self.base.view(np.uint32) ^ _mix(epoch)).view(np.uint8)
+        return expected_ranges(self.rank, self.descs, epoch)
 
 
 def scatter(pool: np.ndarray, data: np.ndarray, descs: np.ndarray, col: int) -> None:
@@ -106,13 +98,17 @@ def scatter(pool: np.ndarray, data: np.ndarray, descs: np.ndarray, col: int) -> 
 
 def write_epoch(pool: np.ndarray, descs: np.ndarray, rank: int, epoch: int) -> None:
     """Source: this layer is final now; its ranges take ``epoch``'s pattern."""
-    if len(descs):
+    if len(descs) and memory.pattern.CONTENTS is None:
+        keyed.ranges(pool, descs, rank, epoch, place=SRC)
+    elif len(descs):
         scatter(pool, expected_ranges(rank, descs, epoch), descs, SRC)
 
 
 def poison(pool: np.ndarray, descs: np.ndarray, src_rank: int, epoch: int) -> None:
     """Destination: every byte of the ranges becomes the complement of what it must hold."""
-    if len(descs):
+    if len(descs) and memory.pattern.CONTENTS is None:
+        keyed.ranges(pool, descs, src_rank, epoch, place=DST, flip=True)
+    elif len(descs):
         scatter(pool, np.invert(expected_ranges(src_rank, descs, epoch)), descs, DST)
 
 

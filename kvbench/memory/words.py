@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import pattern
+from . import keyed, pattern
 from .copy import split_rows
-
-_MUL = 2654435761  # pattern.py's multiplier
-_RANK = 0x9E3779B9
 
 
 def _torch():
@@ -19,28 +16,17 @@ def _torch():
 
 
 # ----- the pattern, on the device ---------------------------------------------------------------
-def _s32(x: int) -> int:
-    """A 32-bit word as the signed int32 with the same bits."""
-    x &= 0xFFFFFFFF
-    return x - (1 << 32) if x >= 1 << 31 else x
-
-
 def _words(torch, idx, rank: int, epoch: int = 0):
-    """pattern.pattern_at(rank, idx) ^ verify._mix(epoch) as int32 (the same bits), for int64 word indices.
-
-    int32 products wrap like the uint32 ones of pattern.py (torch has no uint32 arithmetic on every build);
-    int32 runs faster than int64 with masks."""
-    w = idx.to(torch.int32) if idx.dtype != torch.int32 else idx.clone()  # wraps modulo 2^32, as pattern.py's astype
-    w.mul_(_s32(_MUL))
-    w.bitwise_xor_(_s32((rank + 1) * _RANK) ^ (_s32(epoch * 0x85EBCA6B) if epoch else 0))
-    return w
+    """pattern.pattern_at(rank, idx, epoch) as int32 (the same bits), for int64 word indices: the keyed content
+    (keyed.py) computed where ``idx`` lives."""
+    return keyed.words(torch, idx, rank, epoch)
 
 
 # Extra memory the fill and the check may take where the pool lives, at most: an eighth of the pool, 1 GiB at
-# most.  Per element of a step the temporaries (int64 positions, shifted and masked copies, int32 words) take
+# most.  Per element of a step the temporaries (int64 positions, the keyed generator's int64 lanes, int32 words) take
 # under _PER_ELEM bytes, so a step handles budget / _PER_ELEM elements (words for the fill, bytes for the check).
 _BUDGET_MAX = 1 << 30
-_PER_ELEM = 64
+_PER_ELEM = 256
 
 
 def budget(pool_bytes: int) -> int:
@@ -64,11 +50,11 @@ def pieces(descs: np.ndarray, limit: int) -> list[np.ndarray]:
 
 
 # ----- the check per 32-bit word, in place where the pool lives --------------------------------------------------
-# Per word of a piece the temporaries are two indices, the row map, the words read and a flag: under _PER_WORD
+# Per word of a piece the temporaries are two indices, the row map, the words read, the generator's lanes and a flag: under _PER_WORD
 # bytes, so a piece takes budget / _PER_WORD words.  The launches per piece are a constant (two small uploads of
 # the piece's descriptors, the index build, one gather, the pattern, a compare, a sum), and nothing waits for the
 # device until the caller reads the count.
-_PER_WORD = 40
+_PER_WORD = 256
 
 
 def _by_words(descs: np.ndarray, elem: int = 4) -> bool:

@@ -57,18 +57,23 @@ def test_a_stamp_halfway_to_the_landing_of_a_small_request_is_suspect(kvrun, op,
     assert "precedes its wait's return" in line, line  # by a share of its time, or beyond the p99 wake-up bound
 
 
-@pytest.mark.alone  # the lie against a bound measured beside it: another test's load moves them apart
-def test_half_the_real_time_on_shm_is_suspect(kvrun):
-    r = kvrun(["-t", "lie-half-time", "--op", "pull", *BIG], env=ENV, timeout=120)
+@pytest.mark.alone  # two copies of the same bytes compared: another test's load moves them apart
+def test_a_stamp_of_half_the_real_time_on_shm_is_suspect_and_never_the_headline(kvrun):
+    """Issue 42 item 3: shm stamping half its copy's time read twice its GB/s while the transport's stamp was the
+    headline; the headline is now the harness's own time (the liar's time is the honest copy's, in the same
+    run), and the stamp, a diagnostic, is still judged: from the destination's post to that stamp is faster than
+    the copy beside it, SUSPECT."""
+    r = kvrun(["-t", "shm,lie-half-time", "--op", "pull", *BIG], env=ENV, timeout=120)
     assert r.code == 6, r.out + r.err
     line = suspect_line(r)
-    assert "case 1 (lie-half-time pull llama-3-8b 1024 tokens, bulk" in line and "(memory copy)" in line, line
-    assert "beyond the path's bound" in line and "noise margin" in line and "by " in line, line
-    assert r.meta()["status"] == "SUSPECT"
+    assert "case 2 (lie-half-time pull llama-3-8b 1024 tokens, bulk" in line and "(post to landing)" in line, line
+    assert "beyond the path's bound" in line and "(memory copy)" in line, line
+    t = r.table().query("iter >= 0 and role == 'decode'")
+    honest, liar = (float(t[t.transport == x].seconds.median()) for x in ("shm", "lie-half-time"))
+    assert liar > 0.75 * honest, (liar, honest)  # halved it reads 0.5x
     assert int(r.table().query("iter == -1 and role == 'decode'").nwrong.sum()) == 0  # every byte is right
 
 
-# ----- the arithmetic -------------------------------------------------------------------------------------
 def test_wake_bound_is_a_high_percentile_with_a_margin():
     s = np.full(100, 20e-6)
     s[-2:] = 5e-3  # two late wake-ups in a hundred: the 99th percentile

@@ -179,3 +179,27 @@ def test_an_iteration_ends_with_a_barrier_before_any_bookkeeping_or_cache_settin
     end = "barrier asleep" if asleep else "barrier"
     assert log == ["apply", "barrier", "transfer", end, "bookkeeping"] * 3
     assert len(m.rec) == 2 and m.cache_set == [True, True]
+
+
+class Stamper(Recorder):
+    """A transport with a receive thread of its own: its wait returns 50 ms after it is asked, with a landing stamp
+    5 ms after that (a stamp that leads the wait's return by 45 ms)."""
+
+    def wait(self, handle):
+        import time
+
+        a = time.perf_counter()
+        time.sleep(0.05)
+        return a + 0.005
+
+
+def test_the_headline_is_the_harness_s_own_time_and_the_stamp_a_diagnostic():
+    """Issue 42 item 3: a destination's time ends when its wait returned, never at a stamp the transport hands
+    back; the stamp's lead over that return is kept (lead_s -> the row's stamp_lead_s) for the footer to judge."""
+    log: list = []
+    layers = [np.array([[k * 4096, k * 4096, 1024]], dtype=np.int64) for k in range(4)]
+    spec = {"op": "push", "handshake": "off", "overlap": "serial", "prefill_ms": 0.0, "prefill": "clock"}
+    itr = Iteration(Stamper(log), Comm(1, log), 1, [Entry(0, 0, 0, 1, layers, np.arange(4))], spec, False)
+    done, *_ = itr.run(5 << 16, itr.comm.barrier)
+    assert done[0] >= 0.05  # the stamp would say 5 ms
+    assert 0.03 <= itr.cost["lead_s"][0] <= done[0]

@@ -48,3 +48,14 @@ def test_a_compressing_path_is_caught_beside_two_busy_loops(kvrun, hogs):
                "--variants", "bulk"], env=ENV, timeout=400)
     assert r.code == 6 and "fewer bytes than it claims to move" in r.out, r.out + r.err
     assert all(p.poll() is None for p in hogs)
+
+
+@pytest.mark.alone
+def test_a_forger_is_caught_beside_two_busy_loops(kvrun, hogs):
+    """Its verdict rests on content (keyed: the rest of a range cannot be written without carrying it)."""
+    r = kvrun(["-t", "lie-forge,lie-forge-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16",
+               "-e", "16", "-n", "4", "-w", "0", "--variants", "paged"], env=ENV, timeout=400)
+    assert r.code == 2 and "FAILED" in r.out, r.out + r.err
+    wrong = r.table().query("role != 'prefill'").groupby("transport")["nwrong"].sum()
+    assert (wrong > 0).all() and len(wrong) == 2, wrong
+    assert all(p.poll() is None for p in hogs)

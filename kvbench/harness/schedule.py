@@ -180,8 +180,9 @@ class Iteration:
                     self.comm.recv_bytes(bytearray(STATE_BYTES), e.src, TAG_STATE)
             b = time.perf_counter()
             inside += b - a
-            # done when the bytes landed, or when the message that completes them arrived
-            done.append((b if self.state_msg else landed) - t0)
+            # done when the harness saw the bytes landed (its wait returned: a transport's own stamp is a diagnostic,
+            # stamp_lead_s), or when the message that completes them arrived
+            done.append((b if self.state_msg else back if stamped and not self.notify else landed) - t0)
         dereg_s = {}
         for e, _ in self.init if regs else ():  # after every landing: no request's time waits for another's
             a = time.perf_counter()

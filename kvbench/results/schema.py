@@ -35,7 +35,8 @@ ROW_COLUMNS = CASE_COLUMNS + ["rank", "role", "pair", "req", "iter", "round", "s
 ROW_COLUMNS += ["codec_encode_s", "codec_decode_s", "codec_max_abs_err", "codec_max_rel_err"]
 # skew_s: a destination's barrier exit minus its source's, on one clock (its seconds and exposed_s include it);
 # clock_err_s: the bound on that correction (half the best ping-pong); clock_offset_s: the destination's clock minus
-# its source's; completion: who stamped the landing, "transport" (its own receive or progress thread) or "harness"
+# its source's; completion: "transport" where the transport offered a landing stamp of its own (receive or progress
+# thread: a diagnostic, the headline is the harness's own time) or "harness"
 # (the moment its wait or notification returned)
 # --- v3, device memory: copy = the copy engine of device bytes (copy.py; "batch" for host rows, where it is unused);
 # gather_s / wire_s / scatter_s = seconds this rank spent in each stage of the staged transport in this iteration

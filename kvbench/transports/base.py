@@ -320,8 +320,8 @@ class Transport(PerRequest):
         """Block until ``handle`` is complete; raise TransportError on failure.
 
         Returns None, or the ``time.perf_counter()`` at which the operation completed when the
-        transport saw that on another thread (a receive thread): exposed time then ends when the
-        bytes landed, not when the waiting thread was scheduled again.
+        transport saw that on another thread (a receive thread): a diagnostic the harness compares with
+        its own time (the row's stamp_lead_s); the headline ends when this call returned.
         """
 
     def info(self) -> dict[str, Any]:
@@ -369,10 +369,11 @@ def wait_landed(t: Transport, handles: list) -> tuple[float, bool]:
     """Wait for every handle, the last posted first; (the perf_counter time the last one completed, whether
     that time is the transport's own stamp).
 
-    The one completion rule: where a transport has a receive or progress thread of its own, that thread
-    stamps the landing (``wait`` returns the time); otherwise the moment ``wait`` returns is the landing
-    (now, when there are no handles).  On an in-order transport the earlier handles are then already
-    done, so the waiting thread wakes once, not once per layer.
+    Where a transport has a receive or progress thread of its own, that thread may stamp the landing (``wait``
+    returns the time); otherwise the moment ``wait`` returns is the stamp (now, when there are no handles).  The
+    harness's headline is always its own time, when the wait returned: a transport's stamp is a diagnostic
+    (the row's stamp_lead_s, judged in results/bounds.py).  On an in-order transport the earlier handles are
+    then already done, so the waiting thread wakes once, not once per layer.
     """
     landed, stamped = 0.0, False
     for h in reversed(handles):

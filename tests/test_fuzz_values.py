@@ -42,6 +42,7 @@ CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival",
            "--kv-lora-rank": ["--layers", "2", "--attention", "mla", "--head-dim", "64"],
            "--rope-dim": ["--layers", "2", "--attention", "mla", "--head-dim", "64", "--kv-lora-rank", "64"],
            "-b": ["-e", "1024"], "-e": ["-b", "16"], "-f": ["-b", "16", "-e", "64"],
+           "--ci-budget": ["--target-ci", "5%"],  # what a case may spend reaching a target: alone, refused
            # a replay's flags need a trace; the trace, a speed that fits its arrivals into --timeout
            "--trace": ["--speed", "100"], "--matrix": ["--scheme", "matrix"], "--nic": ["-t", "tcp"], **{f: ["--trace", "mooncake-synthetic"] for f in ("--speed", "--cache-blocks", "--trace-block")}}
 # --resume is a file of an earlier run (test_resume.py owns its refusals); --gpu-map names GPUs, and a machine with
@@ -182,7 +183,6 @@ SUITE_ACCEPTED = {  # (YAML takes types as written: a number is not a name, so t
     ("iters", "huge"): "--timeout bounds it", ("warmup", "huge"): "--timeout bounds it",
     ("workload.decode_pool_tokens", "huge"): "memory preflight", ("axes.tokens", "huge"): "memory preflight",
     ("axes.inflight", "huge"): "memory preflight", ("prefill_tflops", "huge"): "prefill_ms auto near 0",
-    ("pool_sizes", "huge"): "a size past the machine's RAM: refused by the run's config, which knows the machine",
 }
 
 

@@ -101,7 +101,7 @@ def run(a, argv: list[str]) -> int:
     if a.suite:
         try:
             names += S.load(a.suite).axes.transport
-        except S.SuiteError:
+        except Exception:  # any reader's failure
             pass  # rank 0 reports it below
     if "staged" in names and any(o in ("inner=ucx", "staged.inner=ucx") for o in a.option or []):
         names.append("ucx")  # staged over ucx: ucxx's UCX loads before MPI's as well
@@ -111,10 +111,7 @@ def run(a, argv: list[str]) -> int:
         GUARD.attach(c)
         payload = None
         if c.rank == 0:
-            try:
-                payload = (config.build(a, argv, c.size).model_dump(), None)
-            except config.ConfigError as exc:
-                payload = (None, str(exc))
+            payload = config.door(a, argv, c.size)  # never raises: a line for every rank, or the config
             if payload[1] is None:  # the writer and live table load pandas (seconds on a loaded machine): now, before
                 import kvbench.report  # noqa: F401  (any step has a --timeout deadline; other ranks never load it)
                 import kvbench.results.store  # noqa: F401

@@ -6,6 +6,7 @@ import socket
 
 from kvbench.config import ConfigError
 from kvbench.memory import affinity
+from kvbench.model.limits import clip
 from kvbench.transports.base import TransportError
 from kvbench.transports.rails import select_rails
 
@@ -19,10 +20,11 @@ def nic_arg(text: str | None) -> list[str] | None:
         return names
     if not names or "auto" in names:
         raise ConfigError(f"--nic {text}: give auto, or interface names (eth0,eth1)")
-    have = [n["name"] for n in affinity.netdevs()]
-    for n in names:
+    have = [n["name"] for n in affinity.netdevs()]  # loopback is not among them: it carries no fabric's bytes
+    for n in sorted(names, key=lambda n: n == "lo"):  # a name that is nowhere first, then a loopback named
         if n not in have:
-            raise ConfigError(f"--nic {text}: no interface '{n}' here (have: {', '.join(have) or 'none'})")
+            what = "'lo' is the loopback interface, not a NIC" if n == "lo" else f"no interface {clip(n)} here"
+            raise ConfigError(f"--nic {text[:80]}: {what} (have: {', '.join(have) or 'none'})")
     if len(set(names)) < len(names):
         raise ConfigError(f"--nic {text}: names an interface twice")
     return names

@@ -14,16 +14,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench import transports
-from kvbench.config import ConfigError
+from kvbench.config import ConfigError, flagcheck
 from kvbench.config import suite as S
 from kvbench.config.niccfg import check_nics, nic_arg
 from kvbench.config.tracecfg import TRACE_FLAGS, read_trace, trace_flags
 from kvbench.harness.state import Options
+from kvbench.job.guard import describe
 from kvbench.memory import device, driver, host, placement
 from kvbench.model import ageing, traceplan
 from kvbench.model import matrix as X
 from kvbench.model import shapes as M
 from kvbench.model.layout import aged_n
+from kvbench.model.limits import one_line
 from kvbench.model.schemes import SchemeError, make_pairs
 from kvbench.results.schema import RESUMES, SCHEMA_VERSION
 from kvbench.transports import options as O
@@ -207,6 +209,7 @@ def results_dir(path: str) -> str:
     st = os.statvfs(probe)
     if st.f_flag & os.ST_RDONLY:
         raise ConfigError(f"-o {path}: {probe} is on a read-only file system")
+    flagcheck.planted_files(path)
     return path
 
 
@@ -226,6 +229,18 @@ def build(a, argv: list[str], world: int) -> RunConfig:
         raise ConfigError(str(exc)) from None
 
 
+def door(a, argv: list[str], world: int) -> tuple[dict | None, str | None]:
+    """Rank 0's door: (the run's configuration, None), or (None, the one line that refuses it), whatever the
+    readers raised: a reader's unexpected exception is a line too, broadcast to every rank like a ConfigError,
+    not a traceback here while the other ranks wait out the start-up deadline."""
+    try:
+        return build(a, argv, world).model_dump(), None
+    except ConfigError as exc:
+        return None, one_line(str(exc))
+    except Exception as exc:  # a reader's bug (OverflowError, RecursionError, ...): still the one line
+        return None, one_line(f"the run's configuration could not be checked: {describe(exc)}", 300)
+
+
 def fresh(a, argv: list[str], world: int) -> RunConfig:
     suite = merge(a)
     make_pairs(suite.scheme, world, suite.matrix)
@@ -242,6 +257,8 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
     if suite.axes.transport == ["staged"] and suite.axes.memory == ["host"]:
         raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
                           "bounce buffer (use --memory torch-cpu, pinned or cuda)")
+    flagcheck.ci_budget(a, suite)
+    flagcheck.fill_file(suite)
     real_prefill(suite)
     per_request(suite)
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
@@ -354,6 +371,7 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
                        name=meta.get("name", meta["suite"]["name"]), bind=meta.get("cpu_bind", "none"),
                        gpu_map=meta.get("gpu_map"), nic=meta.get("nic"), resume=path, argv=meta.get("argv", []))
     stored.trace = read_trace(stored.suite, world)
+    flagcheck.fill_file(stored.suite)  # a dump moved away since
     if gave_sweep(a) or a.option:
         mine = fresh(a, argv, world)
         for field in ("suite", "cases", "transport_options"):

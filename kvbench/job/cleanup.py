@@ -141,7 +141,7 @@ def record_mpich(run_id: str, rank: int) -> str | None:
     if not paths:
         return None
     reg = f"{SHM_DIR}/kvbench_{run_id}_mpich_r{rank}_p{os.getpid()}"
-    fd = os.open(reg, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+    fd = os.open(reg, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_NOFOLLOW, 0o600)  # /dev/shm: anyone's folder
     with os.fdopen(fd, "w") as fh:
         fh.write("".join(p + "\n" for p in paths))
     return reg

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from kvbench.job import cleanup
+from kvbench.job import cleanup, safefile
 
 LAUNCHERS = {"mpiexec", "mpirun", "mpiexec.hydra", "mpiexec.mpich", "mpirun.mpich"}  # hydra's names
 SWEEP_S = 5.0  # how long the reaper waits for the other ranks of its host to be gone before it gives up
@@ -109,8 +109,7 @@ def record(meta_path: str, launcher_first: bool, launcher: int, rank_pid: int) -
     parquet = meta_path[: -len(".meta.json")] + ".parquet"
     line = None
     try:
-        with open(meta_path) as fh:
-            meta = json.load(fh)
+        meta = json.loads(safefile.read_text(meta_path))  # never through a link (safefile.py)
         if meta.get("status") == "INCOMPLETE":
             host = socket.gethostname()
             if launcher_first:
@@ -122,16 +121,16 @@ def record(meta_path: str, launcher_first: bool, launcher: int, rank_pid: int) -
                                    "launcher ended the job after another rank died): the run did not end by itself")
             meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             tmp = cleanup.own_tmp_of(meta_path)
-            with open(tmp, "w") as fh:
+            with os.fdopen(safefile.create_new(tmp), "w") as fh:
                 json.dump(meta, fh, indent=2, default=str)
             os.replace(tmp, meta_path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, safefile.UnsafeFile):
         pass
     for path in cleanup.set_tmp_files(parquet):
         cleanup._unlink(path)
     lock = cleanup.lock_path(parquet)
     try:  # the lock is free now (its holder is dead) unless a resume took it meanwhile: then it stays
-        fd = os.open(lock, os.O_RDWR)
+        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.unlink(lock)

@@ -3,7 +3,8 @@
 planes (formats, planes), where a block sits and who owns it (layout), descriptor arrays (descriptors: the
 ``SRC, DST, LEN`` columns live here), who pairs with whom (schemes), arrivals and prompts (workload), request
 traces and their prefix-cache hits (trace; the shipped traces in traces/), a trace replayed as a workload
-(traceplan), and the value types shared by suites and plans (inputs).
+(traceplan), the value types shared by suites and plans (inputs), and the limits a user's input is held to
+before it is parsed, with how a message quotes a value (limits).
 
 No I/O but YAML loading (yamlfile) and reading trace files (trace), no MPI, no transport: everything here is
 a function of its arguments.

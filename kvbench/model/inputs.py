@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator
 
 from kvbench.model import shapes as M
+from kvbench.model.limits import MAX_BYTES, MAX_CELL, clip, whole
 
 # the longest wait a run takes (a timeout, a hold, a gap between requests): a week.  Longer is a typo, and
 # seconds near float's range overflow the clocks and waits the harness hands them to, failing mid-run
@@ -79,18 +80,22 @@ def sizes(v) -> list[int]:
     if isinstance(v, list) and not v:  # none: no sweep
         return []
     seq = v.split(",") if isinstance(v, str) else v if isinstance(v, (list, tuple)) else [v]  # one size as a scalar
+    if len(seq) > 64:
+        raise ValueError(f"{len(seq):,} sizes: give at most 64")
     items = [str(x).strip() for x in seq]
     if not items or "" in items:
-        raise ValueError(f"{v!r}: give sizes as a comma-separated list, e.g. 0.25,1,4GiB")
-    parts = [re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", x) for x in items]
+        raise ValueError(f"{clip(v)}: give sizes as a comma-separated list, e.g. 0.25,1,4GiB")
+    parts = [re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)", x) if len(x) <= MAX_CELL else None
+             for x in items]
     for x, p in zip(items, parts):
         if p is None or p.group(2).lower() not in UNITS:
-            raise ValueError(f"{x!r} is not a size (a number with KiB, MiB, GiB or TiB, e.g. 256MiB)")
+            raise ValueError(f"{clip(x)} is not a size (a number with KiB, MiB, GiB or TiB, e.g. 256MiB)")
     last = parts[-1].group(2)
-    out = [int(float(p.group(1)) * UNITS[(p.group(2) or last).lower()]) for p in parts]
+    out = [whole(float(p.group(1)) * UNITS[(p.group(2) or last).lower()], MAX_BYTES, f"{clip(x)} in bytes")
+           for x, p in zip(items, parts)]
     for x, n in zip(items, out):
         if n <= 0:
-            raise ValueError(f"{x!r}: a pool size must be positive")
+            raise ValueError(f"{clip(x)}: a pool size must be positive")
     return unique(out)
 
 

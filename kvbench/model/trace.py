@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench.model.limits import MAX_DIGITS, MAX_TOKENS, clip
+
 HERE = Path(__file__).with_name("traces")
 # named inputs -> the files shipped as package data (gzip: a third of the plain JSONL's size)
 NAMED = {
@@ -32,6 +34,7 @@ NAMED = {
 BLOCK = 512  # Mooncake's prefix block, in tokens
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 PERCENTILES = (50, 90, 99)
+MAX_LINE = 8 << 20  # characters of one request's line: a million-token prompt's hash ids at 16-token blocks fit
 
 
 class TraceError(ValueError):
@@ -98,16 +101,32 @@ def _number(rec: dict, key: str, where: str, integer: bool) -> float:
     ok = isinstance(v, int) if integer else isinstance(v, (int, float)) and math.isfinite(v)
     if isinstance(v, bool) or not ok or v < 0:
         kind = "integer" if integer else "number"
-        raise TraceError(f"{where}: '{key}' is {v!r}, not a non-negative {kind}")
+        raise TraceError(f"{where}: '{key}' is {clip(v)}, not a non-negative {kind}")
+    if integer and v > MAX_TOKENS:
+        raise TraceError(f"{where}: '{key}' is {clip(v)}, more than {MAX_TOKENS:,} tokens (longer than any "
+                         "model's context)")
     return v
+
+
+def _integer(where: str):
+    """json's parse_int for one line: an integer of more than MAX_DIGITS digits is refused before it is built
+    (Python's own limit would say so without the file and line)."""
+    def parse(text: str) -> int:
+        digits = len(text.lstrip("-"))
+        if digits > MAX_DIGITS:
+            raise TraceError(f"{where}: an integer of {digits:,} digits (a length or hash id has at most {MAX_DIGITS})")
+        return int(text)
+    return parse
 
 
 def _record(line: str, where: str, block: int) -> tuple[float, int, int, list]:
     """One line's (timestamp, input, output, hash ids), checked."""
     try:
-        rec = json.loads(line)
+        rec = json.loads(line, parse_int=_integer(where))
     except json.JSONDecodeError as exc:
         raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise TraceError(f"{where}: nested too deep (a request is one JSON object with a list of hash ids)") from None
     if not isinstance(rec, dict):
         raise TraceError(f"{where}: not a JSON object")
     missing = [k for k in FIELDS if k not in rec]
@@ -134,7 +153,9 @@ def read(source: str, block: int = BLOCK) -> Trace:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), 1):
+                if len(line) > MAX_LINE:
+                    raise TraceError(f"{source}:{lineno}: a line longer than {MAX_LINE:,} characters")
                 if not line.strip():
                     continue
                 where = f"{source}:{lineno}"

@@ -3,7 +3,9 @@
 
 The lock is held by rank 0 for the whole run and removed when it ends; a kill -9 leaves the file but not the
 lock (the kernel drops it with the process), so a later run finds it free.  The file names its holder (pid and
-host) so that a refused run can say who holds it.
+host) so that a refused run can say who holds it.  A `.lock` or `.tmp` name that is a link, not a regular file
+or another user's is never opened nor removed: it is refused in one line (job/safefile.py), as a results folder
+others can write may hold one planted there.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import socket
 
 from kvbench.job.cleanup import lock_path
+from kvbench.job.safefile import UnsafeFile, check, open_own  # noqa: F401  (UnsafeFile: their refusal)
 
 
 class LockHeld(Exception):
@@ -26,7 +29,7 @@ class ResultLock:
         self.path = lock_path(parquet)
         self.fd: int | None = None
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_own(self.path, os.O_RDWR | os.O_CREAT)  # never through a link (UnsafeFile)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -65,11 +68,24 @@ def _read(fd: int) -> str:
         return ""
 
 
+def stale_names(folder: str) -> list[str]:
+    """The `.tmp` and `.lock` files in ``folder`` (a killed run's, or a live one's)."""
+    return sorted(glob.glob(os.path.join(folder, "*.tmp")) + glob.glob(os.path.join(folder, "*.lock")))
+
+
+def planted(folder: str) -> None:
+    """UnsafeFile for the first `.tmp` or `.lock` name in ``folder`` that is a link, not a regular file or another
+    user's: the door refuses the run before it starts, as the sweep (sweep_stale) would after."""
+    for path in stale_names(folder):
+        check(path)
+
+
 def sweep_stale(folder: str) -> list[str]:
     """Remove the `.tmp` and `.lock` files in ``folder`` whose result set no live run holds (a kill -9's);
-    returns their paths."""
+    returns their paths.  UnsafeFile for one that is a link, not a regular file or another user's."""
     gone = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.tmp")) + glob.glob(os.path.join(folder, "*.lock"))):
+    for path in stale_names(folder):
+        check(path)  # before anything is opened: a planted link is refused, its target untouched
         name = path[: -len(".tmp")] if path.endswith(".tmp") else path
         for tail in (".parquet", ".meta.json", ".lock"):
             if name.endswith(tail):
@@ -79,7 +95,7 @@ def sweep_stale(folder: str) -> list[str]:
             continue  # not a file of a result set
         try:
             lock = ResultLock(base + ".parquet")
-        except (LockHeld, OSError):
+        except (LockHeld, OSError):  # (UnsafeFile is not an OSError: it ends the sweep)
             continue  # a live run's (or one we cannot touch): leave it
         try:
             if path != lock.path:

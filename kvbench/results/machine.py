@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import resource
+import socket
 import subprocess
 
 from kvbench.memory.host import _read  # one reader of /sys and /proc files for the whole package
@@ -159,18 +160,30 @@ def rdma_rates(root: str = SYS) -> dict[str, str]:
     return out
 
 
+# git's optional locks off: `git status` refreshes the index under .git/index.lock otherwise, and a user's commit
+# in the checkout at that moment fails (or kvbench's call does)
+GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0"}
+
+
 def git_commit() -> str:
-    """The commit of the kvbench checkout, with -dirty if it has local changes."""
+    """The commit of the kvbench checkout, with -dirty if it has local changes (nothing in .git is written)."""
     here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, **GIT_ENV)
     try:
-        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        sha = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             env=env)
         if sha.returncode != 0:
             return "unknown"
         dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+                               capture_output=True, text=True, timeout=5, env=env).stdout.strip()
         return sha.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def machine_name() -> str:
+    """Short host name, safe as a directory name (a result set's folder: <results>/<machine>/)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname().split(".")[0]) or "unknown"
 
 
 def library_versions() -> dict[str, str]:

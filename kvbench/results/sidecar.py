@@ -7,24 +7,25 @@ import json
 import os
 
 from kvbench.job import cleanup
+from kvbench.job.safefile import UnsafeFile, create_new, read_text
 from kvbench.results.lock import lock_path
 
 
 def write_json(path: str, obj: dict, tmp: str | None = None, midway=None) -> None:
     """``obj`` as indented JSON at ``path``, whole or not at all (replace_whole)."""
-    def write(t):
-        with open(t, "w") as fh:
-            json.dump(obj, fh, indent=2, default=str)
-
-    replace_whole(path, write, tmp, midway)
+    replace_whole(path, lambda fh: fh.write(json.dumps(obj, indent=2, default=str).encode()), tmp, midway)
 
 
 def replace_whole(path: str, write, tmp: str | None = None, midway=None) -> None:
-    """Write ``path`` whole or not at all: into ``tmp`` (``path.tmp``), then renamed over it; a failed write (a
-    full disk) leaves no temporary file behind.  ``midway`` runs between the two (the fault matrix's point)."""
+    """Write ``path`` whole or not at all: ``write(fh)`` into ``tmp`` (``path.tmp``, a binary file created new,
+    never through a link: job/safefile.py), then renamed over it (a rename replaces a link, never follows it);
+    a failed write (a full disk) leaves no temporary file behind.  ``midway`` runs between the two (the fault
+    matrix's point)."""
     tmp = tmp or cleanup.tmp_of(path)
+    fd = create_new(tmp)  # UnsafeFile for a link or another user's file under the name: left as it is
     try:
-        write(tmp)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
         if midway is not None:
             midway()
         os.replace(tmp, path)
@@ -42,16 +43,18 @@ def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
     system or rank 0's host).  Rank 0's lock and half-written files go too: the job's abort ends it, stopped
     as it is, and nobody else would remove them.  True when written."""
     try:
-        with open(meta_path) as fh:
-            meta = json.load(fh)
-    except (OSError, ValueError):
+        meta = json.loads(read_text(meta_path))
+    except (OSError, ValueError, UnsafeFile):
         return False
     try:
         if meta.get("status") != "INCOMPLETE":
             return False
         meta.update(status=status, reason=reason,
                     finished=dt.datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"))
-        write_json(meta_path, meta, tmp=cleanup.own_tmp_of(meta_path))  # not rank 0's .tmp: it may be mid-write
+        try:
+            write_json(meta_path, meta, tmp=cleanup.own_tmp_of(meta_path))  # not rank 0's .tmp: it may be mid-write
+        except UnsafeFile:  # a link planted under its name: not written through (the job's own line says why it ends)
+            return False
         return True
     finally:
         parquet = meta_path[: -len(".meta.json")] + ".parquet"

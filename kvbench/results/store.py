@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import re
-import socket
 import sys
 import threading
 
@@ -23,7 +22,7 @@ from kvbench.job import cleanup, faults
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, sweep_stale
-from kvbench.results.machine import git_commit, library_versions  # noqa: F401  (the sidecar's facts, as before)
+from kvbench.results.machine import git_commit, library_versions, machine_name  # noqa: F401  (as before)
 from kvbench.results.schema import (
     CARRIER_DEFAULTS,
     CASE_COLUMNS,
@@ -62,11 +61,6 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
     return df
 
 
-def machine_name() -> str:
-    """Short host name, safe as a directory name."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname().split(".")[0]) or "unknown"
-
-
 def claim_path(root: str, name: str, ext: str) -> str:
     """``<root>/<machine>/<stamp>_<name><ext>``, created empty and atomically (O_EXCL): a name that exists gets
     ``-1``, ``-2``... so no file is ever overwritten."""
@@ -78,7 +72,7 @@ def claim_path(root: str, name: str, ext: str) -> str:
     while True:
         cand = base if n == 0 else f"{base}-{n}"
         try:
-            os.close(os.open(cand + ext, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            os.close(os.open(cand + ext, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o644))
             return cand + ext
         except FileExistsError:
             n += 1
@@ -160,7 +154,7 @@ class ResultWriter:
     def _write_frame(self, df: pd.DataFrame, midway=None) -> None:
         with self._mu:  # (the exit path's close, on another thread, waits for a write under way)
             if not self._closed:
-                replace_whole(self.path, lambda tmp: df.to_parquet(tmp, index=False), midway=midway)
+                replace_whole(self.path, lambda fh: df.to_parquet(fh, index=False), midway=midway)
 
     def finish(self, final: bool = False, **extra) -> None:
         """Record end-of-run facts (status, totals) in the sidecar; ``final`` (the exit path's record) seals it."""

@@ -582,16 +582,21 @@ class ForgesTheRest(ShmTransport):
         _forge(dst, descs, DST, src_rank, moved)
 
 
-class ForgesTheRestTcp(TcpTransport):
-    """tcp's forger: the sender sends the first eighth of every range, the receiver writes it and forges the rest
-    (_forge) before its receive thread stamps the landing."""
-
-    name = "lie-forge-tcp"
+class _OwnWire(TcpTransport):
+    """tcp with its own sends and receives: each connection's send(hdr, descs, col) and recv(...) replaced by
+    ``_sender(conn)`` and ``_receiver(conn)`` (the liars that change what goes on the wire)."""
 
     def connect(self, peers):
         super().connect(peers)
         for conn in (c for lanes in self.lanes.values() for rails in lanes for c in rails):
             conn.send, conn.recv = self._sender(conn), self._receiver(conn)
+
+
+class ForgesTheRestTcp(_OwnWire):
+    """tcp's forger: the sender sends the first eighth of every range, the receiver writes it and forges the rest
+    (_forge) before its receive thread stamps the landing."""
+
+    name = "lie-forge-tcp"
 
     def _sender(self, conn):
         def send(hdr, descs, col):
@@ -625,7 +630,7 @@ LIARS["lie-forge"] = "liars:ForgesTheRest"
 LIARS["lie-forge-tcp"] = "liars:ForgesTheRestTcp"
 
 
-class CompressesOnTheWire(TcpTransport):
+class CompressesOnTheWire(_OwnWire):
     """Moves every byte to its place, but not as itself: a layer's gathered source ranges go XORed with the content
     model (_fill_model: it knows the key) at their source offsets and deflated (zlib level 1); the receiver
     inflates them, XORs the model back and scatters them into the destination ranges.  Lossless on any content,
@@ -634,11 +639,6 @@ class CompressesOnTheWire(TcpTransport):
     content at all: the key is what a compressing path would need."""
 
     name = "lie-compress-tcp"
-
-    def connect(self, peers):
-        super().connect(peers)
-        for conn in (c for lanes in self.lanes.values() for rails in lanes for c in rails):
-            conn.send, conn.recv = self._sender(conn), self._receiver(conn)
 
     def _sender(self, conn):
         import struct

@@ -86,23 +86,17 @@ def test_a_writer_refuses_a_planted_lock_before_writing(tmp_path, target):
     assert sorted(os.listdir(folder)) == [f"{SET}.lock"]  # no claimed name left behind either
 
 
-def test_a_stand_in_does_not_write_through_a_link(tmp_path, target):
+@pytest.mark.parametrize("who", ["stand-in", "reaper"])
+def test_a_stand_in_or_reaper_does_not_write_through_a_link(tmp_path, target, who):
     folder = tmp_path / "res"
     folder.mkdir()
     meta = folder / f"{SET}.meta.json"
     meta.write_text(json.dumps({"status": "INCOMPLETE"}))
     link = plant(folder, os.path.basename(cleanup.own_tmp_of(str(meta))), target)
-    assert sidecar.record_for_rank0(str(meta), "TIMEOUT", "why") is False
-    assert_untouched(target, link)
-
-
-def test_the_reaper_does_not_write_through_a_link(tmp_path, target):
-    folder = tmp_path / "res"
-    folder.mkdir()
-    meta = folder / f"{SET}.meta.json"
-    meta.write_text(json.dumps({"status": "INCOMPLETE"}))
-    link = plant(folder, os.path.basename(cleanup.own_tmp_of(str(meta))), target)
-    reaper.record(str(meta), False, 0, 1)
+    if who == "stand-in":
+        assert sidecar.record_for_rank0(str(meta), "TIMEOUT", "why") is False
+    else:
+        reaper.record(str(meta), False, 0, 1)
     assert_untouched(target, link)
     assert json.loads(meta.read_text())["status"] == "INCOMPLETE"
 

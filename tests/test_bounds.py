@@ -266,7 +266,23 @@ def test_beyond_the_copies_beside_it_but_within_their_best_is_noisy_not_suspect(
     assert s["verdict"] == "NOISY" and B.suspects(df, stats(df)) == [] and B.noisy(df, stats(df)) == [s]
     line = B.line(s)
     assert line.startswith("NOISY: case 1 (shm pull m 256 tokens, bulk, host, serial): 20.00 GB/s (p50) beyond")
-    assert "within the best copy of its window (18.00 GB/s)" in line and "--bind core" in line
+    assert "within this run's best copy of its bytes (18.00 GB/s)" in line and "--bind core" in line
+
+
+def test_a_case_whose_copies_all_sat_in_a_slow_phase_is_judged_against_the_run_s_best_copy_of_its_bytes():
+    """Two iterations whose copies were both slowed by another job (the CI machine's false SUSPECT: 15 GB/s
+    against 9.4 GB/s copies) while an earlier case copied the same bytes at 25 GB/s on the same rank: NOISY.
+    The same case with no faster copy of its bytes anywhere in the run, or a faster copy only of other bytes or on
+    another rank, stays SUSPECT: the run's best copy bounds only the bytes it copied, where it copied them."""
+    slow = rows(2, [1 / 15.0] * 2, bound=[9.4, 9.4])  # 15 GB/s against 9.4 GB/s copies
+    fast = rows(1, [0.1] * 2, bound=[25.0, 24.0])  # the same payload on the same rank, copied at 25 GB/s
+    df = pd.concat([fast, slow], ignore_index=True)
+    (s,) = B.verdicts(df, stats(df))
+    assert s["case"] == 2 and s["verdict"] == "NOISY" and s["best"] == 25.0 and B.suspects(df, stats(df)) == []
+    for other in (rows(1, [0.2] * 2, bound=[25.0] * 2, payload=2e9), rows(1, [0.1] * 2, bound=[25.0] * 2, rank=3)):
+        df = pd.concat([other, slow], ignore_index=True)
+        (s,) = B.verdicts(df, stats(df))
+        assert s["case"] == 2 and s["verdict"] == "SUSPECT" and s["best"] == 9.4
 
 
 def test_a_case_whose_clocks_are_matched_only_loosely_is_named_skew_and_not_ok_on_the_page():

@@ -21,8 +21,8 @@ SUITES = S.list_suites()
 # machine without one); the others (engines with seconds of set-up, loopback, mpi) have tests of their own
 RUN_HERE = ("shm", "tcp", "cuda_ipc", "verbs", "staged")
 TINY = ["--tokens", "16", "-n", "2", "-w", "0", "--rounds", "1", "-b", "16", "-e", "16", "--variants", "bulk,paged",
-        "--progress", "off", "--timeout", "60",
-        "--ci-budget", "0.2"]  # a suite's --target-ci still adapts each case, for a fifth of a second, not seconds
+        "--progress", "off", "--timeout", "60"]
+CI_BUDGET = ["--ci-budget", "0.2"]  # a suite's --target-ci still adapts each case, for a fifth of a second, not seconds
 WORKLOAD = ["--requests", "4", "--prompt", "16", "--decode-ms", "2"]  # a workload's own sizes
 # a suite whose axis needs a longer prompt: fragmented:4 allocates runs of 4 blocks, so 4 blocks per request
 LONGER = {"coalescing": ["--tokens", "64"], "lifecycle": ["--pool-sizes", "1MiB,2MiB"],  # (lifecycle: its pools)
@@ -45,7 +45,8 @@ def tiny_args(name: str) -> list[str]:
     keep = [t for t in suite.axes.transport if t in RUN_HERE] or ["shm"]
     # one model of several (the configuration test above takes every one): the harness runs each shape alike
     return [name, *TINY, "-t", ",".join(keep), "-m", suite.axes.model[0],
-            *(WORKLOAD if suite.workload is not None else []), *LONGER.get(name, [])]
+            *(WORKLOAD if suite.workload is not None else []), *(CI_BUDGET if suite.target_ci else []),
+            *LONGER.get(name, [])]
 
 
 @pytest.mark.parametrize("name", SUITES)

@@ -270,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
             return COMMANDS[a.cmd](a)
         return {"size": cmd_size, "trace": cmd_trace, "list": cmd_list, "env": cmd_env, "report": cmd_report,
                 "compare": cmd_compare, "probe": cmd_probe}[a.cmd](a)
-    except (ValueError, S.SuiteError, OSError) as exc:
+    except OSError as exc:  # a file named on the command line: its name and the system's reason, not a bare path
+        return say_error(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc))
+    except (ValueError, S.SuiteError) as exc:
         return say_error(str(exc))
 
 

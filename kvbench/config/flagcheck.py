@@ -1,12 +1,14 @@
 """Checks at the door that a suite's fields cannot make alone: a fill file that is not there or not a dump (read
-by every rank at its first case otherwise), ``--ci-budget`` given where no ``--target-ci`` spends it, and a link
-planted in the results folder under a lock's or temporary file's name."""
+by every rank at its first case otherwise), ``--ci-budget`` given where no ``--target-ci`` spends it, a link
+planted in the results folder under a lock's or temporary file's name, a results folder no one can make, and a
+one-rank launch of transports that need a peer."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 
+from kvbench import transports
 from kvbench.config import ConfigError
 from kvbench.config import suite as S
 from kvbench.job.safefile import UnsafeFile
@@ -55,3 +57,33 @@ def planted_files(results: str) -> None:
         planted(os.path.join(results, machine_name()))
     except UnsafeFile as exc:
         raise ConfigError(f"-o {results}: {exc}") from None
+
+
+def creatable(path: str, probe: str) -> None:
+    """The first folder of ``path`` that is not there yet can be made (made and removed at once): root may write
+    anywhere by its permissions, yet /proc or /sys refuse every new name."""
+    full = os.path.abspath(path)
+    if full == probe:
+        return
+    first = os.path.join(probe, os.path.relpath(full, probe).split(os.sep)[0])
+    try:
+        os.mkdir(first)
+        os.rmdir(first)
+    except OSError as exc:
+        raise ConfigError(f"-o {clip(path)}: cannot make {clip(first)} there: {exc.strerror}") from None
+
+
+def one_rank(names: list[str], world: int) -> None:
+    """Launched without mpirun (one rank), a run whose every transport needs a peer would measure nothing: an input
+    error, said before any file is written.  In-process transports (loopback) run alone; beside one, the others'
+    rows say why they did not run."""
+    if world != 1:
+        return
+    for name in names:
+        try:
+            if transports.load(name).caps.local_only:
+                return
+        except Exception:  # its library is missing here: it needs a peer as much as any other
+            continue
+    raise ConfigError(f"{', '.join(names)}: one rank launched, and {'this transport needs' if len(names) == 1 else 'these transports need'} "
+                      "a peer: launch with mpirun -np 2 kvbench run ... (or -t loopback, which runs in one process)")

@@ -209,6 +209,7 @@ def results_dir(path: str) -> str:
     st = os.statvfs(probe)
     if st.f_flag & os.ST_RDONLY:
         raise ConfigError(f"-o {path}: {probe} is on a read-only file system")
+    flagcheck.creatable(path, probe)
     flagcheck.planted_files(path)
     return path
 
@@ -258,6 +259,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
         raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
                           "bounce buffer (use --memory torch-cpu, pinned or cuda)")
     flagcheck.ci_budget(a, suite)
+    flagcheck.one_rank(suite.axes.transport, world)
     flagcheck.fill_file(suite)
     real_prefill(suite)
     per_request(suite)

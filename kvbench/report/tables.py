@@ -344,6 +344,8 @@ def status_lines(meta: dict) -> list[str]:
 
 def read(path: str) -> tuple[pd.DataFrame, dict]:
     """Load a result table and its sidecar; refuse a schema this version does not know."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such result file")
     meta_path = path[: -len(".parquet")] + ".meta.json" if path.endswith(".parquet") else path + ".meta.json"
     meta = {}
     if os.path.exists(meta_path):

@@ -159,7 +159,7 @@ benchdeps:
 	  $(MAKE) --no-print-directory sysdeps SYSPKGS="$(BENCHPKGS)"
 
 lint: $(STAMP)
-	$(BIN)/ruff check kvbench tests tools
+	$(BIN)/ruff check kvbench tests tools benchmarks
 	$(BIN)/python tools/layout.py --check
 
 clean-results:

@@ -27,7 +27,7 @@ two-sided reference that cannot send scattered blocks packs them (numpy take /
 put), as kvbench must.  After timing the destination checks every byte.
 
 * ``tcp``: one socket; per request one ``sendmsg`` / ``recvmsg_into`` per 1024
-  ranges (IOV_MAX); pull: a one-byte request first.
+  ranges (IOV_MAX); pull: a one-byte request first (fidelity_tcp.py).
 * ``mpi``: RMA on Win.Allocate windows, one Lock_all epoch; a request is its
   layers' contiguous Puts (Gets) when a layer has at most 4 ranges (MPICH copies
   non-contiguous datatypes through a bounce buffer) or ONE Put (Get) of hindexed
@@ -46,15 +46,14 @@ Prints ``#`` lines, then ``ref,op,variant,size_bytes,layers,iters,p50_us,gbps_p5
 from __future__ import annotations
 
 import argparse
-import bisect
 import mmap
 import os
-import socket
 import sys
 import time
 import traceback
 
 import numpy as np
+from fidelity_tcp import tcp_once, tcp_setup
 
 PERIOD = 4093  # the fill pattern's period (prime: a misplaced block shows)
 MPI = None  # mpi4py's MPI, imported in main (a ucx reference must load ucxx first)
@@ -200,55 +199,6 @@ def ready(comm, op: str) -> None:
             comm.Send([b"", 0, MPI.BYTE], dest=1, tag=9)
         else:
             comm.Recv([bytearray(0), 0, MPI.BYTE], source=0, tag=9)
-
-
-# ---- tcp ---------------------------------------------------------------------------------------
-def tcp_setup(comm, nbytes: int):
-    """A connected TCP_NODELAY socket (rank 1 listens; buffers autotuned, as kvbench's tcp)."""
-    if comm.rank == 1:
-        ls = socket.create_server(("127.0.0.1", 0))
-        comm.send(ls.getsockname(), dest=0)
-        sock, _ = ls.accept()
-        ls.close()
-    else:
-        sock = socket.create_connection(comm.recv(source=1))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def _vec(sock, iov: list, ends: list, sending: bool) -> None:
-    """All of ``iov`` (cumulative byte ends ``ends``) through sendmsg / recvmsg_into, resuming after a
-    partial call where it stopped (bisect: no Python step per range)."""
-    cur, done, total = iov, 0, ends[-1]
-    while True:
-        n = sock.sendmsg(cur) if sending else sock.recvmsg_into(cur, 0, socket.MSG_WAITALL)[0]
-        if n <= 0:
-            raise SystemExit("fidelity_ref: tcp peer closed the connection")
-        done += n
-        if done >= total:
-            return
-        i = bisect.bisect_right(ends, done)
-        cur = iov[i:]
-        cur[0] = cur[0][done - (ends[i - 1] if i else 0):]
-
-
-def tcp_once(comm, sock, buf: np.ndarray, d: np.ndarray, op: str):
-    mv, col = memoryview(buf), 0 if comm.rank == 0 else 1
-    chunks = [d[i:i + 1024] for i in range(0, len(d), 1024)]
-    iovs = [([mv[r[col]:r[col] + r[2]] for r in c.tolist()], np.cumsum(c[:, 2]).tolist()) for c in chunks]
-    sending, one = comm.rank == 0, bytearray(1)
-
-    def once():
-        if op == "pull":  # the source's layer-ready byte (kvbench's tcp signals on a socket), then the ask
-            if sending:
-                sock.sendall(one)
-                sock.recv_into(one, 1, socket.MSG_WAITALL)
-            else:
-                sock.recv_into(one, 1, socket.MSG_WAITALL)
-                sock.sendall(one)
-        for iov, ends in iovs:
-            _vec(sock, iov, ends, sending)
-    return once
 
 
 # ---- MPI ---------------------------------------------------------------------------------------

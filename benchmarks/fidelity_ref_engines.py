@@ -29,6 +29,7 @@ import socket
 import struct
 
 import numpy as np
+from fidelity_tcp import tcp_setup  # mooncake's notification socket: the tcp reference's own connection
 
 _NOTE = b"fid"
 
@@ -81,8 +82,6 @@ def setup(ref: str, comm, buf: np.ndarray, a) -> dict:
         if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0 or te.register_memory(_addr(buf), buf.nbytes):
             raise SystemExit("fidelity_ref: mooncake initialise/register failed")
         metas = comm.allgather((f"127.0.0.1:{te.get_rpc_port()}", _addr(buf)))
-        from fidelity_ref import tcp_setup  # the notification socket: the tcp reference's own connection
-
         sock = tcp_setup(comm, 0)
         return {"te": te, "session": metas[peer][0], "raddr": metas[peer][1], "sock": sock, "addr": _addr(buf)}
     raise SystemExit(f"fidelity_ref: unknown engine reference {ref}")

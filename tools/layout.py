@@ -1,8 +1,9 @@
 """kvbench's layout, read from the tree: wings, modules, imports; writes docs/layout.md and checks the layering.
 
-`python tools/layout.py` rewrites docs/layout.md; `python tools/layout.py --check` exits 1 on an import cycle, an
-import from a lower wing into a higher one, or a docs/layout.md that no longer matches the tree.
-tests/test_layout.py runs the same checks.
+`python tools/layout.py` rewrites docs/layout.md; `python tools/layout.py --check` (in `make lint`) exits 1 on an
+import cycle anywhere in the repository (kvbench/, benchmarks/, tools/, tests/, setup.py), a Python file over 400
+lines outside tests/, an import from a lower wing into a higher one, or a docs/layout.md that no longer matches the
+tree.  tests/test_layout.py runs the same checks on kvbench/.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ LIGHT = {"numpy", "yaml", "psutil", "__future__"}
 # the C extensions: _mpicalls links the MPI library mpi4py loads (imported after MPI); _native and _codec are
 # built by the install, and a command that needs no batched copy (list, size, help) must start without them
 LAZY_C = {"kvbench._mpicalls", "kvbench._native", "kvbench._codec", "kvbench._keyed"}
+# the repository's Python code, for the checks beyond kvbench's wings: no import cycle anywhere, and no file over
+# MAX_LINES lines outside tests/
+CODE = ("kvbench", "benchmarks", "tools", "tests", "setup.py")
+MAX_LINES = 400
 
 
 @dataclass
@@ -69,17 +74,24 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_module(name: str) -> bool:
-    p = ROOT / name.replace(".", "/")
-    return p.with_suffix(".py").exists() or (p / "__init__.py").exists() or (
-        name.startswith("kvbench.") and name.split(".")[-1] in C_EXTENSIONS)
+def _find(name: str, dirs: list[Path]) -> str | None:
+    """The repository module an absolute import of ``name`` loads, searching ``dirs`` in order, else None."""
+    for d in dirs:
+        p = d / name.replace(".", "/")
+        for f in (p.with_suffix(".py"), p / "__init__.py"):
+            if f.exists():
+                return _name(f)
+    return name if name.startswith("kvbench.") and name.split(".")[-1] in C_EXTENSIONS else None
 
 
-def modules() -> dict[str, Module]:
-    """Every kvbench module with its kvbench imports, function-level ones included."""
+def modules(code: tuple[str, ...] = ("kvbench",)) -> dict[str, Module]:
+    """Every module under ``code`` (folders or files; kvbench's by default) with its imports of the repository's
+    own modules, function-level ones included.  A script's folder (one without __init__.py: benchmarks/, tests/)
+    is on its sys.path before the repository's root, as Python puts it there."""
     out = {}
-    for path in sorted(PKG.rglob("*.py")):
+    for path in sorted(p for c in code for p in ((ROOT / c).rglob("*.py") if (ROOT / c).is_dir() else [ROOT / c])):
         name = _name(path)
+        dirs = [ROOT] if (path.parent / "__init__.py").exists() else [path.parent, ROOT]
         src = path.read_text()
         tree = ast.parse(src)
         doc = (ast.get_docstring(tree) or "").strip().split("\n\n")[0].replace("\n", " ")
@@ -97,17 +109,18 @@ def modules() -> dict[str, Module]:
                         m.heavy.add(root)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
+                targets = [_find(a.name, dirs) for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base for a in node.names]
+                search = [ROOT] if node.level else dirs
+                targets = [_find(f"{base}.{a.name}", search) or _find(base, search) for a in node.names]
             else:
                 continue
             for t in dict.fromkeys(targets):
-                if t == "kvbench" or t.startswith("kvbench."):
+                if t:
                     m.imports.append((t, node.lineno, id(node) in top))
         out[name] = m
     return out
@@ -193,6 +206,12 @@ def cycles(mods: dict[str, Module]) -> list[list[str]]:
     return comps
 
 
+def too_long(mods: dict[str, Module]) -> list[str]:
+    """Python files over MAX_LINES lines outside tests/."""
+    return [f"{m.path.relative_to(ROOT)}: {m.lines} lines, over {MAX_LINES}" for m in mods.values()
+            if m.lines > MAX_LINES and m.path.relative_to(ROOT).parts[0] != "tests"]
+
+
 def render(mods: dict[str, Module]) -> str:
     """docs/layout.md: the wings bottom first, each with its job and its modules."""
     out = ["# Code layout", "",
@@ -236,7 +255,8 @@ def render(mods: dict[str, Module]) -> str:
             "| `benchmarks/` | the `make bench-*` jobs and their plain library references (no kvbench code in a "
             "reference) |",
             "| `tests/` | unit, property, conformance, honesty, faults and lab tests (`make test`; the tests marked `alone` run last, by themselves) |",
-            "| `tools/` | this generator and the layering check |",
+            "| `tools/` | this generator and the layering check (`--check`, in `make lint`: also no import cycle "
+            "anywhere in the repository and no Python file over 400 lines outside `tests/`) |",
             "| `docs/` | methodology, evidence and per-path notes |", ""]
     return "\n".join(out)
 
@@ -251,7 +271,8 @@ def _c_doc(path: Path) -> str:
 def main(argv: list[str]) -> int:
     mods = modules()
     if "--check" in argv:
-        problems = upward(mods) + [" <-> ".join(c) for c in cycles(mods)] + needless_lazy(mods)
+        code = modules(CODE)
+        problems = upward(mods) + [" <-> ".join(c) for c in cycles(code)] + needless_lazy(mods) + too_long(code)
         if DOC.read_text() != render(mods):
             problems.append("docs/layout.md is stale: run python tools/layout.py")
         for p in problems:

@@ -24,6 +24,9 @@ MODELS = "llama-3-70b,llama-3-8b,deepseek-v3"
 # a chat-like prompt mix for the plan: median 1k, tail 4k and 8k (edit for your traffic, or use --histogram)
 PROMPTS = "50:1024,95:4096,99:8192"
 NOMINAL = ("100GbE", "400G IB NDR")
+sys.path.insert(0, ROOT)  # run as a script from make: kvbench's own status list, from this checkout
+from kvbench.job import status as ST  # noqa: E402
+from kvbench.job.status import worst  # noqa: E402
 
 
 def kvbench(*args: str) -> list[str]:
@@ -56,8 +59,10 @@ def free_name(stem: str, suffix: str) -> str:
 def write(cmd: list[str], path: str, label: str) -> int:
     """Run a reader and keep what it printed in ``path``, under the machine's label."""
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    failed = f"# NOT OK: {r.stderr.strip()}\n" if r.returncode else ""  # the file says why it holds no plan
     with open(path, "w") as fh:
-        fh.write((f"# machine: {label}\n" if label else "") + f"# {shlex.join(['kvbench', *cmd[3:]])}\n{r.stdout}")
+        fh.write((f"# machine: {label}\n" if label else "") + failed
+                 + f"# {shlex.join(['kvbench', *cmd[3:]])}\n{r.stdout}")
     if r.returncode:
         print(f"# make procurement: {' '.join(cmd[3:])} failed: {r.stderr.strip()}", file=sys.stderr)
     return r.returncode
@@ -73,13 +78,17 @@ def main() -> int:
     ap.add_argument("--label", default="", help="what the machine is, in words, written at the top of the report "
                     "and the plan (e.g. '2 x H100 nodes, 400G NDR, rail-optimized')")
     a = ap.parse_args()
-    t0, files = time.monotonic(), []
+    t0, files, codes = time.monotonic(), [], []
     for suite in SUITES:
         code, path = run_suite(a.mpirun, a.np, suite, a.progress, a.kvbench_args.split())
         if path is None or code == 1:  # an input error or a launch that wrote nothing: no report to make
             print(f"# make procurement: {suite} ended with exit code {code} and no result file", file=sys.stderr)
-            return code or 1
+            return worst(codes + [code or 1])
         files.append(path)
+        codes.append(code)
+        if code:  # its rows are kept and reported; the plan leaves its failed and SUSPECT cases out
+            print(f"# make procurement: {suite} ended {status_of(code)} (exit code {code}): its report and plan say "
+                  "so at the top; make procurement exits with the worst of its runs' codes", file=sys.stderr)
     stem = os.path.join(os.path.dirname(files[0]), os.path.basename(files[0]).removesuffix(".parquet"))
     report = free_name(stem, ".report.txt")
     plan = free_name(stem, ".plan.txt")
@@ -88,9 +97,15 @@ def main() -> int:
     bad |= subprocess.run(kvbench("report", *files, "-o", page), cwd=ROOT).returncode
     bad |= write(kvbench("plan", "-m", MODELS, "--percentiles", PROMPTS, "--dtype", "fp16,fp8-e4m3",
                          "--fabric", files[0], *[x for n in NOMINAL for x in ("--fabric", n)]), plan, a.label)
+    code = worst(codes)
     print(f"# make procurement: {time.monotonic() - t0:.0f} s; results {', '.join(files)}\n"
-          f"# report {report} and {page}/report.html\n# plan {plan}")
-    return 1 if bad else 0
+          f"# report {report} and {page}/report.html\n# plan {plan}"
+          + (f"\n# make procurement: NOT OK: {status_of(code)} (exit code {code})" if code else ""))
+    return code or (1 if bad else 0)
+
+
+def status_of(code: int) -> str:
+    return next((s for s, (c, _) in ST.STATUSES.items() if c == code), f"exit code {code}")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,18 @@ def verdict(measured: int, checked: bool, wrong: int, suspect: int = 0) -> str:
     if suspect:
         return "SUSPECT"
     return "OK" if checked else "UNCHECKED"
+
+
+# the worst first, for a driver of several runs (make procurement): wrong bytes, then a run that did not finish or
+# whose times beat physics, then one that measured nothing; an input error is the caller's own
+WORST_FIRST = ("FAILED", "ERROR", "TIMEOUT", "INTERRUPTED", "SUSPECT", "NOTHING MEASURED", "UNCHECKED", "OK")
+
+
+def worst(codes: list[int]) -> int:
+    """The exit code of the worst of several runs' exit codes (an unknown code outranks them all but 1)."""
+    rank = {exit_code(s): i for i, s in enumerate(WORST_FIRST)}
+    known = [c for c in codes if c in rank]
+    other = [c for c in codes if c not in rank]
+    if other:
+        return INPUT_ERROR if INPUT_ERROR in other else other[0]
+    return min(known, key=rank.__getitem__) if known else 0

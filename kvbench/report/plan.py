@@ -174,12 +174,16 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
     """One fabric per measured path of a result file: its link model when the sweep separates all three terms
     and the fit explains it (R² >= 0.8), else the median GB/s of its paged rows at the block size nearest ``block_size``."""
     from .linkmodel import PATH_KEYS, fit_cases, usable
+    from .summary import trusted
     from .tables import read, summarize
 
     if not os.path.exists(path):
         raise ValueError(f"plan: --fabric: {path} does not exist")
     df, meta = read(path)
-    st = usable(summarize(df))
+    st, left_out = trusted(usable(summarize(df)), meta)
+    if st.empty and left_out:
+        raise ValueError(f"plan: --fabric {path}: NOT OK: its run ended {meta.get('status')} and each of its {left_out} "
+                         "measured case(s) found wrong bytes or is SUSPECT: no rate to plan with")
     if st.empty:
         raise ValueError(f"plan: --fabric {path}: no measured single-request rows to take a bandwidth from")
     host = meta.get("system", {}).get("hostname", "?")
@@ -202,6 +206,8 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
         good = fit.separable and fit.points >= 4 and fit.r2 >= MIN_R2
         src = (f"measured: link model of {os.path.basename(path)} (R² {fit.r2:.3f}, {fit.points} cases)" if good
                else f"measured: median GB/s of {desc} in {os.path.basename(path)}")
+        if left_out or meta.get("status") not in (None, "OK", "UNCHECKED"):
+            src += f"; NOT OK: its run ended {meta.get('status')}, {left_out} case(s) left out (wrong bytes or SUSPECT)"
         out.append(Fabric(name, gbps, src, fit if good else None))
     return out
 
@@ -315,6 +321,8 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
            f"# %TTFT = (P + exposed) / budget; need = rate x bytes; net = saved - {inp.overlap} exposed (the seeds' "
            "net gain); b-even = the GB/s at which net = 0 (--overlap picks serial or streaming)"]
     table = rows(inp, fabrics)
+    out[:0] = [f"# NOT OK: fabric {f.name}: {f.source.split('; NOT OK: ', 1)[1]}" for f in fabrics
+               if "; NOT OK: " in f.source]  # said first: a verdict below rests on a run that did not end OK
     for fab in fabrics:
         if not fab.measured:
             head = f"{fab.gbps:.2f} GB/s, nominal: line rate, achieved is lower (measure it with kvbench run)"

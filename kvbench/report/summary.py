@@ -113,6 +113,16 @@ def suspect_cases(meta: dict, key: str = "suspects") -> set[int]:
             for m in [re.search(r"\bcase (\d+)\b", line)] if m}
 
 
+def trusted(st, meta: dict):
+    """(the cases a plan may draw a rate from, how many were left out): none whose check found a wrong byte or
+    whose time beat its path's bound (SUSPECT): a verdict drawn from them would price a link on bytes that did not
+    arrive, or on a time that did not happen."""
+    bad = st["case"].isin(suspect_cases(meta))
+    if "nwrong" in st:
+        bad |= st["nwrong"].fillna(0) > 0
+    return st[~bad], int(bad.sum())
+
+
 def _one_run(table: pd.DataFrame) -> pd.DataFrame:
     """With one run, its name is said once (in the machine line's run list), not on every row."""
     return table.drop(columns=["run"]) if len(table) and table["run"].nunique() == 1 else table
@@ -125,9 +135,12 @@ def add_section(page, runs) -> None:
                                 noisy_case=r.st["case"].isin(suspect_cases(r.meta, "noisy"))) for r in runs],
                    ignore_index=True)
     st = st[st["status"] != "skipped"]
-    bw, ex = best_paged(st[st["kind"] == "bandwidth"]), exposed_per_model(st[st["kind"] == "exposed"])
+    good = ~st["suspect"] & (st["nwrong"].fillna(0) == 0 if "nwrong" in st else True)  # no verdict on wrong bytes
+    bw, ex = best_paged(st[st["kind"] == "bandwidth"]), exposed_per_model(st[(st["kind"] == "exposed") & good])
     machines = list(dict.fromkeys(machine_line(r.meta) for r in runs))
-    text = [f"Machine{'s' * (len(machines) > 1)}: " + " | ".join(machines) + f". Runs: {', '.join(r.label for r in runs)}."]
+    text = [f"NOT OK: {r.name} ended {r.status}: {r.meta.get('reason') or 'no reason recorded'}. Its wrong and "
+            "SUSPECT cases are marked below; the plan draws no verdict from them." for r in runs if r.status]
+    text.append(f"Machine{'s' * (len(machines) > 1)}: " + " | ".join(machines) + f". Runs: {', '.join(r.label for r in runs)}.")
     tables = []
     if len(bw):
         text.append("Best paged GB/s per path and op (GB/s = 10^9 B/s at the p50 time; n = timed samples; % of "

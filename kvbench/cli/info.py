@@ -13,6 +13,7 @@ from kvbench.memory import affinity
 from kvbench.model import layers as L
 from kvbench.model import shapes as M
 from kvbench.model import trace as T
+from kvbench.model.layout import misfit
 from kvbench.results import machine as hwfacts
 
 
@@ -26,11 +27,14 @@ def cmd_size(a) -> int:
     tp, pp, hit = _first(a.tp, 1), _first(a.pp, 1), _first(a.prefix_hit, 0)
     shape = M.shard(shape0, tp, pp)
     M.check_block_size(a.block_size)
-    if a.dtype == "nvfp4" or a.scales != "none":  # a format with scale planes (formats.py)
+    layout = a.layout if a.layout != "auto" else "mla" if shape0.attention == "mla" else "layer-major"
+    if why := misfit(layout, shape0):
+        raise ValueError(why)
+    if a.dtype in ("nvfp4", "fp8-ds-mla") or a.scales != "none" or shape0.indexer_bytes:  # planes (formats.py)
         if shape0.hybrid:
             raise ValueError(f"--dtype {a.dtype} --scales {a.scales}: scale planes of a hybrid model "
                              f"({shape0.name}) are not modelled; give a plain dtype")
-        return size_scaled(a, shape0, shape, tp, pp, hit)
+        return size_scaled(a, shape0, shape, tp, pp, hit, layout)
     db = M.dtype_bytes(a.dtype)
     ntok = M.transferred_tokens(a.tokens, hit)
     bpt = M.bytes_per_token(shape, a.dtype)
@@ -60,6 +64,12 @@ def cmd_size(a) -> int:
     if shape.hybrid:
         print(f"{L.descriptors(shape, ntok, a.block_size):>16,} descriptors per request uncoalesced (a block and "
               "region each in the full and window layers, one state each in the linear layers)")
+    elif layout == "cross-layer":
+        print(f"{shape.layers * shape.regions * bb:>16,} B per page (cross-layer: a block of every layer and region)")
+        print(f"{nb:>16,} descriptors per request uncoalesced (cross-layer: one page per block; fewer once adjacent "
+              "blocks coalesce)")
+        print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request streamed layer by layer (a layer of "
+              f"a page is a strided run: {shape.regions} x {shape.layers} layers x {nb} blocks)")
     else:
         print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request uncoalesced "
               f"({shape.regions} x {shape.layers} layers x {nb} blocks)")
@@ -99,17 +109,18 @@ def parts_lines(shape0, shape, dtype: str, ntok: int, tp: int, pp: int) -> list[
     return out
 
 
-def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int) -> int:
+def size_scaled(a, shape0, shape, tp: int, pp: int, hit: int, layout: str = "auto") -> int:
     """`kvbench size` of a format with scale planes: values, block scales and tensor scales apart."""
     from kvbench.model.formats import Format, size_lines
 
     fmt = Format(a.dtype, a.scales)
+    fmt.check(shape0)
     ntok = M.transferred_tokens(a.tokens, hit)
     print(f"# {shape.name}: {shape.layers} layers, tp={tp} pp={pp}{'  [per rank]' if tp > 1 or pp > 1 else ''}")
     if shape0.source:
         print(f"# source: {shape0.source}")
     print(f"{ntok:>16,} tokens transferred ({a.tokens:,} prompt - {hit:,} prefix hit)")
-    for line in size_lines(shape, fmt, ntok, a.block_size):
+    for line in size_lines(shape, fmt, ntok, a.block_size, layout):
         print(line)
     return 0
 

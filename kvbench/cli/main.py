@@ -114,8 +114,9 @@ def build_parser() -> Parser:
     r.add_argument("--coalesce", type=csv(str), help="off, on (merge descriptors adjacent on both sides)")
     r.add_argument("--alloc", type=csv(str), help="contiguous, random, fragmented:<run>, tail (the pool's last "
                    "blocks, as kvbench probe takes them), aged:<N> (decode's free list after N requests)")
-    r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla")
-    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
+    r.add_argument("--layout", type=csv(str), help="auto, layer-major, block-major, mla, cross-layer (one page per "
+                   "block holding every layer: docs/layouts.md)")
+    r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4, fp8-ds-mla")
     r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "
                    "CPU tensors: the device layer without a GPU), pinned (page-locked host), cuda (GPU memory); "
                    "docs/gpu.md")
@@ -201,10 +202,12 @@ def build_parser() -> Parser:
 
     s = sub.add_parser("size", help="KV bytes of a request, blocks, descriptors and time at named link rates")
     s.add_argument("--tokens", type=int, default=4096, help="prompt tokens (default 4096)")
-    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4")
+    s.add_argument("--dtype", default="fp16", help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4, fp8-ds-mla")
     s.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
     s.add_argument("--scales", default="none", help="fp8 scale planes: none (default), tensor, block:<n>; "
                    "dtype nvfp4 has its own (docs/codecs.md)")
+    s.add_argument("--layout", default="auto", help="auto (default: mla for MLA models, else layer-major), "
+                   "layer-major, block-major, mla, cross-layer (docs/layouts.md)")
     add_model_flags(s)
     add_trace_parser(sub)
 

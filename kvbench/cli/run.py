@@ -20,6 +20,7 @@ from kvbench.memory.cachestate import SAYS
 from kvbench.memory.copy import preamble_lines as copy_lines
 from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
+from kvbench.model.layout import preamble as layout_lines
 from kvbench.model.schemes import make_pairs
 from kvbench.results import bounds, costs, wire
 from kvbench.results.lock import LockHeld, ResultLock
@@ -238,7 +239,8 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     suite, cases = cfg.suite, cfg.cases
     pairs = make_pairs(suite.scheme, c.size, suite.matrix)
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
-                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.workload_lines(c.size)):
+                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.workload_lines(c.size)
+                 + layout_lines(cases)):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:

@@ -35,7 +35,7 @@ from kvbench.model.inputs import (
     sizes,
     unique,
 )
-from kvbench.model.layout import LAYOUTS, parse_alloc
+from kvbench.model.layout import misfit, parse_alloc
 from kvbench.model.trace import BLOCK as TRACE_BLOCK
 from kvbench.model.workload import ARRIVAL_HELP, parse_arrival, parse_prompt
 from kvbench.model.yamlfile import read
@@ -102,7 +102,8 @@ class Axes(BaseModel):
     tokens: list[Tokens] = Field(default=[1024], min_length=1)
     prefix_hit: list[PrefixHit] = Field(default=[0], min_length=1)
     block_size: list[BlockSize] = Field(default=[16], min_length=1)
-    layout: list[Literal["auto", "layer-major", "block-major", "mla"]] = Field(default=["auto"], min_length=1)
+    layout: list[Literal["auto", "layer-major", "block-major", "mla", "cross-layer"]] = Field(default=["auto"],
+                                                                                             min_length=1)
     alloc: list[Alloc] = Field(default=["random"], min_length=1)
     coalesce: list[Literal["off", "on"]] = Field(default=["off"], min_length=1)
     dtype: list[DType] = Field(default=["fp16"], min_length=1)
@@ -340,9 +341,8 @@ def expand(suite: Suite) -> list[dict]:
         shape = M.get_model(case["model"])
         if case["layout"] == "auto":
             case["layout"] = "mla" if shape.attention == "mla" else "layer-major"
-        if (case["layout"] == "mla") != (shape.attention == "mla"):
-            raise SuiteError(f"layout '{case['layout']}' does not fit model '{case['model']}' "
-                             f"({shape.attention}); use 'auto', or one of: {', '.join(LAYOUTS)}")
+        if why := misfit(case["layout"], shape, case["codec"]):  # model/layout.py
+            raise SuiteError(why)
         if case["prefix_hit"] >= case["tokens"]:
             raise SuiteError(f"prefix_hit {case['prefix_hit']} leaves nothing to transfer of {case['tokens']} tokens")
         try:
@@ -375,12 +375,12 @@ def expand(suite: Suite) -> list[dict]:
 
         try:
             fmt = Format(case["dtype"], case["scales"])
+            fmt.check(shape)
         except ValueError as exc:  # a dtype x scales pair that does not exist (fp16 with scales, nvfp4 with others')
             dropped.append(str(exc))
             continue
-        if not fmt.plain and (suite.workload is not None or case["inflight"] > 1):
-            raise SuiteError(f"{fmt.describe()}: formats with scale planes run in bandwidth sweeps with inflight 1 "
-                             "(not yet in workloads)")
+        if why := fmt.misfit(shape, suite.workload is not None, case["inflight"], case["codec"]):
+            raise SuiteError(why)
         if shape.hybrid and (not fmt.plain or suite.workload is not None or case["codec"] != "none"
                              or not shape.attn_layers or case["prefill"] != "clock"):
             raise SuiteError(f"model '{case['model']}' mixes layer kinds (docs/models.md): it runs in bandwidth "

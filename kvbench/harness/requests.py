@@ -11,7 +11,16 @@ from kvbench.harness.state import Session
 from kvbench.model import hybridpool, planes
 from kvbench.model import shapes as M
 from kvbench.model.ageing import TraceRequests, aged_order, trace_aged_order
-from kvbench.model.descriptors import CHUNKS, LEN, bulk_descs, chunked, coalesced_descs, request_descs
+from kvbench.model.descriptors import (
+    CHUNKS,
+    LEN,
+    bulk_descs,
+    chunked,
+    coalesced_descs,
+    in_last_layer,
+    page_descs,
+    request_descs,
+)
 from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
 from kvbench.model.matrix import ALL
 from kvbench.model.schemes import Entry, offset_bulk
@@ -22,7 +31,7 @@ def case_geometry(case: dict) -> dict:
     """Shape numbers of a case: blocks, block bytes, payload (pure arithmetic)."""
     shape = M.shard(M.get_model(case["model"]), case["tp"], case["pp"])
     ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
-    if planes.scaled(case):  # values, block scales, tensor scales in planes of their own
+    if planes.scaled(case, shape):  # values, block scales, indexer keys, tensor scales in planes of their own
         return planes.geometry(case, shape, ntok)
     if shape.hybrid:  # sliding windows and linear states beside the attention blocks
         return hybridpool.geometry(case, shape, ntok)
@@ -72,6 +81,9 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
     lay = fmt[0] if fmt else hyb.attn if hyb else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,
                                                              g["block_bytes"], s.nbytes)
     bulk = case["variant"] != "paged"  # a reference: contiguous blocks, one range per layer to start from
+    # cross-layer pages posted at once: whole pages, the last one too (bulk references move the tokens' bytes,
+    # one reference per payload for every layout: harness/loop.py variants)
+    whole = lay.kind == "cross-layer" and case.get("overlap", "serial") == "serial"
     # a matrix's flows move their own tokens (harness/flows.py); every other scheme's pairs the case's
     geo = [case_geometry(flow_case(case, c)) if c != ALL else g for c in s.cells] if s.cells else [g] * len(s.pairs)
     # a rank that sends and receives (bidir, a matrix) takes both sides' blocks from one allocator: disjoint
@@ -111,14 +123,18 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
             descs = coalesced_descs if case["coalesce"] == "on" else request_descs  # bulk only sums lengths
             if fmt:  # scale planes beside the values: their own descriptors
                 entries.append(Entry(i, req, src, dst, planes.request_layers(
-                    fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk), blocks[(i, req, "dst")],
-                    ntok))
+                    fmt, g, blocks[(i, req, "src")], blocks[(i, req, "dst")], descs, bulk, whole, case["coalesce"] == "on"),
+                    blocks[(i, req, "dst")], ntok))
                 continue
             if hyb:  # each layer by its kind: blocks, a window, or one state slot
                 entries.append(Entry(i, req, src, dst, hybrid_layers(hyb, case, g, blocks, allslots, (i, req), descs),
                                      blocks[(i, req, "dst")]))
                 continue
-            per_layer = descs(lay, lay, blocks[(i, req, "src")], blocks[(i, req, "dst")], g["last_bytes"])
+            ids = blocks[(i, req, "src")], blocks[(i, req, "dst")]
+            if whole and not bulk:
+                per_layer = in_last_layer(page_descs(lay, lay, *ids, case["coalesce"] == "on"), lay.layers)
+            else:
+                per_layer = descs(lay, lay, *ids, g["last_bytes"])
             for layer, d in enumerate(per_layer):
                 if bulk:
                     d = bulk_descs(lay, lay, layer, int(d[:, LEN].sum()))

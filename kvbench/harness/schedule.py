@@ -57,8 +57,10 @@ class Iteration:
         # descriptor arrays and tag offsets, built once: the same list every iteration lets a transport find
         # what it derived from it (the joined arrays of one post, datatypes) without a step per layer
         self.groups = [list(range(self.layers))] if not self.streaming else [[k] for k in range(self.layers)]
-        self.lists = {id(e): [[e.layers[k] for k in ks] for ks in self.groups] for e in entries}
-        self.offs = {id(e): [[(e.req << 12) | k for k in ks] for ks in self.groups] for e in entries}
+        # (an empty array posts nothing: a cross-layer request's whole pages lie in its last layer's array)
+        self.lists = {id(e): [[e.layers[k] for k in ks if len(e.layers[k])] for ks in self.groups] for e in entries}
+        self.offs = {id(e): [[(e.req << 12) | k for k in ks if len(e.layers[k])] for ks in self.groups]
+                     for e in entries}
         # a request's layers as one post where the transport joins them (base.one_post)
         self.one = {id(e): t.one_post(self.lists[id(e)][0]) for e in entries}
         # --register per-request: the initiator registers each request's blocks inside the timed request, before
@@ -199,10 +201,10 @@ class Iteration:
         peer's posts and serves first-in first-out); with signals, so do pull's reads.  Per entry: handles."""
         t, op, offs, one = self.t, self.op, self.offs, self.one
         handles: dict[int, list] = {id(e): [] for e in self.order}
-        for g, ks in enumerate(self.groups):
+        for g in range(len(self.groups)):
             for e, peer in self.serve:
                 if self.signal and one[id(e)] is None:  # the initiator reads layer by layer as each is signalled
-                    handles[id(e)] += [t.serve(op, peer, e.layers[k], tag0 | x) for k, x in zip(ks, offs[id(e)][g])]
+                    handles[id(e)] += [t.serve(op, peer, d, tag0 | x) for d, x in zip(self.lists[id(e)][g], offs[id(e)][g])]
                 else:  # as the initiator posts them (prepare_request)
                     handles[id(e)] += t.serve_request(op, peer, self.lists[id(e)][g],
                                                       [tag0 | x for x in offs[id(e)][g]])
@@ -211,8 +213,8 @@ class Iteration:
                     if one[id(e)] is not None:  # one read of the whole request, on the last layer's signal
                         handles[id(e)].append(t.post_when_ready(peer, one[id(e)], tag0 | offs[id(e)][g][-1]))
                     else:
-                        handles[id(e)] += [t.post_when_ready(peer, e.layers[k], tag0 | x)
-                                           for k, x in zip(ks, offs[id(e)][g])]
+                        handles[id(e)] += [t.post_when_ready(peer, d, tag0 | x)
+                                           for d, x in zip(self.lists[id(e)][g], offs[id(e)][g])]
         return handles
 
     def _prepare(self, g: int, tag0: int) -> list:

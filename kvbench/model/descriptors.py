@@ -78,7 +78,7 @@ def coalesced_descs(src: Layout, dst: Layout, src_blocks: np.ndarray, dst_blocks
 
     * ``layer-major`` and ``mla``: region by region, blocks by source id
       (each region's blocks lie in their own span of the layer);
-    * ``block-major``: blocks by source id, regions inside a block.
+    * ``block-major`` and ``cross-layer``: blocks by source id, regions inside a block.
 
     Runs are then found once, on layer 0's rows in that order (a row joins
     the previous one when both its source and destination start where the
@@ -121,7 +121,7 @@ def _layer0_coalesced(src: Layout, dst: Layout, src_blocks, dst_blocks, nbytes_l
         return None
     order = np.argsort(s, kind="stable")
     ss, ds = s[order], d[order]
-    if src.kind == "block-major":
+    if src.kind in ("block-major", "cross-layer"):  # a block's regions adjacent: rows sort block by block
         if n > 1 and not np.all(np.diff(ss)):
             return None  # repeated ids: coalesce's stable sort interleaves their K and V rows
         shape, axis = (n, r), 1  # rows: blocks by source id, regions inside a block
@@ -139,6 +139,33 @@ def _layer0_coalesced(src: Layout, dst: Layout, src_blocks, dst_blocks, nbytes_l
         rows[at + (DST,)] = dst.offsets(0, region, ds)
         rows[at + (LEN,)] = length[order]
     return _merge_sorted(rows.reshape(n * r, 3))
+
+
+def page_descs(src: Layout, dst: Layout, src_blocks: np.ndarray, dst_blocks: np.ndarray,
+               coalesce: bool = False) -> np.ndarray:
+    """A ``cross-layer`` request moved page by page: one descriptor per block holding every layer and region
+    (``coalesce``: blocks adjacent on both sides merged, in source-id order, as ``coalesce`` orders rows).
+
+    The last block moves whole even when the prompt does not fill it: a page is the engines' unit of transfer,
+    and its layers' unfilled tails lie between its filled bytes.  One numpy pass, no loop per block."""
+    if src.kind != "cross-layer" or dst.kind != "cross-layer":
+        raise ValueError("whole pages need layout 'cross-layer' on both sides")
+    s = np.asarray(src_blocks, dtype=np.int64)
+    d = np.asarray(dst_blocks, dtype=np.int64)
+    if len(s) != len(d):
+        raise ValueError("source and destination block lists differ in length")
+    out = np.empty((len(s), 3), dtype=np.int64)
+    out[:, SRC], out[:, DST], out[:, LEN] = src.offsets(0, 0, s), dst.offsets(0, 0, d), src.page_bytes
+    if not coalesce or len(out) <= 1:
+        return out
+    return _merge_sorted(out[np.argsort(s, kind="stable")])
+
+
+def in_last_layer(rows: np.ndarray, layers: int) -> list[np.ndarray]:
+    """A request whose rows are final only with its last layer (whole pages) as per-layer arrays: every row in
+    the last layer's, the others empty (the harness posts no empty array)."""
+    empty = np.empty((0, 3), dtype=np.int64)
+    return [empty] * (layers - 1) + [np.ascontiguousarray(rows, dtype=np.int64)]
 
 
 def bulk_descs(src: Layout, dst: Layout, layer: int, nbytes: int) -> np.ndarray:

@@ -64,10 +64,10 @@ BlockSize = Annotated[int, AfterValidator(M.check_block_size)]
 Tokens = Annotated[int, AfterValidator(check_tokens)]
 Positive = Annotated[int, AfterValidator(check_positive)]
 PrefixHit = Annotated[int, AfterValidator(check_prefix_hit)]
-# the dtypes model.DTYPES sizes per element; nvfp4's bytes depend on its scale planes (formats.py), so only a
-# run, which builds its formats, takes it
+# the dtypes model.DTYPES sizes per element; nvfp4's bytes depend on its scale planes and fp8-ds-mla's on its
+# packed MLA row (formats.py), so only a run, which builds its formats, takes them
 KVDType = Literal[tuple(M.DTYPES)]
-DType = Literal[KVDType, "nvfp4"]
+DType = Literal[KVDType, "nvfp4", "fp8-ds-mla"]
 
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30,

@@ -68,7 +68,7 @@ def window_tokens(m, ntok: int) -> int:
 
 def parts(m, dtype: str, ntok: int) -> dict[str, int]:
     """Bytes of one request apart, for ``ntok`` transferred tokens: full-attention KV, sliding windows, states."""
-    per_layer_token = m.regions * m.row_elems * dtype_bytes(dtype) if m.attn_layers else 0
+    per_layer_token = m.regions * m.row_elems * dtype_bytes(dtype) + m.indexer_bytes if m.attn_layers else 0
     return {"kv": m.full_layers * per_layer_token * ntok,
             "window": m.sliding_layers * per_layer_token * window_tokens(m, ntok),
             "state": m.linear_layers * state_layer_bytes(m)}
@@ -77,7 +77,7 @@ def parts(m, dtype: str, ntok: int) -> dict[str, int]:
 def moved_bytes(m, dtype: str, ntok) -> int:
     """``parts`` summed over requests moving ``ntok`` tokens each (an array; one numpy pass, no loop per request)."""
     ntok = np.asarray(ntok, dtype=np.int64)
-    per_layer_token = m.regions * m.row_elems * dtype_bytes(dtype) if m.attn_layers else 0
+    per_layer_token = m.regions * m.row_elems * dtype_bytes(dtype) + m.indexer_bytes if m.attn_layers else 0
     window = int(np.minimum(ntok, m.window).sum()) if m.sliding_layers else 0
     return (m.full_layers * per_layer_token * int(ntok.sum()) + m.sliding_layers * per_layer_token * window
             + m.linear_layers * state_layer_bytes(m) * len(ntok))

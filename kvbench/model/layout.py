@@ -9,6 +9,10 @@ A pool is raw, page-aligned bytes, allocated once and registered once.  A
 * ``block-major`` (FlashInfer-like): per layer ``[blocks, 2, block_size,
   heads, dim]``; a block's K and V are adjacent.
 * ``mla``: one latent region per layer ``[blocks, block_size, rank+rope]``.
+* ``cross-layer`` (vLLM's uniform cross-layer KV cache, Dynamo's FullyContiguous): one page per block,
+  ``[blocks, layers, regions, block_size, ...]``: a block's every layer and region back to back, so a
+  request is one descriptor per block (fewer once adjacent blocks coalesce).  A layer of a page is not
+  contiguous: sent layer by layer (streaming), it is a strided run, one descriptor per block and region.
 
 Because a layout is just arithmetic over offsets, cases with different block
 sizes, dtypes or layouts reuse the same registered pool.
@@ -22,7 +26,7 @@ import numpy as np
 
 from kvbench.model.ageing import MAX_AGE, FreeQueue
 
-LAYOUTS = ("layer-major", "block-major", "mla")
+LAYOUTS = ("layer-major", "block-major", "mla", "cross-layer")
 ALLOC_HELP = ("contiguous, random, fragmented:<run> (runs of <run> adjacent blocks), tail (the pool's last "
               "blocks: kvbench probe's request touches the pool's last page) or aged:<N> (the decode pool's free "
               "list after N requests came and went, N = 0 to 1000000)")
@@ -62,7 +66,7 @@ class Layout:
         """The largest layout of this shape that fits in ``pool_bytes``."""
         if kind == "mla" and regions != 1:
             raise ValueError("layout 'mla' needs a model with MLA attention (one latent region)")
-        if kind != "mla" and regions != 2:
+        if kind not in ("mla", "cross-layer") and regions != 2:
             raise ValueError(f"layout '{kind}' needs K and V regions; use layout 'mla' for MLA models")
         nblocks = pool_bytes // (layers * regions * block_bytes)
         return cls(kind, layers, regions, block_bytes, int(nblocks))
@@ -71,16 +75,24 @@ class Layout:
     def nbytes(self) -> int:
         return self.layers * self.regions * self.nblocks * self.block_bytes
 
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block of every layer and region (``cross-layer``: one contiguous page)."""
+        return self.layers * self.regions * self.block_bytes
+
     def offsets(self, layer: int, region: int, blocks: np.ndarray) -> np.ndarray:
         """Byte offsets of ``blocks`` (int64 array) of one layer and region."""
         b = np.asarray(blocks, dtype=np.int64)
         bb, nb, r = self.block_bytes, self.nblocks, self.regions
         if self.kind == "block-major":
             return (layer * nb + b) * (r * bb) + region * bb
+        if self.kind == "cross-layer":
+            return ((b * self.layers + layer) * r + region) * bb
         return ((layer * r + region) * nb + b) * bb  # layer-major and mla
 
     def layer_span(self, layer: int) -> tuple[int, int]:
-        """(offset, nbytes) of the contiguous bytes that hold one layer."""
+        """(offset, nbytes) of the contiguous bytes that hold one layer (``cross-layer``, where no layer is
+        contiguous: the pool's ``layer``-th slice of a layer's size, the bulk reference's range)."""
         per = self.regions * self.nblocks * self.block_bytes
         return layer * per, per
 
@@ -199,4 +211,33 @@ def block_array(pool: np.ndarray, lay, dtype=np.uint8) -> np.ndarray:
     flat = pool[: lay.nbytes].view(dtype)
     if lay.kind == "block-major":
         return flat.reshape(L, nb, R, w).transpose(0, 2, 1, 3)
+    if lay.kind == "cross-layer":
+        return flat.reshape(nb, L, R, w).transpose(1, 2, 0, 3)
     return flat.reshape(L, R, nb, w)
+
+
+def misfit(kind: str, shape, codec: str = "none") -> str | None:
+    """Why layout ``kind`` cannot hold a case of model ``shape`` (a shapes.ModelShape), one line; None: it can."""
+    if kind not in LAYOUTS:
+        return f"layout '{kind}' is not one of: auto, {', '.join(LAYOUTS)}"
+    if kind != "cross-layer" and (kind == "mla") != (shape.attention == "mla"):
+        return (f"layout '{kind}' does not fit model '{shape.name}' ({shape.attention}); use 'auto', or one of: "
+                f"{', '.join(LAYOUTS)}")
+    if kind == "cross-layer" and shape.hybrid:
+        return f"layout 'cross-layer' with model '{shape.name}': pages of mixed layer kinds are not modelled"
+    if kind == "cross-layer" and codec != "none":
+        return f"layout 'cross-layer' with codec '{codec}': a codec codes layer by layer, a page holds every layer"
+    return None
+
+
+def preamble(cases: list[dict]) -> list[str]:
+    """The run preamble's word on what a cross-layer case posts: whole pages, or a strided run per layer."""
+    xl = [c for c in cases if c.get("layout") == "cross-layer"]
+    out = []
+    if any(c.get("overlap") != "streaming" and c.get("arrival", "none") == "none" for c in xl):
+        out.append("# cross-layer serial cases: one descriptor per page (a block of every layer and region; a "
+                   "prompt's last, partial block too, whole), adjacent pages merged under coalesce on")
+    if any(c.get("overlap") == "streaming" or c.get("arrival", "none") != "none" for c in xl):
+        out.append("# cross-layer streaming cases and workloads send layer by layer: a layer of a page is a strided "
+                   "run, one descriptor per block and region of each layer (a block's regions merged under coalesce on)")
+    return out

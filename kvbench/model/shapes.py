@@ -2,6 +2,7 @@
 
 bytes per token (MHA/GQA/MQA) = 2 x layers x kv_heads x head_dim x dtype_bytes   (K and V)
 bytes per token (MLA)         = layers x (kv_lora_rank + rope_dim) x dtype_bytes  (one latent)
+  + layers x indexer_bytes    (a sparse-attention indexer's key cache, DeepSeek-V3.2: its own format)
 request bytes                 = bytes per token x (prompt tokens - prefix-hit tokens)
 
 A hybrid model mixes three kinds of layer (layers.py holds their order and arithmetic):
@@ -49,6 +50,9 @@ class ModelShape:
     conv_kernel: int = 0  # convolution state: (conv_kernel - 1) x conv_dim (channels split by TP)
     conv_dim: int = 0
     conv_dtype: str = "bf16"
+    # a sparse-attention indexer's key cache (DeepSeek-V3.2's lightning indexer): bytes per token per layer, a
+    # region of its own beside the latent, stored in its own format whatever the KV dtype; 0 = none
+    indexer_bytes: int = 0
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -67,6 +71,9 @@ class ModelShape:
             raise ValueError("kv_heads and head_dim must be positive integers")
         if self.context < 0:
             raise ValueError(f"context {self.context} is negative (0: not known)")
+        if self.indexer_bytes < 0 or (self.indexer_bytes and self.hybrid):
+            raise ValueError(f"indexer_bytes {self.indexer_bytes}: a non-negative count, and no indexer beside "
+                             "sliding or linear layers")
 
     @property
     def regions(self) -> int:
@@ -115,6 +122,16 @@ PRESETS: dict[str, ModelShape] = {
         ModelShape("mixtral-8x7b", 32, 8, 128, "gqa", params_b=46.7, q_heads=32, active_params_b=12.9, context=32768, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
         # deepseek-ai/DeepSeek-V3 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64; max_position_embeddings 163840
         ModelShape("deepseek-v3", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128, active_params_b=37.0, context=163840, source="deepseek-ai/DeepSeek-V3 config.json"),
+        # deepseek-ai/DeepSeek-V3.2 config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 (the V3 latent),
+        # index_head_dim 128; max_position_embeddings 163840.  Its lightning indexer keeps a key cache per layer:
+        # vLLM's Indexer (model_executor/models/deepseek_v2.py) allocates it as DeepseekV32IndexerCache of
+        # head_dim = index_head_dim + index_head_dim // quant_block_size (128) x 4 = 128 fp8 keys + one fp32 scale
+        # = 132 B per token per layer (uint8), whatever the latent's dtype.  The latent in fp8 is --dtype
+        # fp8-ds-mla: FlashMLA sparse's get_kv_cache_shape (v1/attention/backends/mla/flashmla_sparse.py)
+        # gives (num_blocks, block_size, 656) bytes: 512 fp8-e4m3 + 4 fp32 scales + 64 bf16 RoPE (formats.py)
+        ModelShape("deepseek-v3.2", 61, attention="mla", kv_lora_rank=512, rope_dim=64, params_b=671.0, q_heads=128,
+                   active_params_b=37.0, context=163840, indexer_bytes=132,
+                   source="deepseek-ai/DeepSeek-V3.2 config.json; vLLM flashmla_sparse.py, deepseek_v2.py Indexer"),
         # facebook/opt-66b config.json: 64 layers, 72 heads x 128 (MHA, hidden 9216); max_position_embeddings 2048
         ModelShape("opt-66b", 64, 72, 128, "mha", params_b=66.0, q_heads=72, context=2048, source="facebook/opt-66b config.json"),
         # Qwen/Qwen3-235B-A22B config.json: 94 layers, 64 heads, 4 KV heads x 128 (docs/models.md)
@@ -171,6 +188,7 @@ class ModelFile(BaseModel):
     conv_kernel: int = 0  # linear layers: convolution state (conv_kernel - 1) x conv_dim
     conv_dim: int = 0
     conv_dtype: str = "bf16"
+    indexer_bytes: int = Field(0, ge=0)  # a sparse-attention indexer's key cache, bytes per token per layer
 
 
 def _kinds(path: str, fields: dict) -> dict:
@@ -257,12 +275,12 @@ def replication(m: ModelShape, tp: int) -> float:
 def bytes_per_token(m: ModelShape, dtype: str) -> int:
     """KV bytes one token adds to the cache over the full-attention layers (all layers of an attention-only model;
     a sliding layer adds them only inside its window, a linear layer never: layers.py)."""
-    return m.full_layers * m.regions * m.row_elems * dtype_bytes(dtype)
+    return m.full_layers * layer_bytes_per_token(m, dtype)
 
 
 def layer_bytes_per_token(m: ModelShape, dtype: str) -> int:
-    """KV bytes one token adds to one layer (all regions)."""
-    return m.regions * m.row_elems * dtype_bytes(dtype)
+    """KV bytes one token adds to one layer (all regions, an indexer's keys too)."""
+    return m.regions * m.row_elems * dtype_bytes(dtype) + m.indexer_bytes
 
 
 def block_bytes(m: ModelShape, block_size: int, dtype: str) -> int:

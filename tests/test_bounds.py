@@ -66,8 +66,12 @@ def test_a_stamp_of_half_the_real_time_on_shm_is_suspect_and_never_the_headline(
     r = kvrun(["-t", "shm,lie-half-time", "--op", "pull", *BIG], env=ENV, timeout=120)
     assert r.code == 6, r.out + r.err
     line = suspect_line(r)
-    assert "case 2 (lie-half-time pull llama-3-8b 1024 tokens, bulk" in line and "(post to landing)" in line, line
-    assert "beyond the path's bound" in line and "(memory copy)" in line, line
+    assert "case 2 (lie-half-time pull llama-3-8b 1024 tokens, bulk" in line, line
+    # its stamp falls halfway through its own post call, which copies: a lead of half its time over the call's
+    # return, whatever the load (its post-to-landing window against the copy beside it was only 1.3x: NOISY under
+    # load); or, where that window still beats the copies clearly, that too
+    assert "precedes its wait's return (or its own post call's)" in line or (
+        "(post to landing)" in line and "beyond the path's bound" in line), line
     t = r.table().query("iter >= 0 and role == 'decode'")
     honest, liar = (float(t[t.transport == x].seconds.median()) for x in ("shm", "lie-half-time"))
     assert liar > 0.75 * honest, (liar, honest)  # halved it reads 0.5x
@@ -234,7 +238,7 @@ def test_a_stamp_that_precedes_its_wait_by_more_than_a_wake_up_is_suspect():
     df = pd.concat([honest, liar], ignore_index=True)
     (s,) = B.suspects(df, stats(df))
     assert s["case"] == 2 and s["what"] == "wake" and s["rank"] == 1
-    assert "rank 1's landing stamp (pair 0, request 0) precedes its wait's return by 47500 us (median), beyond " \
+    assert "rank 1's landing stamp (pair 0, request 0) precedes its wait's return (or its own post call's) by 47500 us (median), beyond " \
            "the wake-up bound 2000 us" in B.line(s)
     assert B.suspects(df.drop(columns=["stamp_lead_s"]), stats(df)) == []  # an older schema: nothing to judge
 
@@ -312,5 +316,5 @@ def test_a_stamp_that_leads_by_a_share_of_its_own_time_is_suspect_below_the_wake
     assert s["case"] == 2 and s["what"] == "lead" and s["value"] == pytest.approx(1e-3)
     line = B.line(s)
     assert line.startswith("SUSPECT: case 2 (shm pull m 256 tokens, bulk, host, serial): rank 1's landing stamp "
-                           "(pair 0, request 0) precedes its wait's return by 1000 us (median), 100% of the 1000 us "
+                           "(pair 0, request 0) precedes its wait's return (or its own post call's) by 1000 us (median), 100% of the 1000 us "
                            "it reports"), line

@@ -88,6 +88,7 @@ class Iteration:
             barrier()
         inside, note, wake, lead, window, lib0 = 0.0, 0.0, [], [], [], t.lib_s
         posted: dict[int, float] = {}  # per entry this rank posts inside the iteration: its first post
+        returned: dict[int, float] = {}  # ... and when its last post call returned
         t0 = self.t0 = time.perf_counter()
         hs = self._handshake(t0) if self.handshake != "off" else 0.0
         self.clock.start(t0 + (hs if self.handshake == "serial" else 0.0))
@@ -151,6 +152,7 @@ class Iteration:
                 elif self.on_final is not None:  # posted as one: no byte can land before this
                     self.bound_at[(e.pair, e.req)] = time.perf_counter()
                 handles[id(e)] += t.start_request(prepared)
+                returned[id(e)] = time.perf_counter()
             inside += time.perf_counter() - a
         post, lib = inside - sum(reg_s.values()), t.lib_s - lib0  # everything so far was posting: the waits follow
         done = []
@@ -159,7 +161,11 @@ class Iteration:
             landed, stamped = wait_landed(t, handles[id(e)])
             back = time.perf_counter()
             wake.append(back - landed if stamped else None)
-            lead.append(back - max(landed, a) if stamped else None)  # what the wake-up bound holds (bounds.py)
+            # what the wake-up bound holds (bounds.py): the stamp's lead over the wait's return, or over the return
+            # of the destination's own post call where the stamp falls inside it (a transport that copies in its
+            # post lands its last byte as the call ends, not halfway through it)
+            mine = returned.get(id(e)) if e.dst == self.rank else None
+            lead.append(max(back - max(landed, a), mine - landed if mine is not None else 0.0) if stamped else None)
             # a destination that posted: from its post to the landing, no barrier or notification in it (bounds.py)
             window.append(landed - posted[id(e)] if id(e) in posted and e.dst == self.rank else None)
             if self.notify:  # completion the harness adds for one-sided transports: waiting, not overhead

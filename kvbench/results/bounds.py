@@ -7,7 +7,9 @@ holds the arithmetic and reads the kernel's link rates):
   most the time a thread takes to wake another on this machine.  Each rank measures that at each
   transport's setup (a thread stamps and sets an event, the waiter notes its return; ``wake_bound`` of the
   samples, plus a GIL switch interval).  A row's ``stamp_lead_s`` is its wait's return minus the later of the stamp and the wait's
-  start (a stamp before the wait began claims nothing the wait could contradict).  Its median is also judged
+  start (a stamp before the wait began claims nothing the wait could contradict), or, where the stamp falls inside
+  the destination's own post call, that call's return minus the stamp (a transport that copies in its post lands
+  its last byte as the call ends).  Its median is also judged
   against the request's own reported time: a lead of a quarter of it, and of 0.5 ms at least, is no wake-up
   (honest medians are tens of us) but a stamp well before the landing, at any size that leaves 0.5 ms;
 * the path bound: a row's GB/s may not exceed what its path can carry (at p50, and where the destination
@@ -229,13 +231,14 @@ def line(s: dict) -> str:
         return s["line"]
     if s["what"] == "wake":
         return (f"SUSPECT: {s['key']}: rank {s['rank']}'s landing stamp (pair {s['pair']}, request {s['req']}) "
-                f"precedes its wait's return by "
+                f"precedes its wait's return (or its own post call's) by "
                 f"{s['value'] * 1e6:.0f} us (median), beyond the wake-up bound {s['bound'] * 1e6:.0f} us measured "
                 f"on this machine by {s['margin_pct']:.0f}% (spread {s['spread_pct']:.0f}%): the stamp is not when "
                 "the bytes landed")
     if s["what"] == "lead":
         return (f"SUSPECT: {s['key']}: rank {s['rank']}'s landing stamp (pair {s['pair']}, request {s['req']}) "
-                f"precedes its wait's return by {s['value'] * 1e6:.0f} us (median), {100 * s['value'] / s['own']:.0f}% "
+                f"precedes its wait's return (or its own post call's) by {s['value'] * 1e6:.0f} us (median), "
+                f"{100 * s['value'] / s['own']:.0f}% "
                 f"of the {s['own'] * 1e6:.0f} us it reports (beyond {100 * LEAD_SHARE:.0f}% and "
                 f"{LEAD_FLOOR_S * 1e6:.0f} us by {s['margin_pct']:.0f}%, spread {s['spread_pct']:.0f}%): a wake-up "
                 "takes tens of us, so the stamp is not when the bytes landed")

@@ -6,6 +6,7 @@
 #   make bench              the quick suite on 2 ranks of localhost
 #   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
 #   make test               the test suite (unit, property, real mpiexec runs)
+#   make check              the five-minute tier: every in-process test, one real launch per honesty mechanism
 #   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them; AA=1: the reference against itself, the noise floor)
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
 #   make bench-engines      nixl, ucx, mooncake bulk and hot rows next to the engines' own tools; nixl on 4k/thp pages
@@ -39,10 +40,10 @@ STAMP    = $(VENV)/.kvbench-installed
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
+.PHONY: check pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,24p' Makefile
+	@sed -n '2,25p' Makefile
 
 $(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c kvbench/_keyed.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -135,6 +136,16 @@ test: pyc sysdeps
 	@rc=0; \
 	$(PYTEST) -n $(TEST_JOBS) --dist loadfile -m "not alone" $(PYTEST_ARGS) || rc=$$?; \
 	$(PYTEST) -m alone $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
+	[ $$rc = 5 ] && rc=0; exit $$rc
+
+# The five-minute tier, in the same two parts: every test that starts no process (tests/conftest.py marks them
+# inprocess) and the launches marked check: a checked push and pull and conformance on shm and tcp, one liar per
+# check (the liar matrix's push and pull launches, the clock, the wake-up and path bounds, the wire count, every
+# iteration under -c all), the fault matrix at one phase x stop/kill/raise, the exit path's own deadline
+check: pyc sysdeps
+	@rc=0; \
+	$(PYTEST) -n $(TEST_JOBS) --dist loadfile -m "(inprocess or check) and not alone" $(PYTEST_ARGS) || rc=$$?; \
+	$(PYTEST) -m "(inprocess or check) and alone" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
 	[ $$rc = 5 ] && rc=0; exit $$rc
 
 # system packages, installed when root with apt-get; otherwise what needs one skips (a test) or reports its row

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.asserts import assert_nothing_written, assert_one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +12,6 @@ from kvbench.model import ageing as A
 from kvbench.model.layout import BlockAllocator, parse_alloc
 from kvbench.report import plots
 from kvbench.report.stats import load_run
-from tests.test_errors import assert_nothing_written, assert_one_line
 
 
 def _age(nblocks, reqs, block_size=1):

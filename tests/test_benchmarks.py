@@ -5,8 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-
-from tests.conftest import ROOT, mpiexec
+from helpers.launch import ROOT, mpiexec
 
 
 def bench(script, *args, timeout=240, env=None):
@@ -18,6 +17,7 @@ def bench(script, *args, timeout=240, env=None):
                           env=None if env is None else {**os.environ, **env})
 
 
+@pytest.mark.launches
 def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
     r = bench("fidelity.py", "-t", "tcp,mpi-sendrecv", "--ops", "push,pull", "--sizes", "65536", "--repeat", "1",
               "-n", "3", "-w", "1")
@@ -39,6 +39,7 @@ def test_fidelity_prints_kvbench_reference_ratio_and_per_layer_cost():
     assert "# barrier-exit skew" in r.stdout
 
 
+@pytest.mark.launches
 def test_fidelity_reports_an_unavailable_path_and_runs_the_others():
     # mooncake registered to a module that does not exist: kvbench lists it unavailable, saying why
     gone = {"KVBENCH_TRANSPORTS": "mooncake=kvbench_no_such_module:Engine"}
@@ -52,6 +53,7 @@ def test_fidelity_reports_an_unavailable_path_and_runs_the_others():
     assert alone.returncode != 0 and "none of the paths asked for is available" in alone.stderr
 
 
+@pytest.mark.launches
 def test_fidelity_aa_control_runs_the_reference_in_kvbenchs_place():
     r = bench("fidelity.py", "-t", "tcp", "--ops", "push", "--sizes", "16384", "--repeat", "2", "-n", "3", "-w", "1",
               "--aa")
@@ -64,6 +66,7 @@ def test_fidelity_aa_control_runs_the_reference_in_kvbenchs_place():
     assert [(row[2], row[9] != "nan", row[11]) for row in rows] == [("bulk", True, "nan"), ("paged", True, "nan")]
 
 
+@pytest.mark.launches
 def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
     """A reference rank that raises aborts the job: its peer would otherwise wait in MPI until the launch timeout."""
     exe = mpiexec()
@@ -177,6 +180,7 @@ def test_fidelity_flags_kvbench_faster_than_the_library_alone():
     assert fidelity.judge([1.0, 1.16, 1.3], 0.8, own=0.0) == "FAST"
 
 
+@pytest.mark.launches
 def test_overlap_prints_a_verdict_per_row():
     r = bench("overlap.py", "-t", "shm", "--tokens", "128", "--ratios", "2", "-n", "3", "--repeats", "2")
     assert r.returncode in (0, 1), r.stdout + r.stderr  # 1 = a row outside the tolerance or a SUSPECT launch; still a table
@@ -187,6 +191,7 @@ def test_overlap_prints_a_verdict_per_row():
         assert lo <= float(row[6]) <= hi
 
 
+@pytest.mark.launches
 def test_engines_prints_kvbench_beside_the_native_tool():
     # one page size (4k, where a huge page would be a fault): thp's rows are the same code, two launches more
     r = bench("engines.py", "--engines", "nixl", "--sizes", "262144", "--repeat", "1", "-n", "3", "-w", "1",
@@ -213,6 +218,7 @@ def test_engines_prints_kvbench_beside_the_native_tool():
     assert "# pages: kvbench / script (target 0.95)" in out
 
 
+@pytest.mark.launches
 def test_connect_prints_connect_per_peer_and_in_all_per_transport_and_rank_count():
     r = bench("connect.py", "-t", "shm,tcp", "--ranks", "2,4", timeout=420)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from helpers.launch import liar_env
 from liars import BOUND_LIARS
 
 from kvbench.harness import bounds as HB
@@ -17,8 +18,7 @@ from kvbench.results import bounds as B
 # request is larger than the last-level cache, so the harness's copy of it comes from memory as the transport's
 # does (one the cache holds copies faster for the harness than for the transport)
 BIG = ["-m", "llama-3-8b", "--tokens", "1024", "-n", "6", "-w", "1", "--variants", "bulk"]
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in BOUND_LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+ENV = liar_env(BOUND_LIARS)
 
 
 def suspect_line(r) -> str:
@@ -28,7 +28,7 @@ def suspect_line(r) -> str:
 
 
 @pytest.mark.alone  # the lie against a bound measured beside it: another test's load moves them apart
-@pytest.mark.parametrize("op,check", [("pull", "1"), ("push", "0")])
+@pytest.mark.parametrize("op,check", [pytest.param("pull", "1", marks=pytest.mark.check), ("push", "0")])
 def test_a_stamp_halfway_to_the_landing_is_suspect(kvrun, op, check):
     """tcp stamping halfway between its receive post and the real landing.  A push posts its receives before
     the barrier: with -c 1 the check pass's ordering check sees that stamp first (ERROR, test_honesty), so
@@ -58,6 +58,7 @@ def test_a_stamp_halfway_to_the_landing_of_a_small_request_is_suspect(kvrun, op,
 
 
 @pytest.mark.alone  # two copies of the same bytes compared: another test's load moves them apart
+@pytest.mark.check
 def test_a_stamp_of_half_the_real_time_on_shm_is_suspect_and_never_the_headline(kvrun):
     """Issue 42 item 3: shm stamping half its copy's time read twice its GB/s while the transport's stamp was the
     headline; the headline is now the harness's own time (the liar's time is the honest copy's, in the same

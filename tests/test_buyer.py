@@ -9,13 +9,13 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import synth
 
 from kvbench.report import fitsection, plots, summary
 from kvbench.report.build import main as report
 from kvbench.report.page import Page
 from kvbench.report.stats import load_run
 from kvbench.results.store import ROW_COLUMNS, SCHEMA_VERSION
-from tests import synth
 
 BLOCKS = (0, 16, 64, 256)  # 0: the bulk reference
 

@@ -1,19 +1,17 @@
 """-c all: every timed iteration verified outside its timed window, with guard zones around the ranges; the
 vectorised check against the per-range reference it replaced; the check levels' bad input."""
-import os
 
 import numpy as np
 import pytest
-from liars import LIARS
+from helpers.args import TEN
+from helpers.launch import ROOT, liar_env
 
 from kvbench.memory import verify
 
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-TEN = ["-t", "lie-skip", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16", "-e", "16", "-n", "10",
-       "-w", "0", "--rounds", "1", "--variants", "paged"]
+ENV = liar_env()
 
 
+@pytest.mark.check
 def test_a_transport_skipping_one_timed_iteration_in_ten_fails_under_c_all_and_passes_under_c_1(kvrun):
     r = kvrun([*TEN, "-c", "all"], env=ENV, timeout=120)
     assert r.code == 2 and r.meta()["status"] == "FAILED", r.out + r.err
@@ -29,12 +27,11 @@ def test_a_transport_skipping_one_timed_iteration_in_ten_fails_under_c_all_and_p
     assert r.table().query("iter >= 0").nwrong.isna().all()
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("value", ["2", "some"])
 def test_a_check_level_that_is_not_0_1_or_all_is_one_line_and_exit_1(value):
     import subprocess
     import sys
-
-    from conftest import ROOT
 
     p = subprocess.run([sys.executable, "-m", "kvbench", "run", "-t", "shm", "-c", value], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
@@ -97,3 +94,35 @@ def test_guard_zones_are_the_bytes_around_the_ranges_and_never_a_range():
     for a, n in ranges.tolist():
         covered[a:a + n] = True
     assert not any(covered[a:a + n].any() for a, _, n in g.tolist())
+
+
+@pytest.mark.parametrize("memory", ["host", "torch-cpu"])
+def test_an_iteration_that_moved_nothing_is_wrong_in_every_element(monkeypatch, memory):
+    """Each timed iteration starts from poison (the complement of what must land, checkpass.Every.before): one whose
+    transfer moved nothing is wrong in every element, though its ranges still hold the previous iteration's bytes
+    (one-byte elements: without the poison about 1 in 256 of them would read right)."""
+    import types
+
+    from kvbench.harness import checkpass
+    from kvbench.harness.state import Measurement
+    from kvbench.memory import device
+    from kvbench.model.layout import Pool
+
+    if memory == "torch-cpu":
+        pytest.importorskip("torch")
+        monkeypatch.setenv("KVBENCH_CHECK_ON_DEVICE", "1")  # torch-cpu pools take the device path of the check
+        src, dst = device.alloc(1 << 16, memory), device.alloc(1 << 16, memory)
+    else:
+        src, dst = Pool(np.zeros(1 << 16, np.uint8)), Pool(np.zeros(1 << 16, np.uint8))
+    layers = [np.array([[0, 4096, 8192], [16384, 32768, 8192]], np.int64), np.array([[40960, 20480, 4096]], np.int64)]
+    e = types.SimpleNamespace(src=0, dst=0, layers=layers, pair=0, req=0)
+    m = Measurement(no=1, case={"dtype": "fp8-e4m3"}, g={}, entries=[e], itr=None)
+    every = checkpass.Every(0, m, [src, dst], 1 << 16)
+    for it, moves in ((0, True), (1, False)):
+        every.before(it)
+        if moves:
+            for s, d, n in np.concatenate(layers).tolist():
+                dst.array[d:d + n] = src.array[s:s + n]
+        every.landed()
+        every.count()
+    assert every.wrong == [[0], [8192 + 8192 + 4096]]

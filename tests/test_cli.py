@@ -1,8 +1,11 @@
 """The non-MPI commands: list, env, report, help."""
+import pytest
+from helpers.launch import kvbench_cli, table_rows
+
 from kvbench import transports
-from tests.conftest import kvbench_cli, table_rows
 
 
+@pytest.mark.launches
 def test_list_shows_every_transport_with_a_status():
     r = kvbench_cli("list")
     assert r.returncode == 0, r.stderr
@@ -18,12 +21,14 @@ def test_list_shows_every_transport_with_a_status():
     assert "# /dev/shm (shared memory" in r.stdout  # and what of kvbench's and MPICH's is there (test_cleanup.py)
 
 
+@pytest.mark.launches
 def test_list_sweep_removes_what_ended_runs_left():
     r = kvbench_cli("list", "--sweep")
     assert r.returncode == 0, r.stderr
     assert "# swept " in r.stdout and "file(s) of ended runs from /dev/shm" in r.stdout
 
 
+@pytest.mark.launches
 def test_env_describes_the_machine():
     r = kvbench_cli("env")
     assert r.returncode == 0, r.stderr
@@ -31,6 +36,7 @@ def test_env_describes_the_machine():
         assert key in r.stdout
 
 
+@pytest.mark.launches
 def test_run_help_teaches_the_vocabulary():
     r = kvbench_cli("run", "--help")
     assert r.returncode == 0

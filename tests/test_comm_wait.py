@@ -8,11 +8,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, mpiexec
+from helpers.launch import ROOT, mpiexec
 
 from kvbench.job import comm
 
 
+@pytest.mark.launches
 def test_a_waiting_rank_sleeps_in_the_control_planes_collectives_and_spins_only_in_the_timed_barrier():
     exe = mpiexec()
     if exe is None:

@@ -4,16 +4,16 @@ A transport's own test file only supplies fixtures; this file is the contract, f
 transport that can run it (a plugin from KVBENCH_TRANSPORTS included). Unavailable transports skip with
 the reason `kvbench list` gives.
 """
-import functools
 import os
 import subprocess
 import sys
 
 import pytest
+from helpers.asserts import assert_clean
+from helpers.launch import ROOT, python_path, unavailable
 
 from kvbench import transports
 from kvbench.transports.base import Unavailable
-from tests.conftest import ROOT
 
 # llama-3-8b's layer (8 KV heads of 128, fp16: 4 KiB a token) in 4 layers, not its 32: the same descriptors per
 # layer, an eighth of the bytes to fill and check
@@ -40,39 +40,10 @@ def between_ranks() -> list[str]:
 
 
 NETWORK = between_ranks()
-PLUGIN = {"KVBENCH_TRANSPORTS": "site-shm=plugin:SiteShm",
-          "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")])}
+PLUGIN = {"KVBENCH_TRANSPORTS": "site-shm=plugin:SiteShm", "PYTHONPATH": python_path()}
 
 
-@functools.cache
-def unavailable(name: str) -> str | None:
-    """Probe in a fresh process, once a session: some engines must load before MPI (docs/pitfalls.md#ucx-first)."""
-    code = (f"from kvbench import transports; from kvbench.job import comm; comm.preload([{name!r}]); "
-            f"r = transports.probe({name!r}); print('OK' if r is None else r)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    line = (out.stdout.strip().splitlines() or [out.stderr.strip()[-200:]])[-1]
-    return None if line == "OK" else line
-
-
-def assert_clean(r, transport):
-    assert r.code == 0, r.out + r.err
-    df = r.table()
-    mine = df[df.transport == transport]
-    ok = mine[mine.status == "ok"]
-    assert len(ok), f"no measured rows for {transport}:\n{r.out}"
-    checks = ok[ok.iter == -1]
-    # every case and every request has its check row on the decode side, and nothing was wrong
-    assert set(checks[checks.role == "decode"].case) == set(ok.case)
-    assert int(checks.nwrong.sum()) == 0
-    # the one completion rule: the destination's landing is stamped by the transport's own thread when it
-    # has one (as it declares), else when the harness's wait returns
-    rule = {i["completion"] for i in r.meta()["transports"][transport] if i}
-    timed = ok[(ok.iter >= 0) & (ok.role == "decode")]
-    assert len(rule) == 1 and set(timed.completion) == rule, (rule, set(timed.completion))
-    return ok
-
-
-@pytest.mark.parametrize("name", NETWORK)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.check) if n in ("shm", "tcp") else n for n in NETWORK])
 def test_two_ranks_push_pull_paged_and_coalesced(kvrun, name):
     reason = unavailable(name)
     if reason:
@@ -150,6 +121,7 @@ def test_the_list_is_every_registered_transport_its_caps_allow(monkeypatch):
     assert between_ranks()[-1] == "site-shm"
 
 
+@pytest.mark.launches
 def test_a_registered_plugin_is_tested_for_free():
     """A transport registered through KVBENCH_TRANSPORTS (tests/plugin.py) is in this suite's list without a
     line here, and passes the same contract as the built-in one it extends."""

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from helpers.launch import kvbench_cli
 
 from kvbench.results import costs
 from kvbench.results.store import ROW_COLUMNS, SCHEMA_VERSION, upgrade
 from kvbench.transports.base import Transport
-from tests.conftest import kvbench_cli
 
 
 class Recorder(Transport):

@@ -198,6 +198,7 @@ def test_check_descs_refuses_ranges_outside_either_pool(n):
         check_descs(bad, n * 100, n * 100)
 
 
+@pytest.mark.launches
 def test_descriptor_benchmark_runs_and_both_paths_agree():
     import os
     import subprocess

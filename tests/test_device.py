@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from conftest import device_matches_host
+from helpers.asserts import device_matches_host
 
 torch = pytest.importorskip("torch")
 

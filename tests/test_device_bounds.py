@@ -2,7 +2,7 @@
 1 GiB) pays for, and the pieces cover the ranges exactly, in order, with whole elements."""
 import numpy as np
 import pytest
-from conftest import device_matches_host
+from helpers.asserts import device_matches_host
 
 torch = pytest.importorskip("torch")
 

@@ -2,7 +2,7 @@
 of the host code; codecs on device pools are refused with one line."""
 import numpy as np
 import pytest
-from conftest import device_matches_host
+from helpers.asserts import device_matches_host
 
 torch = pytest.importorskip("torch")
 

@@ -9,15 +9,15 @@ import json
 import time
 
 import pytest
+from helpers.args import SHM_SMALL
+from helpers.asserts import assert_nothing_written, assert_one_line
+from helpers.launch import kvbench_cli
 
 from kvbench.cli.main import build_parser
 from kvbench.config import runconfig
 from kvbench.model import matrix as X
 from kvbench.model import trace as T
-from tests.conftest import kvbench_cli
-from tests.test_errors import assert_nothing_written, assert_one_line
 
-SMALL = ["-t", "shm", "--tokens", "256", "-n", "2", "-w", "0"]
 GOOD = {"timestamp": 0, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2]}
 
 
@@ -46,7 +46,7 @@ HOSTILE_TRACES = {
 
 def door(args: list[str], tmp_path) -> str | None:
     """Rank 0's door on ``kvbench run ARGS`` for 2 ranks: None (accepted) or its one line."""
-    argv = ["run", "-o", str(tmp_path / "results"), *SMALL, *args]
+    argv = ["run", "-o", str(tmp_path / "results"), *SHM_SMALL, *args]
     t0 = time.monotonic()
     cfg, line = runconfig.door(build_parser().parse_args(argv), argv, 2)
     assert time.monotonic() - t0 < 10
@@ -67,6 +67,7 @@ def test_hostile_trace_is_a_trace_error_naming_file_and_line(tmp_path, kind):
     assert all(n in line for n in needles), line
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("kind", sorted(HOSTILE_TRACES))
 def test_kvbench_trace_refuses_a_hostile_trace_in_one_line(tmp_path, kind):
     bad, needles = HOSTILE_TRACES[kind]
@@ -166,7 +167,7 @@ def test_ci_budget_with_a_target_passes(tmp_path):
 def test_hostile_trace_on_real_ranks(kvrun, tmp_path):
     bad, needles = HOSTILE_TRACES["input-past-2^63"]
     path = trace_file(tmp_path, "big.jsonl", bad)
-    r = kvrun([*SMALL, "--trace", path, "--speed", "100"], timeout=60)
+    r = kvrun([*SHM_SMALL, "--trace", path, "--speed", "100"], timeout=60)
     assert_one_line(r, f"{path}:2", *needles)
     assert_nothing_written(tmp_path)
 
@@ -178,7 +179,7 @@ def test_refused_on_real_ranks(kvrun, tmp_path, what):
     args, needle = {"matrix": (["--scheme", "matrix", "--matrix", str(p)], f"--matrix {p}: cell [0][1]"),
                     "pool-sizes": (["--pool-sizes", "1e999"], "pool_sizes': '1e999'"),
                     "fill": (["--fill", "file:/nonexistent.npy"], "--fill 'file:/nonexistent.npy': no such file")}[what]
-    assert_one_line(kvrun([*SMALL, *args], timeout=60), needle)
+    assert_one_line(kvrun([*SHM_SMALL, *args], timeout=60), needle)
     assert_nothing_written(tmp_path)
 
 
@@ -194,7 +195,7 @@ def test_unexpected_exception_on_rank_0_ends_every_rank_at_once(kvrun, tmp_path)
         "    raise OverflowError('planted by the test')\n"
         "T.read = read\n")
     t0 = time.monotonic()
-    r = kvrun([*SMALL, "--trace", "mooncake-synthetic", "--speed", "100"], timeout=60,
+    r = kvrun([*SHM_SMALL, "--trace", "mooncake-synthetic", "--speed", "100"], timeout=60,
               env={"PYTHONPATH": str(tmp_path / "hook")})
     assert_one_line(r, "could not be checked", "OverflowError: planted by the test")
     assert time.monotonic() - t0 < 60

@@ -3,13 +3,13 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.conftest import ROOT
-from tests.test_conformance import assert_clean, unavailable
+from helpers.asserts import assert_clean
+from helpers.launch import ROOT, unavailable
 
 BLOCKED = {"nixl": "nixl", "ucx": "ucxx", "mooncake": "mooncake"}
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("name,module", sorted(BLOCKED.items()))
 def test_missing_extra_says_how_to_install(name, module):
     # a process where the engine's package cannot be imported, as on a machine without the extra

@@ -1,27 +1,10 @@
 """Bad input: one clear line on rank 0, exit code 1, no traceback, no hang, and nothing written."""
-import glob
 import os
 import socket
 
 import pytest
-
-SMALL = ["--tokens", "256", "-n", "2", "-w", "0"]
-
-
-def assert_one_line(r, *needles, code=1):
-    assert r.code == code, (r.code, r.out, r.err)
-    lines = [ln for ln in r.err.splitlines() if ln.startswith("kvbench: ")]
-    assert len(lines) == 1, r.err  # printed once (rank 0), not once per rank
-    for n in needles:
-        assert n in lines[0], lines[0]
-    assert "Traceback" not in r.err + r.out
-    return lines[0]
-
-
-def assert_nothing_written(tmp_path):
-    """A run refused at validation creates no result file and no sidecar."""
-    assert not glob.glob(str(tmp_path / "results" / "**" / "*.*"), recursive=True)
-
+from helpers.args import SMALL
+from helpers.asserts import assert_nothing_written, assert_one_line, full, refusal
 
 BAD_FLAGS = [
     (["-m", "llama-9"], ["model 'llama-9' is not one of", "llama-2-70b"]),
@@ -61,22 +44,6 @@ BAD_OPTIONS = [
 # on real ranks (one line, once, exit 1, nothing written: rank 0 refuses every input on one path): an argument the
 # parser refuses, one the configuration refuses, issue 31's --target-ci inputs, and a transport's option
 ON_RANKS = [BAD_FLAGS[0], BAD_FLAGS[6], BAD_FLAGS[7], *BAD_FLAGS[-2:], BAD_OPTIONS[1]]
-
-
-def refusal(args: list[str]) -> str:
-    """What rank 0 refuses ``kvbench run ARGS`` with, for 2 ranks (the parser's or the configuration's line)."""
-    from kvbench.cli.args import ArgError
-    from kvbench.cli.main import build_parser
-    from kvbench.config import ConfigError, runconfig
-
-    argv = ["run", *args]
-    with pytest.raises((ArgError, ConfigError)) as exc:
-        runconfig.build(build_parser().parse_args(argv), argv, 2)
-    return str(exc.value)
-
-
-def full(args: list[str]) -> list[str]:
-    return ["-t", "shm", *SMALL, *args] if "-t" not in args else [*SMALL, *args]
 
 
 @pytest.mark.parametrize("args,needles", BAD_FLAGS + BAD_OPTIONS)

@@ -26,6 +26,7 @@ def one_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("out, made", [("/proc/kvb", "/proc/kvb"), ("/sys/kvb/x", "/sys/kvb")])
 def test_a_results_folder_no_one_can_make_is_an_input_error(tmp_path, out, made):
     """Root passes every permission check, yet /proc and /sys take no new name: refused at the door, exit 1 (it
@@ -35,12 +36,14 @@ def test_a_results_folder_no_one_can_make_is_an_input_error(tmp_path, out, made)
     assert not os.path.exists(made)
 
 
+@pytest.mark.launches
 def test_a_result_file_that_is_not_there_is_named_with_the_reason(tmp_path):
     for argv in (["report", "nothere.parquet"], ["report", "-o", str(tmp_path / "page"), "nothere.parquet"]):
         assert one_line(kvbench(*argv, cwd=tmp_path)) == "kvbench: error: nothere.parquet: no such result file"
     assert not (tmp_path / "page").exists()
 
 
+@pytest.mark.launches
 def test_one_rank_with_transports_that_need_a_peer_is_an_input_error_and_writes_nothing(tmp_path):
     line = one_line(kvbench("run", "-o", str(tmp_path / "results"), "-t", "shm,tcp", cwd=tmp_path))
     assert "shm, tcp: one rank launched" in line and "mpirun -np 2 kvbench run" in line, line

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import pytest
-from conftest import ROOT, kill_group, leftovers_of, mpiexec
+from helpers.launch import ROOT, kill_group, leftovers_of, mpiexec
 
 from kvbench.cli.run import FINISH_MIN_S
 from kvbench.cli.run import FINISH_S as FINISH_MAX_S
@@ -56,6 +56,7 @@ PHASES = {
 }
 ACTIONS = ("stop", "kill", "raise")
 COMBOS = [(p, a, r) for p in PHASES for a in ACTIONS for r in (0, 1)]
+CHECK = ("case", 1)  # `make check`: the matrix at one phase and rank, x stop/kill/raise
 STATUS = {"stop": ("TIMEOUT", 5), "kill": ("INCOMPLETE", 9), "raise": ("ERROR", 4)}  # 9: hydra's, the signal's number
 
 
@@ -168,7 +169,9 @@ def write_doc(done: dict) -> None:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("phase,action,rank", COMBOS, ids=[f"{a}-{p}-r{r}" for p, a, r in COMBOS])
+@pytest.mark.parametrize("phase,action,rank", [pytest.param(p, a, r, id=f"{a}-{p}-r{r}",
+                                                           marks=[pytest.mark.check] if (p, r) == CHECK else [])
+                                              for p, a, r in COMBOS])
 def test_fault(matrix, phase, action, rank):
     o = matrix[(phase, action, rank)]
     what = f"{action}@{phase}:{rank}\n{o.err}"

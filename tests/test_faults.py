@@ -8,29 +8,9 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, kill_group, leftovers_of, mpiexec
-
-SHM = ["-t", "shm", "--op", "push", "-b", "16", "-e", "64", "-f", "4", "--tokens", "256", "-n", "3", "-w", "1",
-       "--variants", "bulk,paged", "--rounds", "1"]
-
-
-def assert_failed(r, status, code, *needles):
-    """Exit code, exactly one line (on any rank's stderr), the sidecar's status and reason."""
-    assert r.code == code, (r.code, r.out, r.err)
-    lines = [ln for ln in r.err.splitlines() if ln.startswith("kvbench: ")]
-    assert len(lines) == 1, r.err
-    assert lines[0].startswith(f"kvbench: {status.lower()}: rank "), lines[0]
-    for n in needles:
-        assert n in lines[0], lines[0]
-    assert "Traceback" not in r.err + r.out
-    assert "# wrong elements" not in r.out  # no footer: the run did not end by itself
-    meta = r.meta()
-    assert meta["status"] == status and meta["reason"] == lines[0], meta
-    return lines[0]
-
-
-def cases_kept(r) -> list[int]:
-    return sorted(set(r.table().case)) if os.path.exists(r.results) else []
+from helpers.args import LONG, SHM
+from helpers.asserts import assert_failed, cases_kept
+from helpers.launch import ROOT, launch_then, leftovers_of, mpiexec
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -86,43 +66,11 @@ def test_killed_rank_ends_the_job_keeps_cases_and_its_reaper_cleans_up(kvrun, tm
     assert [f for f in os.listdir(os.path.dirname(r.results)) if f.endswith((".tmp", ".lock"))] == []
 
 
-def read_until_first_row(proc, seconds: float = 60) -> str:
-    """What a launched run printed up to its first table row (MPI and the transports are up on every rank)."""
-    seen, deadline = "", time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen += line
-        if line and not line.startswith("#"):
-            break
-    return seen
-
-
-def launch_then(args, tmp_path, act, timeout: float = 30):
-    """Launch a 2-rank run, wait for its first row, ``act(proc)`` on it; (exit code, stdout, stderr, results)."""
-    exe = mpiexec()
-    if exe is None:
-        pytest.skip("no mpiexec")
-    out = tmp_path / "results"
-    proc = subprocess.Popen([exe, "-n", "2", sys.executable, "-m", "kvbench", "run", "-o", str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        seen = read_until_first_row(proc)
-        act(proc)
-        rest, err = proc.communicate(timeout=timeout)
-    finally:
-        kill_group(proc)
-    return proc.returncode, seen + rest, err, out
-
-
 def _launch_and_interrupt(args, tmp_path, sig):
     return launch_then(args, tmp_path, lambda proc: os.killpg(proc.pid, sig))
 
 
-# a run still under way long after its first row, its cases short: 400 iterations of llama-3-8b's layer in 4 layers
-LONG = [*SHM[:-4], "--layers", "4", "--kv-heads", "8", "--head-dim", "128", "-n", "400", "-w", "1", "--rounds", "1"]
-
-
+@pytest.mark.launches
 def test_ctrl_c_is_one_line_and_keeps_finished_cases(tmp_path):
     import glob
     import json
@@ -143,6 +91,7 @@ def test_ctrl_c_is_one_line_and_keeps_finished_cases(tmp_path):
     assert leftovers_of(meta_path.replace(".meta.json", ".parquet")) == []
 
 
+@pytest.mark.launches
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (a private /dev/shm)")
 def test_quick_suite_in_a_64_mib_dev_shm_is_one_line_not_a_bus_error(tmp_path):
     exe = mpiexec()
@@ -157,3 +106,21 @@ def test_quick_suite_in_a_64_mib_dev_shm_is_one_line_not_a_bus_error(tmp_path):
     assert "--shm-size" in lines[0]
     assert "Bus error" not in p.stderr and "Traceback" not in p.stderr
     assert not res.exists() or not any(res.rglob("*.*"))
+
+
+@pytest.mark.check
+@pytest.mark.launches
+def test_an_exit_path_that_hangs_still_ends_at_its_own_deadline():
+    """The exit path itself may not hang (a stuck file system, a wedged MPI): with a cleanup that never returns, the
+    process still ends at the exit path's deadline (kvbench/job/guard.py EXIT_BACKSTOP_S, 1 s here) with the
+    status's exit code, its one line out first."""
+    code = ("import time; from kvbench.job import guard; guard.EXIT_BACKSTOP_S = 1.0; "
+            "guard.GUARD.cleanups.append(lambda: time.sleep(3600)); guard.GUARD.fail('TIMEOUT', 'a planted hang')")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the exit path hung past its deadline: nothing ended the process")
+    assert p.returncode == 5, (p.returncode, p.stdout, p.stderr)  # TIMEOUT's code
+    assert p.stderr.startswith("kvbench: timeout: rank 0 on ") and p.stderr.rstrip().endswith(": a planted hang")
+    assert time.monotonic() - t0 < 30

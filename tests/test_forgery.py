@@ -3,16 +3,14 @@ that carries an eighth of each range and writes the rest from the public fill (t
 FAILED, under the default fill, with the check pass alone (-c 1) and with every iteration checked (-c all)."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-from liars import LIARS, _eighth, _forge, _public
+from helpers.launch import liar_env
+from liars import _eighth, _forge, _public
 
 from kvbench.memory import keyed, verify
 
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+ENV = liar_env()
 SMALL = ["-m", "llama-3-8b", "--tokens", "128", "-b", "16", "-e", "16", "-n", "3", "-w", "1", "--variants", "paged",
          "--alloc", "random"]
 

@@ -4,6 +4,7 @@ file; every accepted input expands into cases whose geometry holds."""
 import os
 
 import yaml
+from helpers.asserts import assert_one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -136,8 +137,6 @@ def test_model_yaml(tmp_path_factory, fields):
        st.sampled_from(["inf", "nan", "-1", "x", "0,0"]))
 def test_malformed_flag_on_real_ranks(kvrun, tmp_path_factory, flag, value):
     """On 2 real ranks: a malformed value ends with one line and exit 1, no traceback, no file, no OK footer."""
-    from test_errors import assert_one_line
-
     out = tmp_path_factory.mktemp("real") / "results"
     r = kvrun(["-t", "shm", "--tokens", "256", "-n", "1", "-w", "0", flag, value], timeout=60, out_dir=out)
     assert_one_line(r)

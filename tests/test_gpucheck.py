@@ -70,6 +70,7 @@ def test_table_prints_rates_with_two_decimals_their_floor_and_clock_and_dashes_f
     ]
 
 
+@pytest.mark.launches
 def test_without_a_gpu_it_stops_at_once_with_one_line(capsys, tmp_path):
     if device.probe("cuda") is None:
         pytest.skip("a GPU is present: run make gpu-check")
@@ -110,6 +111,7 @@ runpy.run_module("kvbench.gpucheck", run_name="__main__")
 """
 
 
+@pytest.mark.launches
 @needs_torch
 def test_without_pydantic_the_other_steps_run_and_the_model_step_fails_alone(tmp_path):
     """A CUDA image has no pydantic: gpucheck imports without it, only the step that needs the model FAILs
@@ -126,6 +128,7 @@ def test_without_pydantic_the_other_steps_run_and_the_model_step_fails_alone(tmp
     assert got[("prefill", "step")] == "FAIL" and got[("pool", "fill 4 MiB on cpu")] == "ok"
 
 
+@pytest.mark.launches
 @needs_torch
 def test_a_step_that_raises_is_one_fail_row_and_the_others_still_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KVBENCH_GPUCHECK_FAULT", "raise:copy,hang:hostdev")
@@ -146,6 +149,7 @@ def test_a_step_that_raises_is_one_fail_row_and_the_others_still_run(tmp_path, m
     assert steps["hostdev"]["seconds"] < 10
 
 
+@pytest.mark.launches
 @needs_torch
 def test_a_hanging_launcher_is_killed_whole_and_the_other_steps_still_run(tmp_path, monkeypatch, capsys):
     pids = tmp_path / "pids"
@@ -224,6 +228,7 @@ def test_gpucheck_imports_only_what_a_cuda_image_ships():
         assert not extra, f"{mod} loads {extra} at import, which a CUDA image lacks"
 
 
+@pytest.mark.launches
 @needs_torch
 @pytest.mark.parametrize("fake", ["absent", "stub", "checkout"])
 def test_rehearsal_cuda_paths_are_skipped_or_checked_through_the_fake_never_given_a_rate(tmp_path, monkeypatch,

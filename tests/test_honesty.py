@@ -3,41 +3,43 @@ deterministically, as wrong elements or as a completion time that cannot be."""
 import os
 
 import pytest
-from liars import LIARS
-from test_faults import assert_failed
+from helpers.args import LIAR_SMALL
+from helpers.asserts import assert_failed
+from helpers.launch import ROOT, liar_env, mpiexec
 
 pytestmark = pytest.mark.alone  # honest stamps within the wake-up bound measured beside them
 
-SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "--variants", "bulk,paged"]
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+ENV = liar_env()
 
 
 @pytest.mark.parametrize("liar,op", [("lie-nothing", "push"), ("lie-nothing", "pull"), ("lie-wrong-block", "push"),
                                      ("lie-wrong-block", "pull"), ("lie-early", "push"), ("lie-read-early", "pull")])
 def test_a_lie_about_the_bytes_is_wrong_elements(kvrun, liar, op):
-    r = kvrun(["-t", liar, "--op", op, *SMALL], env=ENV)
+    r = kvrun(["-t", liar, "--op", op, *LIAR_SMALL], env=ENV)
     assert r.code == 2, r.out + r.err
     assert r.meta()["status"] == "FAILED"
     checks = r.table().query("iter == -1 and role == 'decode'")
     assert len(checks) == 2 and (checks.nwrong > 0).all()  # bulk and paged, each caught
 
 
+@pytest.mark.check
 def test_the_same_transport_honest_passes(kvrun):
-    r = kvrun(["-t", "shm", "--op", "push,pull", *SMALL])
+    r = kvrun(["-t", "shm", "--op", "push,pull", *LIAR_SMALL])
     assert r.code == 0 and r.meta()["status"] == "OK", r.out + r.err  # within its bounds too: not SUSPECT
     dec = r.table().query("iter >= 0 and role == 'decode'")
     assert set(dec.bound_kind) == {"memory copy"} and (dec.bound_gbps > 0).all()  # one host: the harness's copy
 
 
+@pytest.mark.check
 def test_a_lie_about_the_time_is_caught_by_the_clock(kvrun):
-    r = kvrun(["-t", "lie-stamp", "--op", "push", *SMALL], env=ENV, timeout=90)
+    r = kvrun(["-t", "lie-stamp", "--op", "push", *LIAR_SMALL], env=ENV, timeout=90)
     assert_failed(r, "ERROR", 4, "rank 1 on ", "case 1 (lie-stamp push",
                   "before the source posted the last layer", "is not when the bytes landed")
 
 
+@pytest.mark.check
 def test_honest_tcp_passes_the_clock_check(kvrun):
-    r = kvrun(["-t", "tcp", "--op", "push,pull", *SMALL])
+    r = kvrun(["-t", "tcp", "--op", "push,pull", *LIAR_SMALL])
     assert r.code == 0, r.out + r.err
     t = r.table().query("iter >= 0")
     assert set(t.completion) == {"transport"}  # tcp's receive thread stamps the landing
@@ -47,12 +49,11 @@ def test_honest_tcp_passes_the_clock_check(kvrun):
     assert dec.stamp_lead_s.notna().all() and set(dec.bound_kind) == {"memory copy"}  # loopback: no link rate
 
 
+@pytest.mark.launches
 def test_mpi_sendrecv_pull_sends_only_when_asked():
     """A pull is the destination asking: the source's serve sends nothing until the request arrives."""
     import subprocess
     import sys
-
-    from conftest import ROOT, mpiexec
 
     exe = mpiexec()
     if exe is None:

@@ -5,11 +5,11 @@ Every expected number is written out from the configs docs/models.md cites; none
 import re
 
 import pytest
+from helpers.launch import kvbench_cli
 
 from kvbench.cli import main as cli
 from kvbench.model import layers as L
 from kvbench.model import shapes as M
-from tests.conftest import kvbench_cli
 
 # Qwen3-Next-80B-A3B (bf16 KV): 12 full layers x 2 regions (K, V) x 2 KV heads x 256 x 2 B = 24,576 B per token;
 # 36 linear layers x (32 heads x 128 x 128 x 4 B (fp32 recurrent) + (4 - 1) x (2 x 16 x 128 + 32 x 128) x 2 B (bf16 conv))
@@ -110,6 +110,7 @@ def test_pp_takes_the_first_stage_layers_in_the_models_order():
         M.shard(M.get_model("qwen3-next-80b-a3b"), tp=3)
 
 
+@pytest.mark.launches
 def test_plan_prints_group_bytes_and_egress():
     r = kvbench_cli("plan", "-m", "qwen3-235b-a22b", "--tp", "8", "--tokens", "32768", "--dtype", "bf16",
                     "--rate", "2", "--fabric", "100GbE")
@@ -133,6 +134,7 @@ def _bad_model(tmp_path, text: str):
 HYBRID = "layers: 48\nkv_heads: 2\nhead_dim: 256\nstate_heads: 32\nstate_k_dim: 128\nstate_v_dim: 128\n"
 
 
+@pytest.mark.launches
 def test_bad_hybrid_models_are_one_line_exit_1(tmp_path):
     err = _bad_model(tmp_path, HYBRID + "kinds: {full: 12, linear: 35}\n")
     assert "12 full + 35 linear = 47 layers, not the model's 48" in err

@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import synth
+from helpers.launch import table_rows
 
 from kvbench.harness import calibrate
 from kvbench.harness.state import Measurement, Record
 from kvbench.report import tables
 from kvbench.results import samples as S
-from tests import synth
-from tests.conftest import table_rows
 
 TRIALS = 2000
 

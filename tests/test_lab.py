@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import leftovers_of
+from helpers.launch import leftovers_of
 
 from kvbench.fabric import carriers as C
 from kvbench.lab import cmd, net, place
@@ -77,6 +77,7 @@ def test_bad_input_is_one_line(argv, word, capsys, monkeypatch):
     assert len(err) == 1 and word in err[0]
 
 
+@pytest.mark.launches
 def test_up_with_the_id_of_a_lab_up_refuses_and_leaves_that_lab_alone(monkeypatch, tmp_path):
     """A second `up --id X` must not tear down lab X (its failure path removed every kvbl-X-* namespace)."""
     old = net.Lab("x1", nodes=2, rails=1, rate_bits=10**9, created="t", namespaces=["kvbl-x1-sw", "kvbl-x1-n0",
@@ -198,6 +199,7 @@ def test_misroute_is_reported_in_preamble_rows_and_sidecar(lab, tmp_path):
     assert df.attrs["meta"]["carriers"]["1"]["0"]["note"] == "misrouted: asked rail0, carried by rail1"
 
 
+@pytest.mark.launches
 @needs_root
 def test_up_then_down_leaves_nothing():
     tag = f"d{os.getpid()}-{secrets.token_hex(2)}"
@@ -214,6 +216,7 @@ def test_up_then_down_leaves_nothing():
     assert _ours(tag) == [] and not os.path.exists(net.state_path(tag))
 
 
+@pytest.mark.launches
 @needs_root
 def test_run_that_made_its_lab_removes_it(tmp_path):
     p = _lab("run", "--nodes", "2", "--rails", "1", "--rate", "1gbit", "--", *RUN, "-o", str(tmp_path))
@@ -223,6 +226,7 @@ def test_run_that_made_its_lab_removes_it(tmp_path):
     assert set(_results(p.stdout)["carrier"]) == {"rail0"}
 
 
+@pytest.mark.launches
 @needs_root
 def test_sigterm_during_run_removes_the_lab(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")

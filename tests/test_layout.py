@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
@@ -72,6 +74,7 @@ def test_layout_doc_is_generated_from_the_tree():
         assert fh.read() == L.render(modules()), "docs/layout.md is stale: run python tools/layout.py"
 
 
+@pytest.mark.launches
 def test_a_rank_loads_no_pandas_until_it_writes_a_table():
     # every rank imports the run's modules; only rank 0's writer (results/store.py) needs frames, and pandas
     # costs a rank most of a second of CPU at every launch, which matters where ranks outnumber cores

@@ -13,16 +13,10 @@ harness's own time (tests/test_timed_window.py), a stamp that leads it is judged
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-from conftest import ROOT, Run, _launch, leftovers_of, mpiexec
-from liars import LIARS
+from helpers.launch import Run, kvbench_run, liar_env, mpiexec
 
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), ROOT, os.environ.get("PYTHONPATH", "")]),
-       "PYTHONUNBUFFERED": "1"}
+ENV = liar_env(root=True)
 TINY = ["--layers", "4", "--kv-heads", "8", "--head-dim", "128", "--tokens", "128", "-b", "16", "-e", "16", "-n", "2",
         "-w", "0", "--rounds", "1", "-c", "all", "--alloc", "random"]
 # the lies every mode meets, beside the control; early last: where its early stamp is an error (ERROR ends the run,
@@ -93,9 +87,13 @@ MODES = {
 # the modes whose launch carries the forger (a codec's frames and staged's bounce buffers have none)
 FORGED = {"serial", "streaming", "handshake", "in-flight 4", "pull", "many-to-one on 4 ranks", "hot", "chunks", "tcp",
           "workload", "realistic fill", "tcp, realistic fill"}
-CELLS = [pytest.param(lie, mode, id=f"{lie}/{mode}") for mode in MODES for lie in ["none", *LIES]]
-CELLS += [pytest.param("forge", mode, id=f"forge/{mode}") for mode in MODES if mode in FORGED]
-CELLS += [pytest.param("read-early", "pull", id="read-early/pull")]
+# `make check` reads two launches: push (every lie and the forger; serial, streaming, handshake) and pull
+CHECK = {"push", "pull"}
+CELLS = [pytest.param(lie, mode, id=f"{lie}/{mode}", marks=[pytest.mark.check] if MODES[mode][0] in CHECK else [])
+         for mode in MODES for lie in ["none", *LIES]]
+CELLS += [pytest.param("forge", mode, id=f"forge/{mode}", marks=[pytest.mark.check] if MODES[mode][0] in CHECK else [])
+          for mode in MODES if mode in FORGED]
+CELLS += [pytest.param("read-early", "pull", id="read-early/pull", marks=pytest.mark.check)]
 _RUNS: dict[str, Run] = {}
 
 
@@ -110,11 +108,7 @@ def launched(tmp_path_factory):
         if name not in _RUNS:
             n, args = LAUNCHES[name]
             res = str(tmp_path_factory.mktemp(name.replace(" ", "-")))
-            cmd = [exe, "-n", str(n), sys.executable, "-m", "kvbench", "run", "-o", res, *TINY, *args]
-            code, out, err = _launch(cmd, 300, dict(os.environ, **ENV))
-            found = [os.path.join(d, f) for d, _, fs in os.walk(res) for f in fs if f.endswith(".parquet")]
-            _RUNS[name] = Run(code, out, err, found[0] if found else None)
-            assert not leftovers_of(_RUNS[name].results)
+            _RUNS[name] = kvbench_run(exe, [*TINY, *args], res, n, 300, ENV)  # none of its /dev/shm files left
         return _RUNS[name]
 
     return get
@@ -143,6 +137,7 @@ def test_each_lie_is_caught_in_each_mode_and_the_honest_transport_passes(launche
         assert (wrong > 0).all(), (name, mode, wrong)  # every case of the mode caught it
 
 
+@pytest.mark.check
 def test_the_skipped_iteration_is_the_one_named(launched):
     """The skip lie drops iteration 1 only: its rows, and no other timed row, carry wrong elements."""
     t = launched("push").transfers().query("transport == 'lie-skip' and role == 'decode'")

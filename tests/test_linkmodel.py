@@ -3,11 +3,11 @@ import math
 
 import numpy as np
 import pytest
+from helpers import synth
+from helpers.launch import kvbench_cli
 
 from kvbench.model import shapes as M
 from kvbench.report import linkmodel, read, summarize
-from tests import synth
-from tests.conftest import kvbench_cli
 
 GAMMA, ALPHA, BETA = 40e-6, 0.8e-6, 6e9  # 40 us per layer, 0.8 us per descriptor, 6 GB/s
 
@@ -78,6 +78,7 @@ def test_predict_request_counts_descriptors_and_bytes():
     assert p["seconds"] == pytest.approx(80 * GAMMA + 40960 * ALPHA + 327680 * 4096 / BETA)
 
 
+@pytest.mark.launches
 def test_fit_command_prints_costs_and_held_out_errors(tmp_path):
     path = synth.write(tmp_path / "s.parquet", truth)
     r = kvbench_cli("fit", path, "--leave-out", "32,128", "--predict", "16")

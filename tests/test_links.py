@@ -9,12 +9,13 @@ import os
 import subprocess
 
 import pytest
+from helpers.args import SMALL
+from helpers.asserts import assert_one_line
 
 from kvbench.job import cleanup, reaper
 from kvbench.job.safefile import UnsafeFile, create_new, open_own
 from kvbench.results import lock, machine, sidecar
 from kvbench.results.store import ResultWriter, machine_name
-from tests.test_errors import SMALL, assert_one_line
 
 SET = "20200101-000000_planted"
 PRECIOUS = "precious: must not change\n"

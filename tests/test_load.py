@@ -1,10 +1,9 @@
 """Workloads: back-pressure, drops, the no-write-without-grant proof, and load tails (real mpiexec -n 2)."""
-import os
 import re
 
 import numpy as np
 import pytest
-from liars import LIARS
+from helpers.launch import liar_env
 
 from kvbench import memory
 from kvbench.memory.verify import layer_is_right
@@ -20,8 +19,7 @@ BASE = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "--tokens", "64", "-b", "1
 
 
 # a liar whose request 0 alone also writes one block outside its ranges (tests/liars.py), contiguous blocks
-LIAR_ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+LIAR_ENV = liar_env()
 OUTSIDE_FIRST = [*BASE, "-t", "lie-outside-first", "--op", "push", "--arrival", "interval:300", "--alloc", "contiguous",
                  "--decode-pool-tokens", "256"]
 

@@ -1,7 +1,7 @@
 import pytest
+from helpers.launch import kvbench_cli
 
 from kvbench.model import shapes as M
-from tests.conftest import kvbench_cli
 
 
 def test_llama2_70b_numbers():
@@ -75,6 +75,7 @@ def test_model_from_yaml(tmp_path):
         M.get_model(str(p))
 
 
+@pytest.mark.launches
 def test_size_command_prints_the_issue_numbers():
     r = kvbench_cli("size", "-m", "llama-2-70b", "--tokens", "4096", "--dtype", "fp16")
     assert r.returncode == 0, r.stderr
@@ -83,6 +84,7 @@ def test_size_command_prints_the_issue_numbers():
     assert "100GbE" in r.stdout and "ms" in r.stdout
 
 
+@pytest.mark.launches
 def test_size_with_flags_model():
     r = kvbench_cli("size", "--layers", "2", "--kv-heads", "1", "--head-dim", "64", "--tokens", "10")
     assert r.returncode == 0, r.stderr

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, mpiexec
+from helpers.launch import ROOT, mpiexec, unavailable
 
 from kvbench.transports.base import Context, TransportError
 from kvbench.transports.mpi import MpiTransport
@@ -91,6 +91,7 @@ print(f"<native ok {me}>", flush=True)
 """
 
 
+@pytest.mark.launches
 def test_native_calls_move_exact_ranges_and_return_mpi_errors(tmp_path):
     """Two ranks: the C Puts and Gets move exactly the rows' bytes, the notice arrives with its tag after the
     Flush, an invalid rank returns MPI's error code with the failing row, a row too long for one call is
@@ -179,8 +180,6 @@ def test_ucx_packed_requests_beyond_the_staging_cap_do_not_wait_on_each_other(kv
     """Receive staging never waits (a destination registering several packed receives before the barrier once
     waited on the first, whose data its peer sends only after it: a hang until --timeout); a packed push over
     the cap waits only on a started send."""
-    from test_conformance import unavailable
-
     if reason := unavailable("ucx"):
         pytest.skip(f"unavailable: {reason}")
     r = kvrun(["-t", "ucx", "--op", "push,pull", "-m", "llama-3-8b", "--tokens", "256", "-b", "16", "--inflight", "2",

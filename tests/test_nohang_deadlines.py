@@ -9,8 +9,9 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import leftovers_of
-from test_faults import LONG, SHM, assert_failed, cases_kept, launch_then
+from helpers.args import LONG, SHM
+from helpers.asserts import assert_failed, cases_kept
+from helpers.launch import launch_then, leftovers_of
 
 MARGIN_S = 20  # start-up, the exit path and a loaded machine, beyond the deadline itself
 
@@ -85,6 +86,7 @@ def _children(pid: int) -> list[int]:
     return sorted(out)
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sighup_to_a_rank_is_interrupted(tmp_path, rank):
@@ -107,6 +109,7 @@ def test_sighup_to_a_rank_is_interrupted(tmp_path, rank):
     assert leftovers_of(meta_path.replace(".meta.json", ".parquet")) == []
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(90)
 def test_sighup_to_the_launcher_is_interrupted_said_and_cleaned_by_the_reapers(tmp_path):
     """hydra's mpiexec dies of a SIGHUP and its proxy SIGKILLs every rank's process group at once: no code of a
@@ -146,6 +149,7 @@ def _term_all_kill_ranks(proc):
         os.kill(pid, signal.SIGCONT if is_reaper else signal.SIGKILL)
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(90)
 def test_a_tree_told_to_end_at_once_is_cleaned_by_the_reapers_it_held(tmp_path):
     """SIGTERM reaches each rank's reaper with its rank (a lab run's tear-down, a batch system): the reaper

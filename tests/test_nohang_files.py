@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, kill_group, leftovers_of, mpiexec
-from test_errors import assert_one_line
+from helpers.asserts import assert_one_line
+from helpers.launch import ROOT, kill_group, leftovers_of, mpiexec
 
 from kvbench.job import cleanup
 from kvbench.results.lock import LockHeld, ResultLock, lock_path, sweep_stale

@@ -4,7 +4,7 @@ each one line, exit 1, nothing written."""
 import os
 
 import pytest
-from test_errors import assert_nothing_written, assert_one_line
+from helpers.asserts import assert_nothing_written, assert_one_line
 
 from kvbench.harness import placing
 from kvbench.memory import placement

@@ -2,10 +2,10 @@
 import math
 
 import pytest
+from helpers import synth
+from helpers.launch import kvbench_cli
 
 from kvbench.report import plan
-from tests import synth
-from tests.conftest import kvbench_cli
 
 
 def data_rows(out: str) -> list[list[str]]:
@@ -14,6 +14,7 @@ def data_rows(out: str) -> list[list[str]]:
     return [ln.split() for ln in tables.splitlines() if ln and not ln.startswith("#") and "[" not in ln]
 
 
+@pytest.mark.launches
 def test_seeds_arithmetic_llama2_70b_4k_on_100gbe_is_nominal():
     r = kvbench_cli("plan", "-m", "llama-2-70b", "--tokens", "4096", "--fabric", "100GbE")
     assert r.returncode == 0, r.stderr
@@ -25,6 +26,7 @@ def test_seeds_arithmetic_llama2_70b_4k_on_100gbe_is_nominal():
     assert "100GbE [nominal] llama-2-70b fp16:" in r.stdout
 
 
+@pytest.mark.launches
 def test_a_measured_result_file_gives_its_bandwidth_and_says_so(tmp_path):
     gamma, alpha, beta = 10e-6, 0.1e-6, 2e9
     path = synth.write(tmp_path / "m.parquet", lambda L, n, b: L * gamma + n * alpha + b / beta, hostname="nodeA")
@@ -37,6 +39,7 @@ def test_a_measured_result_file_gives_its_bandwidth_and_says_so(tmp_path):
     assert "tcp push (nodeA) [measured] llama-2-70b fp16:" in r.stdout and "nominal" not in r.stdout
 
 
+@pytest.mark.launches
 def test_percentiles_from_a_sample_and_from_a_histogram(tmp_path):
     assert plan.prompts_from([100, 200, 300, 400], None, None)[::2] == ({"p50": 200, "p95": 400, "p99": 400}, 250)
     h = tmp_path / "h.csv"
@@ -80,12 +83,14 @@ def test_verdicts_lead_with_their_reason():
     assert word == "pays" and "prefill alone exceeds the 100 ms budget" in why
 
 
+@pytest.mark.launches
 def test_fp8_halves_the_bytes_and_the_time():
     r = kvbench_cli("plan", "-m", "llama-2-70b", "--tokens", "4096", "--dtype", "fp16,fp8-e4m3", "--fabric", "100GbE")
     fp16, fp8 = data_rows(r.stdout)
     assert fp8[4] == "671,088,640" and float(fp8[8]) == pytest.approx(float(fp16[8]) / 2, abs=0.01)
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("args,msg", [
     (["--ttft-ms", "-1"], "plan: --ttft-ms: Input should be greater than 0"),
     (["--fabric", "carrier-pigeon"], "plan: --fabric: 'carrier-pigeon' is not a result file or one of: 25GbE"),
@@ -126,6 +131,7 @@ def test_plan_and_run_refuse_a_value_in_the_same_words(plan_field, axis, value):
     assert str(value) in said_run
 
 
+@pytest.mark.launches
 def test_a_named_rate_in_gbit():
     r = kvbench_cli("plan", "-m", "llama-3-8b", "--tokens", "1000", "--fabric", "200 Gb/s")
     (row,) = data_rows(r.stdout)

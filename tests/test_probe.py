@@ -10,7 +10,7 @@ import re
 import sys
 
 import pytest
-from conftest import ROOT, _launch, mpiexec
+from helpers.launch import ROOT, launch, mpiexec
 
 from kvbench import memory
 from kvbench.cli import main as cli
@@ -116,6 +116,7 @@ def test_a_transport_unavailable_here_says_why(capfd, monkeypatch):
     assert err == ["kvbench: error: verbs is unavailable here: no RDMA device (the reason kvbench list gives)"]
 
 
+@pytest.mark.launches
 def test_a_size_that_dies_by_a_signal_is_its_row_and_the_probe_goes_on(tmp_path):
     """Three launches on shm: 512 KiB works, 1 MiB's rank 1 takes a SIGSEGV (injected), 768 KiB (the bisection,
     after the crash) works; the rows go to a CSV that names every size, and nothing stays in /dev/shm."""
@@ -124,7 +125,7 @@ def test_a_size_that_dies_by_a_signal_is_its_row_and_the_probe_goes_on(tmp_path)
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY)
     env = dict(os.environ, PYTHONPATH=ROOT, KVBENCH_PROBE_FAULT=f"{MiB}:segv@connect:1")
-    rc, out, err = _launch([sys.executable, "-m", "kvbench", "probe", "-t", "shm", "--max", "1MiB", "--bisect", "1",
+    rc, out, err = launch([sys.executable, "-m", "kvbench", "probe", "-t", "shm", "--max", "1MiB", "--bisect", "1",
                             "-n", "2", "-m", str(model), "-o", str(tmp_path / "res")], 120, env)
     assert rc == 0, out + err
     (path,) = glob.glob(str(tmp_path / "res" / "*" / "*_probe.csv"))

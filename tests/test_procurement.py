@@ -4,9 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+from helpers.launch import ROOT
+
 from kvbench import transports
 from kvbench.config import suite as S
-from tests.conftest import ROOT
 
 
 def test_procurement_suites_cover_every_axis_the_buyer_needs():
@@ -24,6 +26,7 @@ def test_procurement_suites_cover_every_axis_the_buyer_needs():
     assert len(S.expand(bw)) == 11 * 2 * 3 * 3 * 2 and len(S.expand(ov)) == 11 * 2 * 3 * 2
 
 
+@pytest.mark.launches
 def test_driver_writes_report_and_plan_beside_the_results(tmp_path):
     # the driver on the smallest sweep: shm and an unavailable transport, one model, one block size
     env = dict(os.environ, PYTHONPATH=ROOT)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from kvbench.job.status import exit_code, worst
 from kvbench.report.summary import trusted
@@ -30,6 +31,7 @@ def test_a_plan_takes_no_rate_from_wrong_or_suspect_cases():
     assert trusted(st.drop(columns=["nwrong"]), {})[1] == 0  # an older file without the counts: all kept
 
 
+@pytest.mark.launches
 def test_a_procurement_whose_runs_failed_their_check_exits_non_zero_and_says_so_first(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
     small = ("-t shm,verbs --tokens 32 -n 2 -w 0 --ci-budget 0.2 --rounds 1 -m llama-3-8b -b 16 -e 16 --dtype fp16 "

@@ -8,9 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
-from test_conformance import unavailable
-from test_errors import assert_nothing_written, assert_one_line
+from helpers.asserts import assert_nothing_written, assert_one_line
+from helpers.launch import ROOT, unavailable
 
 from kvbench.cli.main import build_parser
 from kvbench.config import runconfig
@@ -66,6 +65,7 @@ def test_older_rows_read_as_registered_once():
     assert df["register"].tolist() == ["once"] and df["register_s"].isna().all() and df["deregister_s"].isna().all()
 
 
+@pytest.mark.launches
 def test_nixl_deregistration_reaches_the_library():
     """In one process: an initiator that registered no pool can prepare its local list only while a request's
     registration stands; after deregister_request the library refuses it again, and the bytes moved meanwhile."""

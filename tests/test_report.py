@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import _launch, kvbench_cli, leftovers_of, mpiexec
+from helpers.launch import kvbench_cli, launch, leftovers_of, mpiexec
 
 from kvbench.report.link import LinkOverride, add_line_rate
 from kvbench.report.page import Page
@@ -43,7 +43,7 @@ def real(tmp_path_factory):
     out = {}
     for name, args in RUNS.items():
         cmd = [exe, "-n", "2", sys.executable, "-m", "kvbench", "run", "-o", str(root), "--name", name, *SMALL, *args]
-        code, so, se = _launch(cmd, 180, dict(os.environ, PYTHONUNBUFFERED="1"))
+        code, so, se = launch(cmd, 180, dict(os.environ, PYTHONUNBUFFERED="1"))
         found = glob.glob(os.path.join(root, "*", f"*_{name}.parquet"))
         assert code == 0 and len(found) == 1, f"{name}: exit {code}\n{so}\n{se}"
         assert not leftovers_of(found[0])

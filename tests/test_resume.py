@@ -3,7 +3,7 @@ uninterrupted run and no duplicates; a changed suite, schema or machine is refus
 import json
 
 import pytest
-from test_errors import assert_one_line
+from helpers.asserts import assert_one_line
 
 from kvbench.results.store import SCHEMA_VERSION
 

@@ -8,6 +8,8 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import synth
+from helpers.launch import ROOT, table_rows
 
 from kvbench.harness import calibrate
 from kvbench.harness.state import Measurement, Record
@@ -17,8 +19,6 @@ from kvbench.report.stats import load_run
 from kvbench.results import samples as S
 from kvbench.results import store
 from kvbench.results.lock import ResultLock
-from tests import synth
-from tests.conftest import ROOT, table_rows
 
 
 def test_a_percentile_is_shown_only_from_the_samples_that_hold_it():

@@ -160,6 +160,7 @@ def _ours(run_id: str) -> list[str]:
     return [n for n in N.list_namespaces() if run_id in n]
 
 
+@pytest.mark.launches
 @needs_root
 def test_link_setup_counters_teardown():
     link = N.setup(N.new_run_id(), 10**9)
@@ -195,6 +196,7 @@ def test_link_setup_counters_teardown():
     assert not os.path.exists(os.path.join(N.LOCK_DIR, f"{link.run_id}.lock"))
 
 
+@pytest.mark.launches
 @needs_root
 def test_leftovers_of_a_dead_run_are_removed_and_a_live_run_is_kept():
     dead = N.setup(N.new_run_id(), 10**8)
@@ -211,6 +213,7 @@ def test_leftovers_of_a_dead_run_are_removed_and_a_live_run_is_kept():
     assert _ours(live.run_id) == []
 
 
+@pytest.mark.launches
 @needs_root
 def test_sigint_tears_down():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))

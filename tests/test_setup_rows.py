@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, kvbench_cli, mpiexec
-from test_errors import assert_one_line
+from helpers.asserts import assert_one_line
+from helpers.launch import ROOT, kvbench_cli, mpiexec
 
 from kvbench.cli.main import build_parser
 from kvbench.config import runconfig

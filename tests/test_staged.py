@@ -11,12 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers.asserts import assert_nothing_written, assert_one_line, full, refusal  # noqa: E402
+from helpers.launch import table_rows  # noqa: E402
+
 from kvbench.memory import copy as C  # noqa: E402
 from kvbench.model.layout import Pool  # noqa: E402
 from kvbench.transports import staged, staging  # noqa: E402
 from kvbench.transports.base import Context, TransportError  # noqa: E402
 from kvbench.transports.staging import split  # noqa: E402
-from tests.conftest import table_rows  # noqa: E402
 
 # 256 tokens of llama-3-8b: 1 MiB per layer; 256 KiB chunks make 4 per layer, so slots are reused within a layer
 SMALL = ["-t", "staged", "--memory", "torch-cpu", "-m", "llama-3-8b", "--tokens", "256", "-n", "3", "-w", "1",
@@ -94,8 +96,6 @@ def test_host_transports_skip_device_memory_and_staged_skips_host_rows(kvrun):
 
 def test_cuda_memory_without_a_gpu_is_refused_in_one_line_with_the_reason(kvrun, tmp_path):
     """--memory cuda where no GPU is: one line, exit 1, nothing written (it once gave skipped rows, exit 3)."""
-    from test_errors import assert_nothing_written, assert_one_line
-
     from kvbench.memory import device
 
     if device.probe("cuda") is None:
@@ -375,15 +375,11 @@ def test_each_slot_copy_is_made_once_per_descriptor_array(monkeypatch):
 @pytest.mark.parametrize("value,needle", [("0", "greater than or equal to 1"), ("-4", "greater than or equal to 1"),
                                           ("1.5", "valid integer"), ("four", "valid integer")])
 def test_a_slot_size_that_is_not_a_positive_integer_is_refused_in_one_line(value, needle):
-    from test_errors import full, refusal
-
     line = refusal(full(["-t", "staged", "--memory", "torch-cpu", "-O", f"slot_mib={value}"]))
     assert "\n" not in line and f"staged option slot_mib='{value}'" in line and needle in line, line
 
 
 def test_slot_mib_0_is_refused_on_real_ranks(kvrun, tmp_path):
-    from test_errors import assert_nothing_written, assert_one_line
-
     r = kvrun(["-t", "staged", "--memory", "torch-cpu", "--tokens", "256", "-n", "1", "-O", "slot_mib=0"], timeout=60)
     assert_one_line(r, "staged option slot_mib='0'", "greater than or equal to 1")
     assert_nothing_written(tmp_path)

@@ -6,14 +6,15 @@ import json
 
 import numpy as np
 import pytest
+from helpers.args import TRACE
+from helpers.asserts import assert_nothing_written, assert_one_line
+from helpers.traces import write_trace
 
 from kvbench.cli.args import ArgError
 from kvbench.cli.main import build_parser
 from kvbench.config import runconfig as config
 from kvbench.model import ageing as A
 from kvbench.model import traceplan as TP
-from tests.test_errors import assert_nothing_written, assert_one_line
-from tests.test_trace_replay import SMALL, write_trace
 
 # (timestamp ms, input tokens, output tokens): one 512-token hash id each
 FOUR = [(0, 30, 2), (200, 100, 9), (300, 40, 3), (600, 16, 4)]
@@ -55,7 +56,7 @@ def test_the_trace_ages_the_pool_in_the_order_computed_by_hand(tmp_path):
 
 def test_a_replay_from_a_trace_aged_pool_is_checked_and_says_what_aged_it(kvrun, tmp_path):
     src = write_trace(tmp_path / "hand.jsonl")
-    r = kvrun([*SMALL, "--trace", src, "--requests", "5", "--speed", "10", "--alloc", "aged:50", "--coalesce", "on",
+    r = kvrun([*TRACE, "--trace", src, "--requests", "5", "--speed", "10", "--alloc", "aged:50", "--coalesce", "on",
                "-c", "all", "--progress", "off"], timeout=240)
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     assert "# wrong elements: 0" in r.out

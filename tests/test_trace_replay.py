@@ -2,32 +2,22 @@
 
 Exact moved tokens per request against the prefix-cache replay of model/trace.py, the clips said aloud, real
 two-rank replays with #wrong 0, the report's trace section, and bad input refused in one line."""
-import json
 
 import numpy as np
 import pytest
+from helpers.args import TRACE
+from helpers.asserts import assert_nothing_written, assert_one_line
+from helpers.traces import write_trace
 
 from kvbench.cli.main import build_parser
 from kvbench.config import runconfig as config
 from kvbench.model import shapes as M
 from kvbench.model import trace as T
 from kvbench.model import traceplan as TP
-from tests.test_errors import assert_nothing_written, assert_one_line
 
-# five requests with shared prefixes (512-token blocks): 1 opens blocks 1,2; 2 shares them and adds 3; 3 is one
-# partial block already cached (a full hit); 4 shares nothing; 5 shares 1,2 and adds 6
-HAND = [(0, 1000, [1, 2]), (10, 1500, [1, 2, 3]), (20, 300, [1]), (30, 700, [4, 5]), (40, 1200, [1, 2, 6])]
+# the five requests of helpers/traces.py's HAND (512-token blocks): moved tokens with no cache limit and with 2 blocks
 MOVED_UNBOUNDED = [1000, 1500 - 1024, 1, 700, 1200 - 1024]  # request 3: its whole prompt hits, 1 token moves
 MOVED_LRU2 = [1000, 476, 1, 700, 1200]  # --cache-blocks 2: requests 4's blocks evict 1 and 2 before request 5
-
-# llama-3-8b at tp 8: one KV head, 16 KiB per token; the workload's pool and timeout leave no request dropped
-SMALL = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "-b", "16", "--alloc-timeout", "60000"]
-
-
-def write_trace(path, reqs=HAND) -> str:
-    path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 8, "hash_ids": ids})
-                            + "\n" for t, n, ids in reqs))
-    return str(path)
 
 
 # ----- the plan (no MPI) ---------------------------------------------------------------------
@@ -130,7 +120,7 @@ def test_a_suite_trace_needs_trace_arrivals():
 # ----- real two-rank replays -------------------------------------------------------------------
 def test_replay_moves_exactly_the_uncached_tokens(kvrun, tmp_path):
     src = write_trace(tmp_path / "hand.jsonl")
-    r = kvrun([*SMALL, "--trace", src, "--requests", "5", "--speed", "10"], timeout=240)
+    r = kvrun([*TRACE, "--trace", src, "--requests", "5", "--speed", "10"], timeout=240)
     assert r.code == 0, r.out + r.err
     assert "# wrong elements: 0" in r.out
     df = r.transfers()
@@ -162,7 +152,7 @@ def test_replay_moves_exactly_the_uncached_tokens(kvrun, tmp_path):
 
 
 def test_replay_of_the_conversation_trace_says_its_cuts(kvrun):
-    r = kvrun([*SMALL, "--trace", "mooncake-conversation", "--requests", "30", "--speed", "50",
+    r = kvrun([*TRACE, "--trace", "mooncake-conversation", "--requests", "30", "--speed", "50",
                "--decode-pool-tokens", "2048", "-c", "all"], timeout=300)
     assert r.code == 0, r.out + r.err
     assert "# wrong elements: 0" in r.out

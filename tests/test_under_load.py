@@ -2,15 +2,13 @@
 machine, honest shm and tcp runs end OK, never SUSPECT (each timed iteration is judged against the harness's
 copy made beside it, so the load moves a row and its bound alike), while a lie about the bytes is still caught:
 its verdict rests on content, not on time."""
-import os
 import subprocess
 import sys
 
 import pytest
-from liars import LIARS
+from helpers.launch import liar_env
 
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+ENV = liar_env()
 
 
 @pytest.fixture

@@ -17,10 +17,24 @@ def _cls(name):
         pytest.skip(f"{name}: {exc}")
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+def one_sided() -> list[str]:
+    """The registered transports whose ``serve`` is the base class's (one whose module cannot be imported here is
+    kept: its test skips, saying why).  A transport that serves with a handle of its own waits on that handle."""
+    names = []
+    for name in sorted(REGISTRY):
+        mod, cls = REGISTRY[name][0].split(":")
+        try:
+            if getattr(importlib.import_module(mod), cls).serve is not Transport.serve:
+                continue
+        except ImportError:
+            pass
+        names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("name", one_sided())
 def test_wait_on_what_a_one_sided_serve_returned_is_a_no_op(name):
     cls = _cls(name)
-    if cls.serve is not Transport.serve:
-        pytest.skip(f"{name} serves with a handle of its own")
+    assert cls.serve is Transport.serve
     bare = object.__new__(cls)  # no connection or device: wait(None) must not touch any
     assert cls.wait(bare, None) is None

@@ -3,23 +3,21 @@ tcp_info, harness/wirerows.py), and a case whose wire carried less than its payl
 named (kvbench/results/wire.py)."""
 from __future__ import annotations
 
-import os
 import socket
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
-from liars import LIARS
+from helpers.args import LIAR_SMALL
+from helpers.launch import liar_env
 
 from kvbench.harness import wirerows
 from kvbench.results import store, wire
 from kvbench.transports import tcp_wire
 
-SMALL = ["-m", "llama-3-8b", "--tokens", "256", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "--variants", "bulk,paged",
-         "--op", "push,pull"]
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+SMALL = [*LIAR_SMALL, "--op", "push,pull"]
+ENV = liar_env()
 
 
 def timed(r) -> pd.DataFrame:
@@ -38,7 +36,7 @@ def test_honest_tcp_counts_at_least_its_payload(kvrun):
     assert wire.short(r.table()) == []
 
 
-@pytest.mark.parametrize("check", ["1", "all"])
+@pytest.mark.parametrize("check", [pytest.param("1", marks=pytest.mark.check), "all"])
 def test_a_path_that_compresses_the_fill_is_named(kvrun, check):
     """The liar knows the run's key (tests/liars.py): keyed content compresses for nothing else.  Under -c all every
     timed iteration has an epoch of its own, which it finds from the post's tag."""

@@ -4,21 +4,18 @@ iterations (#chk) they cover; an older file without per-iteration counts reads t
 from __future__ import annotations
 
 import html as H
-import os
 import re
 
 import numpy as np
 import pandas as pd
-from conftest import kvbench_cli, table_rows
-from liars import LIARS
+from helpers.args import TEN
+from helpers.launch import kvbench_cli, liar_env, table_rows
 
 from kvbench.report import tables as T
 
-ENV = {"KVBENCH_TRANSPORTS": ",".join(f"{k}={v}" for k, v in LIARS.items()),
-       "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+ENV = liar_env()
 # lie-skip skips timed iteration 1 of 10 and moves the check pass: only -c all sees it
-TEN = ["-t", "lie-skip", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16", "-e", "16", "-n", "10",
-       "-w", "0", "--rounds", "1", "--variants", "paged", "-c", "all"]
+TEN_ALL = [*TEN, "-c", "all"]
 
 
 def _rows(case: int, iters, nwrong, role: str = "decode", workload: str = "none") -> list[dict]:
@@ -69,7 +66,7 @@ def _html_cells(page: str, sid: str) -> list[dict]:
 
 
 def test_a_timed_iteration_that_failed_shows_in_wrong_everywhere_a_row_is_shown(kvrun, tmp_path):
-    r = kvrun(TEN, env=ENV, timeout=120)
+    r = kvrun(TEN_ALL, env=ENV, timeout=120)
     assert r.code == 2 and r.meta()["status"] == "FAILED", r.out + r.err
     dec = r.transfers().query("role == 'decode'")
     want = int(dec["nwrong"].sum())

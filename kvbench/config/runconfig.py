@@ -259,11 +259,11 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
         raise ConfigError("staged: --memory host has nothing to stage: it moves device pools through a host "
                           "bounce buffer (use --memory torch-cpu, pinned or cuda)")
     flagcheck.ci_budget(a, suite)
-    flagcheck.one_rank(suite.axes.transport, world)
     flagcheck.fill_file(suite)
     real_prefill(suite)
     per_request(suite)
     gpu_map = device_memory(suite, getattr(a, "gpu_map", None))
+    flagcheck.one_rank(suite.axes.transport, world)  # last: a flag's own mistake is the line a user needs first
     models = {c["model"]: vars(M.get_model(c["model"])) for c in cases}
     return RunConfig(suite=suite, cases=cases, models=models, transport_options=topts, gpu_map=gpu_map, nic=nic,
                      trace=read_trace(suite, world),

@@ -123,13 +123,13 @@ class _Pool:
         self.array = np.arange(n, dtype=np.uint8)
 
 
-def _harness(calls, rank=1, hosts=("h", "h"), any_rank=True):
+def _harness(calls, rank=1, hosts=("h", "h"), any_rank=True, peer_sends=None):
     class Comm:
         def barrier_asleep(self):
             calls.append("barrier")
 
-        def allgather(self, x):
-            return [x, any_rank]
+        def allgather(self, x):  # (copies anything, copies as a source) of this rank and its peer
+            return [x, (any_rank, any_rank if peer_sends is None else peer_sends)]
 
     class H:
         comm, opts = Comm(), type("O", (), {"pages": "4k"})()
@@ -141,7 +141,8 @@ def _harness(calls, rank=1, hosts=("h", "h"), any_rank=True):
 def test_each_timed_iteration_gets_its_own_copy_between_sleeping_barriers(monkeypatch):
     """The bound beside each iteration: every rank sleeps at a barrier (no peer checking or spinning in MPI beside
     the copy), the destination copies each request it receives from its own host (the better of two), every rank
-    sleeps again; one GB/s per timed iteration, and a case's rows carry them in order."""
+    sleeps again, the source copies its own ranges of it (the better of two), a last barrier; one GB/s per timed
+    iteration on each side, and a case's rows carry them in order."""
     from kvbench.harness import rows as R
     from kvbench.model.schemes import Entry
 
@@ -154,16 +155,22 @@ def test_each_timed_iteration_gets_its_own_copy_between_sleeping_barriers(monkey
     assert [k for k, _, _ in b.jobs] == [id(e)]  # across hosts a link's rate bounds it, no copy
     b.copy()
     b.copy()
-    assert calls == ["barrier", "copy", "copy", "barrier"] * 2
+    assert calls == ["barrier", "copy", "copy", "barrier", "barrier"] * 2  # its copies, then its source's
     assert len(b.gbps[id(e)]) == 2 and all(g > 0 for g in b.gbps[id(e)])
     assert R.bound_at(b.gbps[id(e)], 1) == b.gbps[id(e)][1] and np.isnan(R.bound_at(b.gbps[id(e)], 2))
     assert R.bound_at([1.0, 3.0, 2.0], None) == 2.0 and R.bound_at(5.0, 0) == 5.0
-    # the source copies nothing but sleeps at the same barriers; where no rank copies, nobody waits
+    # the source copies its own ranges after the destination's copies, never beside them
     calls.clear()
-    HB.Beside(_harness(calls, rank=0), [e], [_Pool(1 << 16)]).copy()
+    src = HB.Beside(_harness(calls, rank=0, peer_sends=False), [e], [_Pool(1 << 16)])
+    assert [k for k, _, _ in src.sends] == [id(e)] and src.sends[0][2][:, 0].tolist() == [0, 0]  # its SRC ranges
+    src.copy()
+    assert calls == ["barrier", "barrier", "copy", "copy", "barrier"] and len(src.gbps[id(e)]) == 1
+    # where no source copies, the middle barrier is left out; where no rank copies, nobody waits
+    calls.clear()
+    HB.Beside(_harness(calls, hosts=("h", "h", "other"), peer_sends=False), [far], [_Pool(1 << 16)]).copy()
     assert calls == ["barrier", "barrier"]
     calls.clear()
-    HB.Beside(_harness(calls, rank=0, any_rank=False), [e], [_Pool(1 << 16)]).copy()
+    HB.Beside(_harness(calls, rank=0, any_rank=False), [], [_Pool(1 << 16)]).copy()
     hot = HB.Beside(_harness(calls), [e], [_Pool(1 << 16)], variant="hot")
     assert calls == [] and hot.jobs == []
 

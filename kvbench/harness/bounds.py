@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from kvbench import _native, memory
-from kvbench.model.descriptors import DST, LEN
+from kvbench.model.descriptors import DST, LEN, SRC
 from kvbench.results import bounds as B
 
 WAKE_SAMPLES = 100  # wake-ups measured per setup of a transport that stamps
@@ -98,8 +98,9 @@ class Beside:
 
     ``any``: whether any rank copies (collective, so that every rank waits at the same sleeping barriers);
     ``copy()`` after each timed iteration, on every rank: a sleeping barrier (no peer still checking or spinning
-    in MPI beside the copy), this rank's copies (each the better of BESIDE_COPIES), another sleeping barrier;
-    ``gbps``: id(entry) -> per timed iteration GB/s."""
+    in MPI beside the copy), the destinations' copies (each the better of BESIDE_COPIES), another sleeping barrier,
+    the sources' copies of their own ranges, a last one; ``gbps``: id(entry) -> per timed iteration GB/s (on each
+    side of a pair: the verdict takes the better)."""
 
     def __init__(self, h, entries, pools, variant: str = ""):
         """``h``: the harness (its comm, rank, every rank's host, and --pages)."""
@@ -108,26 +109,39 @@ class Beside:
         host = pool is not None and pool.array is not None and pool.kind != "cuda" and variant != "hot"
         mine = [e for e in entries if host and e.dst == rank and hosts[e.src] == hosts[e.dst]]
         self.jobs = [(id(e), e.payload, packed_descs(e.layers)) for e in mine]
-        self.gbps = {k: [] for k, _, _ in self.jobs}
-        size = max((int(min(d[:, 2].sum(), SCRATCH) + d[:, 2].max()) for _, _, d in self.jobs), default=0)
+        # the source copies its own ranges too, after the destination: the bytes a push's source just wrote lie
+        # dirty in its caches, which a destination core elsewhere (another CCD) reads slower than the source copied
+        # them, so the destination's copy alone bounded an honest push too low; a row's bound is the better of two
+        sent = [e for e in entries if host and e.src == rank and e.dst != rank and hosts[e.src] == hosts[e.dst]]
+        self.sends = [(id(e), e.payload, packed_descs(e.layers, SRC)) for e in sent]
+        self.gbps = {k: [] for k, _, _ in self.jobs + self.sends}
+        size = max((int(min(d[:, 2].sum(), SCRATCH) + d[:, 2].max()) for _, _, d in self.jobs + self.sends),
+                   default=0)
         # page-aligned, and on huge pages where the pools are: on 4k pages beside a huge-page pool the copy paid
         # TLB misses the transport did not, and bounded it too low
         self.scratch = memory.alloc_host(size, pages="4k" if pages == "4k" else "thp") if size else None
         self.pool, self.comm = pool.array if mine else None, comm
-        self.any = any(comm.allgather(bool(self.jobs)))
+        self.src_pool = pools[0].array if sent else None  # a local-only transport's source pool is its first
+        self.any, self.both = (any(x) for x in zip(*comm.allgather((bool(self.jobs or self.sends), bool(self.sends)))))
 
     def copy(self) -> None:
         if not self.any:
             return
         self.comm.barrier_asleep()
-        for k, payload, d in self.jobs:
+        self._copies(self.jobs, self.pool)
+        if self.both:  # one side at a time: two copies at once would share the memory bus and bound both low
+            self.comm.barrier_asleep()
+            self._copies(self.sends, self.src_pool)
+        self.comm.barrier_asleep()
+
+    def _copies(self, jobs, pool) -> None:
+        for k, payload, d in jobs:
             best = float("inf")
             for _ in range(BESIDE_COPIES):
                 a = time.perf_counter()
-                _native.copy_batch(self.scratch, self.pool, d)
+                _native.copy_batch(self.scratch, pool, d)
                 best = min(best, time.perf_counter() - a)
             self.gbps[k].append(B.copy_gbps(payload, best))
-        self.comm.barrier_asleep()
 
 
 def after_case(m, s) -> tuple[float, dict]:
@@ -141,7 +155,7 @@ def after_case(m, s) -> tuple[float, dict]:
     return wake, {i: per[id(e)] for i, e in enumerate(m.entries) if id(e) in per}
 
 
-def packed_descs(layers: list[np.ndarray]) -> np.ndarray:
+def packed_descs(layers: list[np.ndarray], col: int = DST) -> np.ndarray:
     """Descriptors of a copy that reads a request's destination ranges where they lie in its pool and writes them
     one after another into a scratch buffer (wrapping at SCRATCH): the same bytes, read as the transport wrote
     them, and the pool left as it is (bulk ranges lie at the same offsets on both sides, so a copy from the pool's
@@ -149,4 +163,4 @@ def packed_descs(layers: list[np.ndarray]) -> np.ndarray:
     d = np.concatenate(layers)
     lens = d[:, LEN]
     at = (np.cumsum(lens) - lens) % SCRATCH
-    return np.ascontiguousarray(np.stack([d[:, DST], at, lens], axis=1), dtype=np.int64)
+    return np.ascontiguousarray(np.stack([d[:, col], at, lens], axis=1), dtype=np.int64)

@@ -136,8 +136,9 @@ def _histogram(path: str) -> tuple[dict, str, float]:
 class Fabric:
     """A link: a nominal rate, or measured rows of one path with their link model."""
 
-    def __init__(self, name: str, gbps: float, source: str, fit=None, paged=None):
+    def __init__(self, name: str, gbps: float, source: str, fit=None, paged=None, not_ok: str = ""):
         self.name, self.gbps, self.source, self.fit, self.paged = name, gbps, source, fit, paged
+        self.not_ok = not_ok  # why its run's rows are not all to be trusted (said at the plan's top)
 
     @property
     def measured(self) -> bool:
@@ -206,9 +207,10 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
         good = fit.separable and fit.points >= 4 and fit.r2 >= MIN_R2
         src = (f"measured: link model of {os.path.basename(path)} (R² {fit.r2:.3f}, {fit.points} cases)" if good
                else f"measured: median GB/s of {desc} in {os.path.basename(path)}")
-        if left_out or meta.get("status") not in (None, "OK", "UNCHECKED"):
-            src += f"; NOT OK: its run ended {meta.get('status')}, {left_out} case(s) left out (wrong bytes or SUSPECT)"
-        out.append(Fabric(name, gbps, src, fit if good else None))
+        not_ok = (f"its run ended {meta.get('status')}, {left_out} case(s) left out (wrong bytes or SUSPECT)"
+                  if left_out or meta.get("status") not in (None, "OK", "UNCHECKED") else "")
+        out.append(Fabric(name, gbps, src + (f"; NOT OK: {not_ok}" if not_ok else ""), fit if good else None,
+                          not_ok=not_ok))
     return out
 
 
@@ -321,8 +323,8 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
            f"# %TTFT = (P + exposed) / budget; need = rate x bytes; net = saved - {inp.overlap} exposed (the seeds' "
            "net gain); b-even = the GB/s at which net = 0 (--overlap picks serial or streaming)"]
     table = rows(inp, fabrics)
-    out[:0] = [f"# NOT OK: fabric {f.name}: {f.source.split('; NOT OK: ', 1)[1]}" for f in fabrics
-               if "; NOT OK: " in f.source]  # said first: a verdict below rests on a run that did not end OK
+    out[:0] = [f"# NOT OK: fabric {f.name}: {f.not_ok}" for f in fabrics
+               if f.not_ok]  # said first: a verdict below rests on a run that did not end OK
     for fab in fabrics:
         if not fab.measured:
             head = f"{fab.gbps:.2f} GB/s, nominal: line rate, achieved is lower (measure it with kvbench run)"

@@ -117,10 +117,13 @@ def trusted(st, meta: dict):
     """(the cases a plan may draw a rate from, how many were left out): none whose check found a wrong byte or
     whose time beat its path's bound (SUSPECT): a verdict drawn from them would price a link on bytes that did not
     arrive, or on a time that did not happen."""
-    bad = st["case"].isin(suspect_cases(meta))
-    if "nwrong" in st:
-        bad |= st["nwrong"].fillna(0) > 0
+    bad = untrusted(st, st["case"].isin(suspect_cases(meta)))
     return st[~bad], int(bad.sum())
+
+
+def untrusted(st: pd.DataFrame, suspect: pd.Series) -> pd.Series:
+    """The rows no verdict may rest on: SUSPECT (``suspect``), or a check that found a wrong byte."""
+    return suspect | (st["nwrong"].fillna(0) > 0) if "nwrong" in st else suspect
 
 
 def _one_run(table: pd.DataFrame) -> pd.DataFrame:
@@ -135,7 +138,7 @@ def add_section(page, runs) -> None:
                                 noisy_case=r.st["case"].isin(suspect_cases(r.meta, "noisy"))) for r in runs],
                    ignore_index=True)
     st = st[st["status"] != "skipped"]
-    good = ~st["suspect"] & (st["nwrong"].fillna(0) == 0 if "nwrong" in st else True)  # no verdict on wrong bytes
+    good = ~untrusted(st, st["suspect"])  # no exposed-time verdict on wrong bytes or a time beyond physics
     bw, ex = best_paged(st[st["kind"] == "bandwidth"]), exposed_per_model(st[(st["kind"] == "exposed") & good])
     machines = list(dict.fromkeys(machine_line(r.meta) for r in runs))
     text = [f"NOT OK: {r.name} ended {r.status}: {r.meta.get('reason') or 'no reason recorded'}. Its wrong and "

@@ -246,8 +246,8 @@ def test_a_stamp_that_precedes_its_wait_by_more_than_a_wake_up_is_suspect():
     df = pd.concat([honest, liar], ignore_index=True)
     (s,) = B.suspects(df, stats(df))
     assert s["case"] == 2 and s["what"] == "wake" and s["rank"] == 1
-    assert "rank 1's landing stamp (pair 0, request 0) precedes its wait's return (or its own post call's) by 47500 us (median), beyond " \
-           "the wake-up bound 2000 us" in B.line(s)
+    assert "rank 1's landing stamp (pair 0, request 0) precedes its wait's return (or its own post call's) by " \
+           "40000 us (in every iteration), beyond the wake-up bound 2000 us" in B.line(s)
     assert B.suspects(df.drop(columns=["stamp_lead_s"]), stats(df)) == []  # an older schema: nothing to judge
 
 
@@ -321,8 +321,24 @@ def test_a_stamp_that_leads_by_a_share_of_its_own_time_is_suspect_below_the_wake
     long_ = rows(4, [10e-3] * 6, bound=np.nan, lead=[1e-3] * 6, wake=5e-3)
     df = pd.concat([honest, liar, small, long_], ignore_index=True)
     (s,) = B.verdicts(df, stats(df))
-    assert s["case"] == 2 and s["what"] == "lead" and s["value"] == pytest.approx(1e-3)
+    assert s["case"] == 2 and s["what"] == "lead" and s["value"] == pytest.approx(0.9e-3)
     line = B.line(s)
     assert line.startswith("SUSPECT: case 2 (shm pull m 256 tokens, bulk, host, serial): rank 1's landing stamp "
-                           "(pair 0, request 0) precedes its wait's return (or its own post call's) by 1000 us (median), 100% of the 1000 us "
-                           "it reports"), line
+                           "(pair 0, request 0) precedes its wait's return (or its own post call's) by 900 us, 90% of "
+                           "the 1000 us that iteration reports (beyond 25% and 500 us by 80%, its least in every "
+                           "iteration)"), line
+
+
+def test_a_waiter_woken_late_in_one_of_two_iterations_is_no_lie():
+    """CI's false SUSPECT: an honest tcp push of 2 MiB, two iterations, its waiter woken ~3.9 ms after the landing
+    in one of them on a loaded machine (median lead 1965 us, 72% of a 2.7 ms median).  A lie leads in every
+    iteration; a late wake-up only in some: the least lead judges, and the same lead in both iterations is caught."""
+    late = rows(1, [5.0e-3, 0.44e-3], bound=np.nan, lead=[3.9e-3, 3e-5], wake=5e-3)
+    assert B.verdicts(late, stats(late)) == []
+    both = rows(2, [5.0e-3, 4.4e-3], bound=np.nan, lead=[3.9e-3, 3.4e-3], wake=5e-3)
+    (s,) = B.verdicts(both, stats(both))
+    assert s["case"] == 2 and s["what"] == "lead" and s["value"] == pytest.approx(3.4e-3)
+    # a transport that does not stamp (an infinite wake-up bound) is judged by the share; ranks that outnumber
+    # their CPUs (no bound) are not judged at all
+    assert [s["what"] for s in B.verdicts(both.assign(wake_bound_s=np.inf), stats(both))] == ["lead"]
+    assert B.verdicts(both.assign(wake_bound_s=np.nan), stats(both)) == []

@@ -9,6 +9,7 @@ NIC's link rate.  All of it outside the timed iterations.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -29,11 +30,14 @@ BESIDE_COPIES = 2  # beside each timed iteration, the better of this many copies
 
 
 def setup_wake(t, rank: int, hosts: list[str]) -> float:
-    """At a transport's setup, on every rank: its wake-up bound (results/bounds.py); NaN where it never stamps, or
-    where more ranks share this host than it has CPUs (a woken thread may then wait for a CPU another rank holds,
-    for as long as the scheduler likes: no bound measured in one process holds for that)."""
-    if not t.caps.stamps or oversubscribed(rank, hosts):
+    """At a transport's setup, on every rank: its wake-up bound (results/bounds.py); NaN where more ranks share
+    this host than it has CPUs (a woken thread may then wait for a CPU another rank holds, for as long as the
+    scheduler likes: no bound measured in one process holds for that), infinite where it never stamps (a stamp
+    it returns anyway is judged against its own time alone)."""
+    if oversubscribed(rank, hosts):
         return B.NAN
+    if not t.caps.stamps:
+        return float("inf")
     return B.wake_bound(wake_samples())
 
 
@@ -150,7 +154,7 @@ def after_case(m, s) -> tuple[float, dict]:
     harness copied beside them, else one value).  ``m``: the case's Measurement, ``s``: the transport's Session."""
     per = dict(m.bounds) | {k: (v, "memory copy") for k, v in m.beside.gbps.items() if v}
     wake = s.wake_bound
-    if wake == wake:  # a transport that stamps: measured again now
+    if math.isfinite(wake):  # a transport that stamps: measured again now
         wake = max(wake, B.wake_bound(wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)))
     return wake, {i: per[id(e)] for i, e in enumerate(m.entries) if id(e) in per}
 

@@ -9,9 +9,12 @@ holds the arithmetic and reads the kernel's link rates):
   samples, plus a GIL switch interval).  A row's ``stamp_lead_s`` is its wait's return minus the later of the stamp and the wait's
   start (a stamp before the wait began claims nothing the wait could contradict), or, where the stamp falls inside
   the destination's own post call, that call's return minus the stamp (a transport that copies in its post lands
-  its last byte as the call ends).  Its median is also judged
-  against the request's own reported time: a lead of a quarter of it, and of 0.5 ms at least, is no wake-up
-  (honest medians are tens of us) but a stamp well before the landing, at any size that leaves 0.5 ms;
+  its last byte as the call ends).  A request is judged on every iteration (a lie leads in all of them, a
+  waiter a loaded machine woke late only in some): beyond the wake-up bound in each, or in each by a quarter
+  of that iteration's own time and 0.5 ms at least, it is no wake-up (honest leads are tens of us) but a
+  stamp well before the landing, at any size that leaves 0.5 ms.  A transport that does not stamp has an
+  infinite wake-up bound (any stamp it returns is judged by the share alone); ranks that outnumber their CPUs
+  have none (NaN: nothing is judged);
 * the path bound: a row's GB/s may not exceed what its path can carry (at p50, and where the destination
   posted the request itself, from its post to the landing: ``measures``).  A pair on one host moves bytes
   through memory: the bound is the harness's own copy of the same descriptors beside each timed iteration
@@ -121,24 +124,26 @@ def verdicts(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
     out = []
     timed = df[(df["status"] == "ok") & (df["iter"] >= 0)]
     keys = st.set_index("case")
-    # the landing stamp: the median lead of each (case, rank, pair, request) this rank received, against its
-    # rank's wake-up bound (a source's stamp of its own send is no landing, and never the pair's time)
+    # the landing stamp of each (case, rank, pair, request) this rank received, in every iteration (a stamp that lies
+    # leads in all of them, a waiter a loaded machine woke late only in some), against its rank's wake-up bound and
+    # a share of that iteration's own time (a source's stamp of its own send is no landing, and never the pair's
+    # time; where ranks outnumber the CPUs no bound is measured, and nothing is judged)
     lead = timed[timed["stamp_lead_s"].notna() & timed["wake_bound_s"].notna() & (timed["role"] != "prefill")]
     for (case, rank, pair, req), g in lead.groupby(["case", "rank", "pair", "req"]):
-        med, bound = float(g["stamp_lead_s"].median()), float(g["wake_bound_s"].max())
-        sp = spread(g["stamp_lead_s"])
-        own = float(g["seconds"].median()) if "seconds" in g else NAN  # the request's own reported time
-        share = max(LEAD_FLOOR_S, LEAD_SHARE * own) if own == own else NAN
         if case not in keys.index:
             continue
-        if med > bound * (1 + sp):
-            out.append(dict(case=int(case), key=key(keys.loc[case]), what="wake", value=med, bound=bound,
-                            margin_pct=100 * (med / bound - 1), spread_pct=100 * sp, rank=int(rank),
-                            pair=int(pair), req=int(req)))
-        elif share == share and med > share * (1 + sp):
-            out.append(dict(case=int(case), key=key(keys.loc[case]), what="lead", value=med, bound=share,
-                            own=own, margin_pct=100 * (med / share - 1), spread_pct=100 * sp, rank=int(rank),
-                            pair=int(pair), req=int(req)))
+        leads, bound = g["stamp_lead_s"].to_numpy(float), float(g["wake_bound_s"].max())
+        sp, least = spread(g["stamp_lead_s"]), float(leads.min())
+        at = dict(case=int(case), key=key(keys.loc[case]), spread_pct=100 * sp, rank=int(rank), pair=int(pair),
+                  req=int(req))
+        own = g["seconds"].to_numpy(float) if "seconds" in g else np.full(len(g), NAN)  # each iteration's own time
+        ratio = leads / np.maximum(LEAD_FLOOR_S, LEAD_SHARE * own)
+        if np.isfinite(bound) and least > bound * (1 + sp):
+            out.append(at | dict(what="wake", value=least, bound=bound, margin_pct=100 * (least / bound - 1)))
+        elif np.isfinite(ratio).all() and ratio.min() > 1:
+            k = int(ratio.argmin())  # the iteration nearest to honest names the margin
+            out.append(at | dict(what="lead", value=float(leads[k]), own=float(own[k]),
+                                 bound=float(leads[k] / ratio[k]), margin_pct=100 * float(ratio[k] - 1)))
     # GB/s: each iteration against the bound measured beside it (the harness's copy next to it, or a link's rate)
     # hot re-sends one cache-resident buffer by design (it beats the ceiling too): no copy of memory bounds it
     judged = timed[timed["bound_gbps"].notna() & (timed["variant"] != "hot")]
@@ -232,17 +237,15 @@ def line(s: dict) -> str:
         return s["line"]
     if s["what"] == "wake":
         return (f"SUSPECT: {s['key']}: rank {s['rank']}'s landing stamp (pair {s['pair']}, request {s['req']}) "
-                f"precedes its wait's return (or its own post call's) by "
-                f"{s['value'] * 1e6:.0f} us (median), beyond the wake-up bound {s['bound'] * 1e6:.0f} us measured "
-                f"on this machine by {s['margin_pct']:.0f}% (spread {s['spread_pct']:.0f}%): the stamp is not when "
+                f"precedes its wait's return (or its own post call's) by {s['value'] * 1e6:.0f} us (in every "
+                f"iteration), beyond the wake-up bound {s['bound'] * 1e6:.0f} us measured on this machine by {s['margin_pct']:.0f}% (spread {s['spread_pct']:.0f}%): the stamp is not when "
                 "the bytes landed")
     if s["what"] == "lead":
         return (f"SUSPECT: {s['key']}: rank {s['rank']}'s landing stamp (pair {s['pair']}, request {s['req']}) "
-                f"precedes its wait's return (or its own post call's) by {s['value'] * 1e6:.0f} us (median), "
-                f"{100 * s['value'] / s['own']:.0f}% "
-                f"of the {s['own'] * 1e6:.0f} us it reports (beyond {100 * LEAD_SHARE:.0f}% and "
-                f"{LEAD_FLOOR_S * 1e6:.0f} us by {s['margin_pct']:.0f}%, spread {s['spread_pct']:.0f}%): a wake-up "
-                "takes tens of us, so the stamp is not when the bytes landed")
+                f"precedes its wait's return (or its own post call's) by {s['value'] * 1e6:.0f} us, "
+                f"{100 * s['value'] / s['own']:.0f}% of the {s['own'] * 1e6:.0f} us that iteration reports (beyond "
+                f"{100 * LEAD_SHARE:.0f}% and {LEAD_FLOOR_S * 1e6:.0f} us by {s['margin_pct']:.0f}%, its least in "
+                "every iteration): a wake-up takes tens of us, so the stamp is not when the bytes landed")
     beside = "each iteration against the copy beside it, median; " if s["what"] == "memory copy" else ""
     head = (f"{s['key']}: {s['value']:.2f} GB/s ({s.get('measure', 'p50')}) beyond the path's bound "
             f"{s['bound']:.2f} GB/s ({s['what']}) by {s['margin_pct']:.0f}% ({beside}spread {s['spread_pct']:.0f}%, "

@@ -71,7 +71,7 @@ ROW_COLUMNS += list(SAMPLES_DEFAULTS)
 # --- schema 5, bounds (results/bounds.py; rows of 1-4 read with them empty) --------------------------------
 # stamp_lead_s: how long this request's wait ran past the later of the transport's landing stamp and the wait's
 # start (empty where the harness stamps); wake_bound_s: the most it may, a thread wake-up on this rank measured at
-# its transport's setup; bound_gbps / bound_kind: on a destination's rows, the GB/s the request's path can carry,
+# its transport's setup (inf where the transport does not stamp, empty where ranks outnumber CPUs); bound_gbps / bound_kind: on a destination's rows, the GB/s the request's path can carry,
 # and what bounds it ("memory copy": the harness's own copy of the same descriptors in this run; "link IF" or
 # "links ...": the NIC rates across hosts; "none (...)": no bound, and why); window_s: on a destination that posts
 # the request itself (a pull's reads), seconds from its first post to the landing

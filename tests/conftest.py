@@ -8,8 +8,21 @@ test that starts no process) and those marked ``check`` (one real launch per hon
 """
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 from helpers.launch import kvbench_run, mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
+# each session (a tier of `make test` or `make check`) writes its slowest tests here, one file per marker expression
+DURATIONS_DIR = Path(os.environ.get("KVBENCH_DURATIONS_DIR", ROOT / "results" / "runs" / "test-durations"))
+SLOWEST = 30
+_timed: list[tuple[float, str, str]] = []
+_began = time.time()
 
 # The files that take longest, first: `make test TEST_JOBS=2` hands whole files to its workers in collection order,
 # and a long file handed out last keeps one worker busy while the other has nothing left to do
@@ -27,6 +40,33 @@ def pytest_collection_modifyitems(items):
     for it in items:  # in-process: `make check` runs every one of them
         if not LAUNCHING & set(getattr(it, "fixturenames", ())) and it.get_closest_marker("launches") is None:
             it.add_marker(pytest.mark.inprocess)
+
+
+def pytest_runtest_logreport(report):
+    _timed.append((report.duration, report.when, report.nodeid))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The slowest tests of this session, with its wall time, commit and outcome, in DURATIONS_DIR/<tier>.txt
+    (the controller only: xdist's workers report their tests to it)."""
+    if hasattr(session.config, "workerinput") or not _timed:
+        return
+    tier = re.sub(r"[^a-z0-9]+", "-", session.config.option.markexpr or "all").strip("-") or "all"
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"}).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "-"
+    lines = [f"# pytest -m '{session.config.option.markexpr or ''}': {time.time() - _began:.0f} s wall, "
+             f"{session.testscollected} collected, exit {int(exitstatus)}, commit {commit or '-'}, "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S')}",
+             f"# the {SLOWEST} slowest phases (seconds, phase, test)"]
+    lines += [f"{d:8.2f} {w:8} {n}" for d, w, n in sorted(_timed, reverse=True)[:SLOWEST]]
+    try:
+        DURATIONS_DIR.mkdir(parents=True, exist_ok=True)
+        (DURATIONS_DIR / f"{tier}.txt").write_text("\n".join(lines) + "\n")
+    except OSError as exc:  # a read-only checkout still tests
+        print(f"kvbench tests: durations not written to {DURATIONS_DIR}: {exc}")
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from kvbench.model import layers as L
 from kvbench.model import shapes as M
 from kvbench.model import trace as T
 from kvbench.model.layout import misfit
+from kvbench.model.tpmap import TPPair, map_lines, tp_map
 from kvbench.results import machine as hwfacts
 
 
@@ -24,12 +25,14 @@ def _first(v, default):
 def cmd_size(a) -> int:
     name = custom_model(a) or _first(a.model, "llama-3-8b")
     shape0 = M.get_model(name)
-    tp, pp, hit = _first(a.tp, 1), _first(a.pp, 1), _first(a.prefix_hit, 0)
-    shape = M.shard(shape0, tp, pp)
+    pair = _first(a.tp, None)  # a TPPair (cli/tpargs.py): P:D, or one number for both
+    tp, pp, hit = pair.decode if pair else 1, _first(a.pp, 1), _first(a.prefix_hit, 0)
     M.check_block_size(a.block_size)
     layout = a.layout if a.layout != "auto" else "mla" if shape0.attention == "mla" else "layer-major"
     if why := misfit(layout, shape0):
         raise ValueError(why)
+    tmap = _tp_map(a, shape0, pair, pp, hit, layout)  # before shard: a P:D that cannot split the heads is one line
+    shape = M.shard(shape0, tp, pp)
     if a.dtype in ("nvfp4", "fp8-ds-mla") or a.scales != "none" or shape0.indexer_bytes:  # planes (formats.py)
         if shape0.hybrid:
             raise ValueError(f"--dtype {a.dtype} --scales {a.scales}: scale planes of a hybrid model "
@@ -43,7 +46,8 @@ def cmd_size(a) -> int:
     nb = M.num_blocks(ntok, a.block_size)
     kind = (f"mla, latent {shape.kv_lora_rank}+{shape.rope_dim}" if shape.attention == "mla"
             else f"{shape.attention}, {shape.kv_heads} KV heads x {shape.head_dim}")
-    print(f"# {shape.name}: {shape.layers} layers{_kinds(shape)}, {kind}, {a.dtype} ({db} B/element), tp={tp} pp={pp}"
+    tps = f"{pair} (one decode rank)" if tmap else tp
+    print(f"# {shape.name}: {shape.layers} layers{_kinds(shape)}, {kind}, {a.dtype} ({db} B/element), tp={tps} pp={pp}"
           f"{'  [per rank]' if tp > 1 or pp > 1 else ''}")
     if shape0.source:
         print(f"# source: {shape0.source}")
@@ -71,13 +75,28 @@ def cmd_size(a) -> int:
         print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request streamed layer by layer (a layer of "
               f"a page is a strided run: {shape.regions} x {shape.layers} layers x {nb} blocks)")
     else:
+        at = f" at tp {tp}:{tp}; at tp {pair}: below" if tmap and pair.prefill != tp else ""
         print(f"{nb * shape.regions * shape.layers:>16,} descriptors per request uncoalesced "
-              f"({shape.regions} x {shape.layers} layers x {nb} blocks)")
+              f"({shape.regions} x {shape.layers} layers x {nb} blocks{at})")
+    for line in map_lines(tmap) if tmap else ():
+        print(line)
     print("# transfer time at line rate (GB = 10^9 B; achieved bandwidth is lower: measure it with kvbench run)")
     for link, gbps in M.LINKS.items():
         ms = req / (gbps * 1e9) * 1e3
         print(f"  {link:<18} {gbps:8.1f} GB/s {ms:12.2f} ms")
     return 0
+
+
+def _tp_map(a, shape0, pair, pp: int, hit: int, layout: str):
+    """--tp P:D (or --head-layout): what each decode rank receives from which prefill ranks; None otherwise."""
+    if not (pair and pair.paired) and not a.head_layout:
+        return None
+    pair = pair or TPPair(1, 1)
+    if a.dtype in ("nvfp4", "fp8-ds-mla") or a.scales != "none":
+        raise ValueError(f"--tp {pair} (or --head-layout) with --dtype {a.dtype} --scales {a.scales}: the "
+                         "per-decode-rank map of scale planes is not modelled; give one TP degree, or a plain dtype")
+    return tp_map(M.shard(shape0, 1, pp), M.transferred_tokens(a.tokens, hit), a.block_size, a.dtype, layout,
+                  a.head_layout or "NHD", pair)
 
 
 def _kinds(m) -> str:

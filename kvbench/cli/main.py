@@ -13,6 +13,7 @@ from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_err
 from kvbench.cli.info import cmd_env, cmd_list, cmd_size
 from kvbench.cli.probe import add_parser as add_probe_parser
 from kvbench.cli.probe import cmd_probe
+from kvbench.cli.tpargs import add_tp_flags
 from kvbench.cli.trace import add_parser as add_trace_parser
 from kvbench.cli.trace import cmd_trace, positive
 from kvbench.config import suite as S
@@ -209,6 +210,7 @@ def build_parser() -> Parser:
     s.add_argument("--layout", default="auto", help="auto (default: mla for MLA models, else layer-major), "
                    "layer-major, block-major, mla, cross-layer (docs/layouts.md)")
     add_model_flags(s)
+    add_tp_flags(s)  # size's --tp P:D and --head-layout
     add_trace_parser(sub)
 
     lst = sub.add_parser("list", help="transports (with availability), models, suites, and the leftovers of ended "

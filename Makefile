@@ -37,22 +37,35 @@ TORCH_CPU ?= 2.13.0
 TORCH_INDEX ?=
 BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.kvbench-installed
+# what the venv was installed with: a change of MPI or ENGINES re-installs (make install MPI=site after make bench)
+CHOICES  = $(VENV)/.kvbench-choices
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: check pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
+.PHONY: FORCE check pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
 
 help:
 	@sed -n '2,25p' Makefile
 
-$(STAMP): pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c kvbench/_keyed.c
+$(CHOICES): FORCE
+	@mkdir -p $(VENV); c="MPI=$(MPI) ENGINES=$(ENGINES)"; \
+	  [ "$$(cat $@ 2>/dev/null)" = "$$c" ] || { [ ! -e $@ ] || echo "install: $$(cat $@) -> $$c: re-installing"; \
+	  echo "$$c" > $@; }
+
+FORCE:
+
+$(STAMP): $(CHOICES) pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c kvbench/_keyed.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	@if [ "$(MPI)" = "site" ]; then \
 	  command -v mpirun >/dev/null || { echo "MPI=site but no mpirun on PATH" >&2; exit 1; }; \
-	  $(BIN)/python -m pip install -q --no-binary mpi4py mpi4py; \
+	  $(BIN)/python -m pip uninstall -q -y mpich 2>/dev/null; \
+	  $(BIN)/python -m pip install -q --force-reinstall --no-cache-dir --no-binary mpi4py mpi4py; \
+	  echo "mpi4py built against $$(command -v mpicc || echo 'the MPI on PATH')"; \
 	else \
 	  $(BIN)/python -m pip install -q mpi4py mpich; \
+	  $(BIN)/python -c "import mpi4py.MPI as M; assert 'MPICH' in M.Get_library_version()" 2>/dev/null || \
+	  $(BIN)/python -m pip install -q --force-reinstall --no-cache-dir mpi4py; \
 	fi
 	$(BIN)/python -m pip install -q -e '.[test,report,codecs]'
 	@if [ "$(ENGINES)" = "1" ]; then \

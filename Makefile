@@ -54,7 +54,7 @@ $(CHOICES): FORCE
 
 FORCE:
 
-$(STAMP): $(CHOICES) pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c kvbench/_keyed.c
+$(STAMP): $(CHOICES) pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c kvbench/_mpicalls.c kvbench/_keyed.c kvbench/_ucx.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	@if [ "$(MPI)" = "site" ]; then \
@@ -73,6 +73,8 @@ $(STAMP): $(CHOICES) pyproject.toml setup.py kvbench/_native.c kvbench/_codec.c 
 	  $(BIN)/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1 && \
 	  $(BIN)/python -m pip install -q ucxx-cu12 mooncake-transfer-engine-non-cuda || \
 	  echo "warning: an engine did not install; its rows will say unavailable" >&2; \
+	  $(BIN)/python setup.py -q build_ext --inplace >/dev/null 2>&1 || \
+	  echo "warning: kvbench._ucx (ucx's one-sided mode, built against ucxx's UCX) did not build; -O mode=tag runs" >&2; \
 	fi
 	@if $(BIN)/python -c "import ctypes; ctypes.CDLL('libcuda.so.1')" 2>/dev/null; then \
 	  x=$$($(BIN)/python -c "import ctypes; v = ctypes.c_int(); ctypes.CDLL('libcuda.so.1').cuDriverGetVersion(ctypes.byref(v)); print('gpu' if v.value >= 13000 else 'gpu-cu12')"); \

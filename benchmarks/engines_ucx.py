@@ -1,5 +1,5 @@
-"""ucx in engines.py: ucx_perftest (tag_bw two-sided, like kvbench's ucx transport; ucp_put_bw and ucp_get
-one-sided) at kvbench's message sizes."""
+"""ucx in engines.py: ucx_perftest (ucp_put_bw and ucp_get one-sided, like kvbench's ucx transport; tag_bw
+two-sided, like its -O mode=tag) at kvbench's message sizes."""
 from __future__ import annotations
 
 import subprocess
@@ -23,11 +23,12 @@ def tools(a, mpirun):
 
 def describe(a, i: dict) -> None:
     """The header's lines on what differs between ucx_perftest and kvbench's ucx rows (i: rank 0's info())."""
-    lanes = next(iter(i.get("lanes", {}).values()), {}).get("tag_send", [])
-    print(f"#   ucx_perftest (UCX_TLS={a.tls}, one buffer, back to back, -n from {a.ucx_budget:.0e} B): tag_bw is"
-          " two-sided like kvbench's ucx transport (compare push with it; kvbench adds a 32 B header message per")
-    print("#   request, sent when it is prepared); put_bw/get are one-sided (ucxx has none); kvbench's ucx pull is"
-          " two-sided (a request, then the source tag-sends), shown against ucp_get as the tool's read")
+    ep = next(iter(i.get("lanes", {}).values()), {})
+    lanes = ep.get("put", []) or ep.get("tag_send", [])
+    print(f"#   ucx_perftest (UCX_TLS={a.tls}, one buffer, back to back, -n from {a.ucx_budget:.0e} B): put_bw/get"
+          " are one-sided like kvbench's ucx transport (a put or get per descriptor run and a flush per request,")
+    print("#   then kvbench's own notification); tag_bw is two-sided, like kvbench's -O mode=tag (a 32 B header per"
+          " request; its pull sends a request, then the source tag-sends)")
     if lanes:
-        print(f"#   ucx kvbench: UCX_TLS={i.get('UCX_TLS')}, tag protocol for large messages: {lanes[-1]};"
+        print(f"#   ucx kvbench: UCX_TLS={i.get('UCX_TLS')}, protocol for large messages: {lanes[-1]};"
               f" progress: {i.get('progress')} (ucx_perftest spins)")

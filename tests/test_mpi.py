@@ -151,7 +151,7 @@ def test_ucx_numbers_every_post_when_prepared_in_the_order_the_target_serves():
 
     from kvbench.transports.ucx import _PUSH_DATA, _PUSH_HDR, _PUSH_PART, UcxTransport, _tag
 
-    t = UcxTransport(ctx())
+    t = UcxTransport(ctx(mode="tag"))
     t._api, t._Array = types.SimpleNamespace(UCXXTag=lambda v: v), lambda a: a
     t._views = lambda descs, col: [f"view{i}" for i in range(len(descs))]
     t._pack_area = lambda descs, may_wait: ("staged bytes", None, None)  # (no pool here: nothing to pack)

@@ -75,6 +75,8 @@ class NixlOptions(_Opts):
 
 
 class UcxOptions(_Opts):
+    mode: Literal["rma", "tag"] = Field("rma", description="rma: one-sided put/get per descriptor + flush, the harness "
+                                        "notifies; tag: the two-sided tag path (header + data messages)")
     tls: str | None = Field(None, description="UCX_TLS for kvbench's context, e.g. sm or tcp")
     err_handling: OnOff = Field("off", description="peer error handling (excludes shared memory)")
     staging_mib: float = Field(1024.0, gt=0, le=2**20, description="cap on packed pushes' staging in use, MiB (receives stage what is in flight)")

@@ -39,7 +39,7 @@ from ..memory import device
 from .base import Caps, Context, Transport, TransportError, Unavailable, check_descs
 from .staging import EMPTY, _Job, _Ring, _Slot, _tag, _take, _tensor, bounce_buffer, pieces
 
-INNER = {"tcp": {}, "ucx": {}, "mpi": {"mode": "sendrecv"}}  # two-sided host transports and the options they need
+INNER = {"tcp": {}, "ucx": {"mode": "tag"}, "mpi": {"mode": "sendrecv"}}  # two-sided host transports and the options they need
 
 
 class StagedTransport(Transport):

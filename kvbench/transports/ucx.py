@@ -1,7 +1,8 @@
-"""Two-sided UCX through ucxx: tag send/receive between worker-address endpoints.
+"""Two-sided UCX through ucxx (``-O mode=tag``): tag send/receive between worker-address endpoints.
 
-ucxx's Python API has **no one-sided put/get** (no memory handle, no rkey): for
-one-sided UCX use the ``nixl`` transport (or ``mpi``).  push: the source sends,
+The ucx transport is one-sided by default: ``UcxTransport(ctx)`` builds ucx_rma.py's transport (registered
+pools, packed rkeys, put/get per descriptor and a flush) unless ``-O mode=tag`` asks for this class, the
+two-sided path (ucxx's Python API has no put/get: the tag API is all it offers).  push: the source sends,
 the destination receives; pull: the destination sends a small request and the
 source answers with the data (one more round trip, as in any two-sided pull).
 
@@ -37,8 +38,9 @@ import time
 
 import numpy as np
 
-from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, import_probe
-from .ucx_buffers import UcxBuffers, ep_info
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError
+from .ucx_buffers import UcxBuffers, ep_info, probe_ucxx
+from .ucx_rma import RMA_CAPS, UcxRmaTransport
 
 _MAGIC = 0x4B56424E55435831  # "KVBNUCX1"
 _PUSH_HDR, _PUSH_DATA, _PULL_REQ, _PULL_DATA = 1, 2, 3, 4
@@ -59,25 +61,33 @@ class _Handle:
         self.sends = sends  # a packed push: it completes without this rank doing more (UcxBuffers._staging)
 
 
+TAG_CAPS = Caps(memory=("host",), ops=("push", "pull"), one_sided=False, multi_node=True, notifies=True, network=True,
+                unregistered="ucx mode=tag registers nothing: UCX registers a send's buffer on first use (in the first "
+                "transfer)")
+
+
 class UcxTransport(UcxBuffers, Transport):
-    """ucxx worker per rank; one tag message per layer (plus a header), polled progress."""
+    """ucxx worker per rank; one tag message per layer (plus a header), polled progress (``-O mode=tag``)."""
 
     name = "ucx"
     batches = True  # a serial request's layers go as one post (base.prepare_request)
-    caps = Caps(memory=("host",), ops=("push", "pull"), one_sided=False,
-                multi_node=True, notifies=True, network=True,
-                unregistered="ucxx exposes no registration: UCX registers a send's buffer on first use (in the first transfer)")
+    caps = RMA_CAPS  # the registry's class answers for the default mode; an instance of this class says TAG_CAPS
     pins_on_rdma = True
+
+    def __new__(cls, ctx):
+        # the default mode on transport "ucx" is one-sided (as mpi's __new__ picks sendrecv); a subclass stays tag
+        if cls is UcxTransport and ctx.options.get("mode", "rma") != "tag":
+            return UcxRmaTransport(ctx)  # not a UcxTransport: built (and initialised) here
+        return super().__new__(cls)
 
     @classmethod
     def probe(cls) -> str | None:
-        """Why ucxx cannot run here, or None (two-sided only: ucxx has no put/get; use nixl for that)."""
-        # an OSError "undefined symbol" on import: MPI's UCX was loaded first (docs/pitfalls.md#ucx-first)
-        return import_probe("ucxx", "install kvbench[ucx]",
-                            lambda msg: f"ucxx import failed ({msg}); import ucxx before mpi4py loads MPI")
+        """Why ucxx cannot run here, or None (ucx_buffers.probe_ucxx)."""
+        return probe_ucxx()
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
+        self.caps = TAG_CAPS
         self._worker = self._uctx = self._pool = None
         self._eps: dict[int, object] = {}
         self._seq: dict[tuple, int] = {}
@@ -300,7 +310,7 @@ class UcxTransport(UcxBuffers, Transport):
 
     def info(self) -> dict:
         """Versions, one-sidedness, and the UCX lanes/protocols actually selected per peer."""
-        out = {"one_sided": "no: ucxx has no put/get in Python; use nixl or mpi for one-sided UCX",
+        out = {"mode": "tag", "one_sided": "no: -O mode=tag (the default, rma, is ucp_put_nbx/ucp_get_nbx)",
                "scatter_gather": "pack/unpack via staging (copy_batch), one tag message per layer",
                "progress": "event: progress, then sleep on the worker's event fd" if self._events
                else "polled in wait()", "lanes": self._lanes}

@@ -12,7 +12,7 @@ import numpy as np
 from kvbench._native import copy_batch
 from kvbench.memory import alloc_host
 
-from .base import DST, LEN, SRC, check_descs
+from .base import DST, LEN, SRC, check_descs, import_probe
 
 
 class UcxBuffers:
@@ -135,8 +135,12 @@ def _packed(descs: np.ndarray):
     return ends - descs[:, LEN], int(ends[-1])
 
 
-def ep_info(ep_handle: int) -> dict:
-    """Lanes and the tag-send protocol table from ``ucp_ep_print_info`` (ucxx does not expose it)."""
+_TABLES = {"ucp_tag_send*": "tag_send", "ucp_put*": "put", "ucp_get*": "get"}
+
+
+def ep_info(ep_handle: int, tables: tuple = ("ucp_tag_send*",)) -> dict:
+    """Lanes and the protocol tables ``tables`` (from host memory) from ``ucp_ep_print_info`` (ucxx does not
+    expose it): {"lanes": [...], "tag_send"/"put"/"get": [rows]}."""
     try:
         import libucx
 
@@ -153,12 +157,33 @@ def ep_info(ep_handle: int) -> dict:
         lines = ctypes.string_at(buf, size.value).decode(errors="replace").splitlines()
     except Exception as exc:
         return {"error": str(exc)}
-    lanes = [" ".join(ln.split("lane[", 1)[1].split()[1:2] + ln.split()[-1:]) for ln in lines if "lane[" in ln]
-    proto, table = [], False
-    for ln in lines:
-        table = table or "ucp_tag_send* from host memory" in ln
-        if table and ln.count("|") == 4:
-            proto.append(" ".join(c.strip() for c in ln.strip("# ").strip("|").split("|")))
-        elif table and proto:
-            break
-    return {"lanes": lanes, "tag_send": proto}
+    out: dict = {"lanes": [_lane(ln) for ln in lines if "lane[" in ln]}
+    for title in tables:
+        rows, table = out.setdefault(_TABLES[title], []), False
+        for ln in lines:
+            table = table or f"{title} from host memory" in ln
+            if table and ln.count("|") == 4:
+                rows.append(" ".join(c.strip() for c in ln.strip("# ").strip("|").split("|")))
+            elif table and rows:
+                break
+    return out
+
+
+def _lane(line: str) -> str:
+    """A ``lane[i]:`` line as "<index>:<transport>/<device> <uses>" (uses: am, rma_bw#0, ... after ``seg N``)."""
+    words = line.split("lane[", 1)[1].split()
+    uses = words[words.index("seg") + 2:] if "seg" in words else words[-1:]
+    return " ".join(words[1:2] + uses)
+
+
+def rma_lanes(info: dict) -> list[str]:
+    """The transports of the lanes UCX chose for put/get (``ep_info``'s lanes whose uses name rma)."""
+    return [ln.split()[0].split(":", 1)[-1].split("/")[0] for ln in info.get("lanes", [])
+            if any(u.startswith("rma") for u in ln.split()[1:])]
+
+
+def probe_ucxx() -> str | None:
+    """Why ucxx cannot run here, or None (both ucx modes make their context, worker and endpoints with it)."""
+    # an OSError "undefined symbol" on import: MPI's UCX was loaded first (docs/pitfalls.md#ucx-first)
+    return import_probe("ucxx", "install kvbench[ucx]",
+                        lambda msg: f"ucxx import failed ({msg}); import ucxx before mpi4py loads MPI")

@@ -32,7 +32,7 @@ GOOD = {"-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "-
         "--kv-heads": "8", "--head-dim": "64", "--attention": "gqa", "--kv-lora-rank": "64", "--rope-dim": "16",
         "--tp": "1", "--pp": "1", "--prefix-hit": "0", "--pool-sizes": "1MiB,2MiB", "--register": "once",
         "--trace": "mooncake-synthetic", "--speed": "100", "--cache-blocks": "100", "--trace-block": "512",
-        "--matrix": "pairwise", "--nic": "auto"}
+        "--matrix": "pairwise", "--nic": "auto", "--json": "rows.jsonl", "--csv": "rows.csv", "--expect": "auto"}
 CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival", "interval:10"],
            "--decode-ms": ["--arrival", "interval:10"], "--alloc-timeout": ["--arrival", "interval:10"],
            "--decode-pool-tokens": ["--arrival", "interval:10"], "--prefill-tflops": ["--prefill-ms", "auto"],
@@ -47,10 +47,12 @@ CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival",
            "--trace": ["--speed", "100"], "--matrix": ["--scheme", "matrix"], "--nic": ["-t", "tcp"], **{f: ["--trace", "mooncake-synthetic"] for f in ("--speed", "--cache-blocks", "--trace-block")}}
 # --resume is a file of an earlier run (test_resume.py owns its refusals); --gpu-map names GPUs, and a machine with
 # none has no valid value (test_placement.py owns its refusals, test_gpu_map_values below the values')
-SKIP = {"-h", "--resume", "--gpu-map"}
+SKIP = {"-h", "--resume", "--gpu-map", "--compact"}  # --compact: a switch, no value to fuzz
 
 # (flag, kind) -> why the value is accepted at the door; anything not here must be refused
 ACCEPTED = {
+    **{(f, k): "a new file's name" for f in ("--json", "--csv") for k in ("nan", "inf", "huge", "negative", "duplicate")},
+    ("--expect", "duplicate"): "argparse: the last of a repeated flag counts",
     # a flag given twice: the last one counts, as in every argparse and getopt tool (a list flag's values
     # are what a duplicate means there, and those are refused)
     **{(f, "duplicate"): "argparse: the last of a repeated flag counts"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
 
@@ -203,6 +204,38 @@ def shm_lines(s: cleanup.Survey) -> list[str]:
     return lines
 
 
+def _sys_int(path: str) -> int | None:
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):  # absent (a virtual device has no device/), or EINVAL
+        return None
+
+
+def nic_lines(sysfs: str = "/sys") -> list[str]:
+    """`kvbench env`'s NICs: each interface's link speed (Mb/s), MTU and NUMA node, '-' where the kernel reports
+    none (loopback, a virtual device, a link that is down; a NUMA node of -1: the machine has one)."""
+    base = os.path.join(sysfs, "class", "net")
+    names = sorted(os.listdir(base)) if os.path.isdir(base) else []
+    out = [f"{'# NIC':<16} {'speed(Mb/s)':>11} {'MTU':>6} {'NUMA':>5}   ({base}/IF/speed, mtu, device/numa_node)"]
+    for n in names:
+        speed, mtu = hwfacts.nic_speed_mbps(n, sysfs), _sys_int(os.path.join(base, n, "mtu"))
+        numa = _sys_int(os.path.join(base, n, "device", "numa_node"))
+        out.append(f"{'  ' + n:<16} {speed or '-':>11} {'-' if mtu is None else mtu:>6} "
+                   f"{'-' if numa is None or numa < 0 else numa:>5}")
+    return out if names else []
+
+
+def memlock_lines() -> list[str]:
+    """A warning when the locked-memory limit would cap RDMA registration (any limit but unlimited can)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return []
+    return [f"# WARNING: memlock (RLIMIT_MEMLOCK) is {soft / 2**20:g} MiB: RDMA registration (verbs, nixl, ucx, "
+            "mooncake) pins every byte of a pool and fails beyond it; 'unlimited' is recommended (ulimit -l unlimited, "
+            "or memlock in /etc/security/limits.conf; docker run --ulimit memlock=-1)"]
+
+
 def cmd_env(a) -> int:
     from kvbench.results.store import library_versions, system_description
 
@@ -223,7 +256,9 @@ def cmd_env(a) -> int:
     print(f"{'GPUs':<16} {', '.join(sysd['gpus']) or 'none (nvidia-smi absent or no devices)'}")
     print(f"{'RDMA devices':<16} {', '.join(sysd['rdma_devices']) or 'none (/sys/class/infiniband absent)'}")
     print(f"{'NICs':<16} {', '.join(sysd['nics']) or '-'}")
-    for line in hwfacts.lines(sysd.get("gpu_rdma") or hwfacts.facts()):  # GPUs, RDMA ports, GPUDirect
+    for line in nic_lines():
+        print(line)
+    for line in hwfacts.lines(sysd.get("gpu_rdma") or hwfacts.facts()) + memlock_lines():  # GPUs, RDMA, GPUDirect
         print(line)
     for line in affinity.matrix_lines(gpus=affinity.gpus()):  # what --nic auto picks from (memory/affinity.py)
         print(line)

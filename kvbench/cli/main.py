@@ -16,13 +16,16 @@ from kvbench.cli.probe import cmd_probe
 from kvbench.cli.tpargs import add_tp_flags
 from kvbench.cli.trace import add_parser as add_trace_parser
 from kvbench.cli.trace import cmd_trace, positive
+from kvbench.config import expectflag
 from kvbench.config import suite as S
+from kvbench.config.sizes import block_arg
 from kvbench.lab import main as lab_main
 from kvbench.memory.cachestate import HELP as CACHE_HELP
 from kvbench.memory.cachestate import MODES
 from kvbench.model import shapes as M
 from kvbench.model import trace as T
 from kvbench.model.schemes import SCHEME_HELP
+from kvbench.results.export import export_files
 from kvbench.results.samples import CI_MIN_SAMPLES, DEFAULT_BUDGET_S
 from kvbench.selftest import main as selftest_main
 from kvbench.transports import options as O
@@ -50,7 +53,7 @@ vocabulary:
   hot        one layer's buffer re-sent for every layer (what perftest-style tools measure)
 
 exit codes: 0 OK or UNCHECKED, 1 a mistake in the input (nothing written), 2 FAILED (wrong elements),
-  3 NOTHING MEASURED, 4 ERROR (a rank failed), 5 TIMEOUT, 6 SUSPECT (a row beyond a physical bound),
+  3 NOTHING MEASURED, 4 ERROR (a rank failed), 5 TIMEOUT, 6 SUSPECT (a row beyond a physical bound), 7 FALLBACK,
   130 INTERRUPTED (docs/reliability.md)
 
 examples:
@@ -82,8 +85,9 @@ def build_parser() -> Parser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("suite", nargs="?", type=text, help="suite YAML or a name from suites/ (flags below override its axes)")
     r.add_argument("-t", "--transport", type=csv(str), help=f"transports: {', '.join(transports.names())}")
-    r.add_argument("-b", "--minblock", type=int, help="smallest block size in tokens (power of two)")
-    r.add_argument("-e", "--maxblock", type=int, help="largest block size in tokens")
+    r.add_argument("-b", "--minblock", type=block_arg, help="smallest block size: tokens (a power of two), or the "
+                   "bytes of one region's block with a unit (32KiB: the tokens that hold 32 KiB for the model and dtype)")
+    r.add_argument("-e", "--maxblock", type=block_arg, help="largest block size: tokens, or bytes with a unit")
     r.add_argument("-f", "--stepfactor", type=int, default=2, help="block size multiplication factor (default 2)")
     r.add_argument("-n", "--iters", type=int, help="timed iterations per case (default 20)")
     r.add_argument("-w", "--warmup", type=int, help="untimed warm-up iterations per case (default 3)")
@@ -100,6 +104,8 @@ def build_parser() -> Parser:
     r.add_argument("--bind", choices=("none", "core"), default="none",
                    help="core: pin each rank to one CPU (by its index on its host) before anything starts, so the "
                         "scheduler cannot wake a receiver onto its sender's CPU; none (default): as launched")
+    r.add_argument("--expect", type=expectflag.arg, default="auto", metavar="{auto,shm,nvlink,rdma,tcp,any}",
+                   help=expectflag.HELP)
     r.add_argument("--rounds", type=int, metavar="R",
                    help="interleave: a transport's cases take turns R times, iters/R iterations each, so a slow "
                         "phase of a shared machine hits every row alike (default min(5, iterations), 1 under --cache warm; "
@@ -196,6 +202,13 @@ def build_parser() -> Parser:
                    "ignores; the committed reference runs are in results/reference/; a --resume continues where "
                    "its file is)")
     r.add_argument("--name", type=text, help="name used in the result file (default: the suite's name)")
+    r.add_argument("--json", type=text, metavar="FILE", help="also write every row as JSON Lines to FILE at the end "
+                   "(the parquet's columns, units in their names; a new file only: docs/usage.md)")
+    r.add_argument("--csv", type=text, metavar="FILE", help="also write every row as CSV to FILE at the end (the same "
+                   "columns; a new file only)")
+    r.add_argument("--compact", action="store_true", help="print the short table: path, op, size, blocks, GB/s, "
+                   "Gb/s, p50, n, #wrong, status (every column stays in the result file; a run with a prefill clock "
+                   "keeps its exposed-time table)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",
                    help="fault injection: flip N bytes of the first request in the destination pool as they land, "
                         "before the check (proves the check end to end, from the pool)")
@@ -232,6 +245,8 @@ def build_parser() -> Parser:
                      "GB/s (10^9 B/s), for every row or per transport; default: the NIC's reported speed across "
                      "hosts, kvbench's own copy of the same bytes beside each case's iterations within a host, 'unknown' "
                      "otherwise")
+    rep.add_argument("--json", metavar="FILE", help="write the files' rows as JSON Lines to FILE (a new file), as "
+                     "kvbench run --json does, instead of the table (with -o, beside the report)")
     cmp_ = sub.add_parser("compare", help="the same cases in two result sets: p50/p95 ratio, a Mann-Whitney test "
                           "over the iterations, regressions flagged; exit 2 with --fail-above when one is beyond it, "
                           "non-zero when a run read ended FAILED, SUSPECT, TIMEOUT or INCOMPLETE",
@@ -284,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_report(a) -> int:
     from kvbench.report.build import main as report_main
 
+    if a.json:  # the rows themselves, for tools that read no parquet (results/export.py)
+        code = export_files(a.files, a.json)
+        if not a.out:
+            return code
     return report_main(a.files, a.out, a.link_gbps)
 
 

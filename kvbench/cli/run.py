@@ -22,7 +22,7 @@ from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
 from kvbench.model.layout import preamble as layout_lines
 from kvbench.model.schemes import make_pairs
-from kvbench.results import bounds, costs, wire
+from kvbench.results import bounds, costs, export, wire
 from kvbench.results.lock import LockHeld, ResultLock
 from kvbench.results.sidecar import record_for_rank0
 
@@ -161,7 +161,7 @@ def run(a, argv: list[str]) -> int:
     if c.rank == 0:
         GUARD.case = "opening the result files"
         try:
-            writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock)
+            writer, printer, done = open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock, a.compact)
         except Exception as exc:  # rank 0's own file error ends the job like any rank's failure
             GUARD.fail("ERROR", describe(exc), exc)
         GUARD.writer, GUARD.case = writer, ""
@@ -199,7 +199,7 @@ def run(a, argv: list[str]) -> int:
                 bar.close()
             GUARD.case = "the footer and the sidecar's last write"
             with GUARD.deadline("the footer and the sidecar's end", end_s):
-                code = footer(cfg, writer, printer, h)
+                code = footer(cfg, writer, printer, h, a)
             GUARD.case = ""
         with GUARD.deadline("the end of the run (last barrier)", end_s):
             if c.rank:  # the other ranks wait here while rank 0 writes the footer
@@ -231,15 +231,16 @@ def lock_resumed(path: str):
     return lock, None
 
 
-def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
+def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock, compact=False):
     """Rank 0, after validation and preflight: the preamble, the result files, the live table."""
-    from kvbench.report import LivePrinter, columns_for, header_lines, overlap_header_lines, uses_overlap
+    from kvbench.report import LivePrinter
+    from kvbench.report.compact import live_table
     from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
 
     suite, cases = cfg.suite, cfg.cases
     pairs = make_pairs(suite.scheme, c.size, suite.matrix)
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
-                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + cfg.workload_lines(c.size)
+                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + h.path_lines(cfg) + cfg.workload_lines(c.size)
                  + layout_lines(cases)):
         print(line)
     gone = sorted({p for part in swept for p in part})
@@ -265,10 +266,9 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock):
     print(f"# run id: {h.run_id}   results: {writer.path}")
     if cfg.suite.cache != "as-is":  # every row of the run: said once here, per row in the table's cache column
         print(f"# cache {cfg.suite.cache}: {SAYS[cfg.suite.cache]}")
-    overlap = uses_overlap(cases)
-    columns = columns_for(cases, overlap)
+    columns, header = live_table(cases, compact)  # the full table, --compact's, or the exposed-time table
     printer = LivePrinter(lambda s: print(s, flush=True), columns)
-    for line in overlap_header_lines(columns) if overlap else header_lines(columns):
+    for line in header:
         print(line)
     sys.stdout.flush()
     return writer, printer, done
@@ -288,8 +288,8 @@ def same_machine(path: str, hosts: list[str]) -> str | None:
     return None
 
 
-def footer(cfg, writer, printer, h) -> int:
-    """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too)."""
+def footer(cfg, writer, printer, h, a=None) -> int:
+    """Rank 0: the footer over every row of the result set (a resumed run's earlier rows too), then its exports."""
     import pandas as pd
 
     from kvbench.report import fabric, setup
@@ -305,10 +305,10 @@ def footer(cfg, writer, printer, h) -> int:
     wrong = (0 if df is None else int(df["nwrong"].fillna(0).sum())) + getattr(h, "violations", 0)
     # beyond physics or too noisy to say (results/bounds.py), or fewer bytes on the wire than moved (wire.py)
     sus, loud = bounds.split(bounds.verdicts(df, st) + wire.short(df))
-    status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus))
+    status = ST.verdict(cases - skipped, cfg.suite.check, wrong, len(sus), len(h.judge_paths(df, cfg)))
     for line in check_lines(df, cfg.suite.check, getattr(h, "check_cost", None)) + carriage.footer_lines(df):
         print(line)
-    for line in [bounds.line(s) for s in sus + loud] + bounds.skew_lines(st):
+    for line in [bounds.line(s) for s in sus + loud] + bounds.skew_lines(st) + h.fallbacks:
         print(f"# {line}")
     print(f"# wrong elements: {wrong if cfg.suite.check else '-'}   cases: {cases} ({skipped} skipped)   {status}")
     print(f"# results: {writer.path}")
@@ -317,11 +317,13 @@ def footer(cfg, writer, printer, h) -> int:
                   check={"level": cfg.suite.check, "verify_s": [round(c, 4) for c, _ in cost or []],
                          "timed_s": [round(t, 4) for _, t in cost or []]},
                   clocks=pair_clocks(df),
-                  reason=bounds.line(sus[0]) if status == "SUSPECT" else ST.STATUSES[status][1],
+                  reason=bounds.line(sus[0]) if status == "SUSPECT" else h.status_reason(status),
                   suspects=[bounds.line(s) for s in sus], noisy=[bounds.line(s) for s in loud],
                   skew=bounds.skew_lines(st), harness_overhead_us=overhead_us(printer),
                   layer_cost_us=costs.sidecar(df), carriers=carriage.sidecar(df),  # costs.py, carriage.py
                   transports=h.transport_info, resources=h.resources, **getattr(h, "extra_meta", {}))
+    for line in export.write(whole, a):  # --json, --csv: every row of the set, beside the parquet (export.py)
+        print(line)
     return ST.exit_code(status)
 
 

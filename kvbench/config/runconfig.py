@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench import transports
-from kvbench.config import ConfigError, flagcheck
+from kvbench.config import ConfigError, flagcheck, sizes
 from kvbench.config import suite as S
 from kvbench.config.niccfg import check_nics, nic_arg
 from kvbench.config.tracecfg import TRACE_FLAGS, read_trace, trace_flags
@@ -27,6 +27,7 @@ from kvbench.model import shapes as M
 from kvbench.model.layout import aged_n
 from kvbench.model.limits import one_line
 from kvbench.model.schemes import SchemeError, make_pairs
+from kvbench.results import export
 from kvbench.results.schema import RESUMES, SCHEMA_VERSION
 from kvbench.transports import options as O
 
@@ -59,6 +60,7 @@ class RunConfig(BaseModel):
     resume: str | None = None  # the .parquet being continued
     argv: list[str] = []
     trace: dict[str, Any] | None = None  # workload.trace read on rank 0: traceplan.TracePlan's fields
+    expect: Literal["auto", "shm", "nvlink", "rdma", "tcp", "any"] = "auto"  # --expect (fabric/expect.py)
 
     def trace_plan(self) -> traceplan.TracePlan | None:
         return None if self.trace is None else traceplan.TracePlan(**self.trace)
@@ -89,29 +91,6 @@ class RunConfig(BaseModel):
                        variants=tuple(s.variants), transport_options=self.transport_options)
 
 
-def block_sweep(a) -> list[int] | None:
-    """-b/-e/-f (nccl-tests style) -> block sizes in tokens, checked before the sweep is built."""
-    if a.stepfactor < 2:  # checked even when -f has no sweep to step: a typo is never ignored
-        raise ConfigError(f"-f {a.stepfactor}: the step factor must be 2 or more")
-    if a.minblock is None and a.maxblock is None:
-        return None
-    lo = a.minblock if a.minblock is not None else a.maxblock
-    hi = a.maxblock if a.maxblock is not None else lo
-    for flag, b in (("-b", a.minblock), ("-e", a.maxblock)):  # named as typed: -e alone is not reported as -b
-        try:
-            if b is not None:
-                M.check_block_size(b)
-        except ValueError as exc:
-            raise ConfigError(f"{flag} {b}: {exc}") from None
-    if lo > hi:
-        raise ConfigError(f"-b {lo} is larger than -e {hi}")
-    out, b = [], lo
-    while b <= hi:
-        out.append(b)
-        b *= a.stepfactor
-    return out
-
-
 def custom_model(a) -> str | None:
     """Register a model given by flags under the name 'custom'; return that name."""
     if a.layers is None:
@@ -127,7 +106,7 @@ def custom_model(a) -> str | None:
 
 def gave_sweep(a) -> bool:
     """Did the user name a suite or override any of its fields?"""
-    return bool(a.suite or a.layers is not None or block_sweep(a) or a.variants or a.check is not None
+    return bool(a.suite or a.layers is not None or sizes.blocks_given(a) or a.variants or a.check is not None
                 or any(getattr(a, k, None) for k in FLAG_AXES)
                 or any(getattr(a, k, None) is not None for k in (*SUITE_FLAGS, *WORKLOAD_FLAGS, *TRACE_FLAGS)))
 
@@ -145,7 +124,7 @@ def merge(a) -> S.Suite:
     custom = custom_model(a)
     if custom:
         axes["model"] = [custom]
-    sweep = block_sweep(a)
+    sweep = sizes.block_sweep(a, axes)  # -b/-e/-f: tokens, or bytes with a unit in the run's model's tokens
     if sweep:
         axes["block_size"] = sweep
     if a.variants:
@@ -217,6 +196,7 @@ def results_dir(path: str) -> str:
 def build(a, argv: list[str], world: int) -> RunConfig:
     """The run's configuration from the parsed command line; raises ConfigError."""
     try:
+        export.check_flags(a)  # --json/--csv: new files (never one that exists, nor a link)
         if a.resume:
             return resumed(a, argv, world)
         return fresh(a, argv, world)
@@ -270,7 +250,7 @@ def fresh(a, argv: list[str], world: int) -> RunConfig:
                      results=results_dir(DEFAULT_RESULTS if a.results is None else a.results), bind=a.bind,
                      name=name_fits(a.name or suite.name, DEFAULT_RESULTS if a.results is None else a.results),
                      progress=getattr(a, "progress", "auto"),
-                     inject_corruption=a.inject_corruption, argv=argv)
+                     inject_corruption=a.inject_corruption, argv=argv, expect=getattr(a, "expect", "auto"))
 
 
 def device_memory(suite: S.Suite, gpu_map_text: str | None) -> list[int] | None:

@@ -16,6 +16,7 @@ import subprocess
 from kvbench.fabric import carriers as C
 from kvbench.fabric import nics
 from kvbench.harness import railrows, wirerows
+from kvbench.harness.pathcheck import Protocols, spans
 from kvbench.harness.state import UserError
 from kvbench.model.schemes import make_pairs
 from kvbench.transports import options as O
@@ -55,8 +56,9 @@ def pinned_addr(name: str, hostname: str, options: dict) -> list[tuple[str, str 
     return found
 
 
-class Carrying:
-    """Counter samples around a case's timed iterations, and the rows' carrier columns."""
+class Carrying(Protocols):
+    """Counter samples around a case's timed iterations, and the rows' carrier columns (with what carried them in
+    the engine's words and this process's sockets: pathcheck.Protocols)."""
 
     route_lines: list[str] = []  # the preamble's lines about routes (rank 0)
     pinned: dict[str, list] = {}  # transport -> the NICs it was told to use on this rank (check_routes)
@@ -98,6 +100,7 @@ class Carrying:
         m.nic_before = nics.sample(nvlink=m.case.get("memory") == "cuda")
         m.rails_before = railrows.counters(t)
         m.wire_before = wirerows.sample(t)
+        self.sock_mark(m)
 
     def after_iteration(self, m, t, timed: bool) -> dict | None:
         """After an iteration's closing barrier (outside its window): on a timed one, the wire count of transport
@@ -113,12 +116,14 @@ class Carrying:
             m.nic_moved = C.add(m.nic_moved or {}, C.delta(m.nic_before, after))
             m.nic_before = None
         railrows.delta(m.rails_before, railrows.counters(t) if m.rails_before else None, m.rail_wire)
+        self.sock_take(m)
         m.rails_before, m.timed = None, m.timed + iters
 
     def carrier_columns(self, m, s) -> dict:
-        """This rank's carrier columns for the case's timed rows (DEFAULTS where it sampled nothing)."""
+        """This rank's carrier columns for the case's timed rows (DEFAULTS where it sampled nothing), and the
+        case's carrier_proto (pathcheck.py)."""
         if m.nic_moved is None:
-            return {}
+            return self.proto_columns(m, s)
         n = len(m.rec)
         sent = n * sum(e.payload for e in m.entries if e.src == self.rank)
         received = n * sum(e.payload for e in m.entries if e.dst == self.rank)
@@ -127,7 +132,8 @@ class Carrying:
         network = bool(getattr(s.t.caps, "network", False)) and not s.local
         return {"nic_bytes": c.nic_bytes, "carrier": c.carrier, "carrier_tx_bytes": float(c.tx_bytes),
                 "carrier_rx_bytes": float(c.rx_bytes), "wire_over_payload": c.wire_over_payload,
-                "nic_asked": ",".join(asked), "carrier_note": C.note(c.carrier, asked, network)}
+                "nic_asked": ",".join(asked), "carrier_note": C.note(c.carrier, asked, network),
+                **self.proto_columns(m, s)}
 
 
 def footer_lines(df) -> list[str]:
@@ -138,19 +144,8 @@ def footer_lines(df) -> list[str]:
         cases, ranks = by.setdefault(note, (set(), set()))
         cases.add(int(case))
         ranks.add(int(rank))
-    return [f"# CARRIER case{'s' * (len(c) > 1)} {_spans(c)} rank{'s' * (len(r) > 1)} {_spans(r)}: {note}"
+    return [f"# CARRIER case{'s' * (len(c) > 1)} {spans(c)} rank{'s' * (len(r) > 1)} {spans(r)}: {note}"
             for note, (c, r) in by.items()]
-
-
-def _spans(xs: set) -> str:
-    """{1, 2, 3, 7} -> '1-3,7'."""
-    out, run = [], []
-    for x in sorted(xs):
-        if run and x != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(x)
-    return ",".join(out + [f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0])])
 
 
 def notes(df) -> dict:

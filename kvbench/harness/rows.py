@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench.codecs.path import codec_columns, lossy_columns
-from kvbench.harness import carriage, flows, placing, railrows, setuprows, wirerows
+from kvbench.harness import carriage, flows, pathcheck, placing, railrows, setuprows, wirerows
 from kvbench.harness.requests import case_geometry
 from kvbench.harness.state import Record
 from kvbench.job import faults
@@ -50,6 +50,7 @@ class Rows:
             **dict(FABRIC_DEFAULTS, flow_mode=case.get("flow_mode", "")),  # rails (railrows.py), flows (flows.py)
             **carriage.DEFAULTS,  # a timed row's carrier columns (schema 7): carriage.py
             **wirerows.DEFAULTS,  # a timed row's counted wire bytes (schema 8): wirerows.py
+            **pathcheck.DEFAULTS,  # what carried the case's bytes, every row of a measured case (schema 9)
         }
 
     def emit(self, case, g, entries, rec: list[Record], nwrong, no: int, clock: dict, rules: list[str], codec=None,
@@ -62,6 +63,7 @@ class Rows:
         rank's carrier columns of the timed rows (carriage.py); ``wire``: per timed iteration the transport's counted
         bytes per peer (wirerows.py)."""
         rows, bases = [], []
+        path = {k: v for k, v in (carry or {}).items() if k in pathcheck.DEFAULTS}  # the case's, on all its rows
         counted = wirerows.per_entry(wire, entries, self.rank)
         wake_bound, per_entry = bounds or (nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
@@ -75,7 +77,7 @@ class Rows:
                         **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst),
                         **(rails or {}).get(k, railrows.EMPTY),
                         **({"tokens": e.tokens} if e.tokens else {}),
-                        **({"flow": f"{e.src}->{e.dst}"} if case.get("flow_mode") else {}))
+                        **({"flow": f"{e.src}->{e.dst}"} if case.get("flow_mode") else {}), **path)
             bases.append(base)
             # a destination's times move onto its source's clock: + (its barrier exit - the source's)
             skews, err, off = clock[e.src] if e.dst == self.rank else (None, nan, nan)
@@ -96,7 +98,7 @@ class Rows:
                                  nwrong=nwrong[k] if role != "prefill" else 0, skew_s=nan, clock_err_s=nan,
                                  clock_offset_s=nan, **lossy_columns((errors or {}).get(k))))
         self.deliver(rows + setuprows.first_rows(lambda k: bases[k], first)
-                     + self.take_setup(no, case.get("ci_stop", "fixed")), case=case)
+                     + [dict(r, **path) for r in self.take_setup(no, case.get("ci_stop", "fixed"))], case=case)
 
     def emit_skipped(self, case: dict, reason: str) -> None:
         self.case_no += 1
@@ -105,7 +107,8 @@ class Rows:
                    payload_bytes=case_geometry(case)["payload"], wire_bytes=0, descriptors=0,
                    status="skipped", reason=reason, nwrong=None, prefill_s=float("nan"), handshake_s=float("nan"),
                    exposed_s=float("nan"), queue_s=float("nan"), arrival_s=float("nan"), skew_s=float("nan"),
-                   clock_err_s=float("nan"), clock_offset_s=float("nan"), completion="")
+                   clock_err_s=float("nan"), clock_offset_s=float("nan"), completion="",
+                   carrier_evidence="skipped: nothing moved (the reason column says why)")
         self.deliver([row] if self.rank == 0 else [])
 
     def take_setup(self, no: int, ci_stop: str = "fixed") -> list[dict]:
@@ -116,11 +119,16 @@ class Rows:
 
     def deliver(self, rows: list[dict], setup: bool = False, case: dict | None = None) -> None:
         """Gather the rows to rank 0's sink (a matrix's measurement: with its flow columns, flows.derive)."""
-        everything = self.comm.gather(rows)
+        # with the rows, this rank's engine words behind their carrier_proto (pathcheck.py): the sidecar's
+        everything = self.comm.gather((rows, self.take_raw() if hasattr(self, "take_raw") else {}))
         if self.rank and not setup:  # rank 0 writes them now (its own point is inside the write: results/store.py)
             faults.at("table-write", self.rank, self.case_no)
         if self.rank == 0:
-            flat = [r for part in everything for r in part]
+            flat = [r for part, _ in everything for r in part]
+            raw = self.extra_meta.setdefault("carrier_raw", {}) if hasattr(self, "extra_meta") else {}
+            for rank, (_, words) in enumerate(everything):
+                for no, w in words.items():
+                    raw.setdefault(str(no), {})[str(rank)] = w
             if case is not None and case.get("flow_mode"):
                 flows.derive(self.flow_state, case, flat)
             if self.sink:

@@ -19,6 +19,9 @@ STATUSES: dict[str, tuple[int | None, str]] = {
     "SUSPECT": (6, "a case beat a physical bound of its path by more than its spread (a landing stamp earlier than "
                    "this machine's wake-up latency allows, or GB/s above the link rate or the harness's own copy); "
                    "the line names it"),
+    "FALLBACK": (7, "a case's bytes took another path than the one it was meant to measure (--expect, derived from "
+                    "its transport, memory and placement): its numbers are that path's; the line names the case, the "
+                    "path expected and what carried the bytes"),
     "INTERRUPTED": (130, "a signal ended the run (Ctrl-C = SIGINT, SIGTERM, SIGHUP)"),
     "INCOMPLETE": (None, "the run never ended by itself: killed from outside, or still running"),
 }
@@ -30,20 +33,25 @@ def exit_code(status: str) -> int:
     return INPUT_ERROR if code is None else code
 
 
-def verdict(measured: int, checked: bool, wrong: int, suspect: int = 0) -> str:
-    """The footer's word for a run that ended by itself (wrong bytes outrank a time beyond physics)."""
+def verdict(measured: int, checked: bool, wrong: int, suspect: int = 0, fallback: int = 0) -> str:
+    """The footer's word for a run that ended by itself (wrong bytes outrank a time beyond physics, which outranks
+    an honest time of another path than the one meant)."""
     if measured == 0:
         return "NOTHING MEASURED"
     if wrong:
         return "FAILED"
     if suspect:
         return "SUSPECT"
+    if fallback:
+        return "FALLBACK"
     return "OK" if checked else "UNCHECKED"
 
 
 # the worst first, for a driver of several runs (make procurement): wrong bytes, then a run that did not finish or
-# whose times beat physics, then one that measured nothing; an input error is the caller's own
-WORST_FIRST = ("FAILED", "ERROR", "TIMEOUT", "INTERRUPTED", "SUSPECT", "NOTHING MEASURED", "UNCHECKED", "OK")
+# whose times beat physics, then one whose bytes took another path, then one that measured nothing; an input error
+# is the caller's own
+WORST_FIRST = ("FAILED", "ERROR", "TIMEOUT", "INTERRUPTED", "SUSPECT", "FALLBACK", "NOTHING MEASURED", "UNCHECKED",
+               "OK")
 
 
 def worst(codes: list[int]) -> int:

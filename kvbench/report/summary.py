@@ -126,6 +126,26 @@ def untrusted(st: pd.DataFrame, suspect: pd.Series) -> pd.Series:
     return suspect | (st["nwrong"].fillna(0) > 0) if "nwrong" in st else suspect
 
 
+def carried_by(runs) -> pd.DataFrame:
+    """Per run, path (transport, memory), expected path and carrier: what carried the bytes, from the sidecar's
+    paths (schema 9, harness/pathcheck.py; older runs have none), FALLBACK first."""
+    rows: dict = {}
+    for r in runs:
+        keys = r.st.drop_duplicates("case").set_index("case")[["transport", "memory"]] if len(r.st) else None
+        for case, ranks in (r.meta.get("paths") or {}).items():
+            if keys is None or int(case) not in keys.index:
+                continue
+            transport, memory = keys.loc[int(case)]
+            for p in ranks.values():
+                k = (r.name, transport, memory, p["expected"], p["carried"])
+                got = rows.setdefault(k, {"cases": set(), "verdict": "OK"})
+                got["cases"].add(int(case))
+                got["verdict"] = "FALLBACK" if "FALLBACK" in (got["verdict"], p["verdict"]) else p["verdict"]
+    out = pd.DataFrame([{"run": k[0], "path": f"{k[1]} {k[2]}", "expected": k[3], "carried by": k[4],
+                         "cases": len(v["cases"]), "verdict": v["verdict"]} for k, v in rows.items()])
+    return out.sort_values("verdict", key=lambda v: v != "FALLBACK", kind="stable") if len(out) else out
+
+
 def _one_run(table: pd.DataFrame) -> pd.DataFrame:
     """With one run, its name is said once (in the machine line's run list), not on every row."""
     return table.drop(columns=["run"]) if len(table) and table["run"].nunique() == 1 else table
@@ -145,6 +165,12 @@ def add_section(page, runs) -> None:
             "SUSPECT cases are marked below; the plan draws no verdict from them." for r in runs if r.status]
     text.append(f"Machine{'s' * (len(machines) > 1)}: " + " | ".join(machines) + f". Runs: {', '.join(r.label for r in runs)}.")
     tables = []
+    carried = carried_by(runs)  # before bandwidth: a rate of another path than the one meant is not that path's
+    if len(carried):
+        text.append("What carried the bytes, per path: each engine's own words checked against its process's own "
+                    "sockets (carrier_proto), against the path each case was meant to measure (--expect); FALLBACK "
+                    "= another path carried them, its rates are that path's.")
+        tables.append(("what carried the bytes", _one_run(carried)))
     if len(bw):
         text.append("Best paged GB/s per path and op (GB/s = 10^9 B/s at the p50 time; n = timed samples; % of "
                     "ceiling = against the same bytes in one piece or in large chunks, measured alongside; % of line = "

@@ -6,14 +6,15 @@ import numpy as np
 
 from kvbench.fabric.carriers import COLUMNS as CARRIER_DEFAULTS
 
-SCHEMA_VERSION = 8  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 9  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
 # blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
 # 7: --register (schema 7 below; 1-6 read as "once"), carriers and the fabric columns (schema 7 below);
-# 8: wire_counted_bytes (schema 8 below; 1-7 read with it empty)
-READS = (1, 2, 3, 4, 5, 6, 7, 8)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4, 5, 6, 7, 8)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# 8: wire_counted_bytes (schema 8 below; 1-7 read with it empty); 9: carrier_proto, carrier_evidence (schema 9
+# below; 1-8 read with them empty)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5, 6, 7, 8, 9)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
@@ -109,3 +110,12 @@ ROW_COLUMNS += [c for c in FABRIC_DEFAULTS if c not in ROW_COLUMNS]  # flow_mode
 # the computed payload + control-plane bytes (a codec's frames), which the socket never sees all of
 WIRE_DEFAULTS = {"wire_counted_bytes": np.nan}
 ROW_COLUMNS += list(WIRE_DEFAULTS)
+# --- schema 9, the path that carried the bytes (harness/pathcheck.py, fabric/proto.py; rows of 1-8 read with them
+# empty): carrier_proto = on every row of a measured case, what this rank's engine chose, in a short name of its own
+# words checked against this process's own TCP connections ("ucx:sysv/cma", "nixl/ucx:tcp", "mpich:shm", "tcp:lo",
+# "shm", "memcpy", "mooncake:tcp", "cuda_ipc:nvlink", "verbs:mlx5_0"), "-" where nobody can tell;
+# carrier_evidence = what says so, or why "-" (the engine's raw words are the sidecar's carrier_raw).  Whether that
+# is the path the case was meant to measure is the footer's FALLBACK (the sidecar's paths), not a row's status
+PROTO_DEFAULTS = {"carrier_proto": "", "carrier_evidence": ""}
+ROW_COLUMNS += list(PROTO_DEFAULTS)
+CARRIER_DEFAULTS = {**CARRIER_DEFAULTS, **PROTO_DEFAULTS}  # store.upgrade's defaults: an older row reads them empty

@@ -20,7 +20,7 @@ HUGE_INT = "99999999999999999999"  # past int64: a C call or numpy index taking 
 VALUES = {"nan": "nan", "inf": "inf", "negative": "-1", "empty": ""}
 
 # a valid value of each flag (for its duplicate) and what else it needs to reach its own validation
-GOOD = {"-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "--target-ci": "5%", "--ci-budget": "10", "--bind": "core", "--rounds": "2",
+GOOD = {"--ranks": "2", "-t": "shm", "-b": "16", "-e": "64", "-f": "4", "-n": "2", "-w": "1", "--target-ci": "5%", "--ci-budget": "10", "--bind": "core", "--rounds": "2",
         "--progress": "off", "-c": "1", "--tokens": "256", "--op": "push", "--coalesce": "on", "--alloc": "random",
         "--layout": "auto", "--dtype": "fp16", "--memory": "host", "--copy": "batch", "--scheme": "pairwise",
         "--inflight": "2", "--seed": "7", "--pool-factor": "2", "--timeout": "60", "--setup-timeout": "60",
@@ -47,12 +47,13 @@ CONTEXT = {"--requests": ["--arrival", "interval:10"], "--prompt": ["--arrival",
            "--trace": ["--speed", "100"], "--matrix": ["--scheme", "matrix"], "--nic": ["-t", "tcp"], **{f: ["--trace", "mooncake-synthetic"] for f in ("--speed", "--cache-blocks", "--trace-block")}}
 # --resume is a file of an earlier run (test_resume.py owns its refusals); --gpu-map names GPUs, and a machine with
 # none has no valid value (test_placement.py owns its refusals, test_gpu_map_values below the values')
-SKIP = {"-h", "--resume", "--gpu-map", "--compact"}  # --compact: a switch, no value to fuzz
+SKIP = {"-h", "--resume", "--gpu-map", "--compact", "--dry-run"}  # --compact: a switch, no value to fuzz
 
 # (flag, kind) -> why the value is accepted at the door; anything not here must be refused
 ACCEPTED = {
     **{(f, k): "a new file's name" for f in ("--json", "--csv") for k in ("nan", "inf", "huge", "negative", "duplicate")},
     ("--expect", "duplicate"): "argparse: the last of a repeated flag counts",
+    ("--ranks", "duplicate"): "argparse: the last of a repeated flag counts",
     # a flag given twice: the last one counts, as in every argparse and getopt tool (a list flag's values
     # are what a duplicate means there, and those are refused)
     **{(f, "duplicate"): "argparse: the last of a repeated flag counts"

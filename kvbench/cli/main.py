@@ -10,6 +10,7 @@ import sys
 
 from kvbench import __version__, transports
 from kvbench.cli.args import ArgError, Parser, add_model_flags, csv, ms, say_error, target_pct, text
+from kvbench.cli.dryrun import ranks_arg
 from kvbench.cli.info import cmd_env, cmd_list, cmd_size
 from kvbench.cli.probe import add_parser as add_probe_parser
 from kvbench.cli.probe import cmd_probe
@@ -209,6 +210,10 @@ def build_parser() -> Parser:
     r.add_argument("--compact", action="store_true", help="print the short table: path, op, size, blocks, GB/s, "
                    "Gb/s, p50, n, #wrong, status (every column stays in the result file; a run with a prefill clock "
                    "keeps its exposed-time table)")
+    r.add_argument("--dry-run", action="store_true", help="print the cases and an estimate of the run's time here, "
+                   "then exit: nothing is run or written, no mpirun needed (docs/usage.md, How long a run takes)")
+    r.add_argument("--ranks", type=ranks_arg, default=2, metavar="N", help="--dry-run without mpirun: the ranks "
+                   "the run would have (default 2; under mpirun its -np)")
     r.add_argument("--inject-corruption", type=int, default=0, metavar="N",
                    help="fault injection: flip N bytes of the first request in the destination pool as they land, "
                         "before the check (proves the check end to end, from the pool)")
@@ -281,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         if a.cmd == "run":
+            if a.dry_run:  # no MPI: the cases and the estimate (kvbench/cli/dryrun.py)
+                from kvbench.cli.dryrun import dry_run
+
+                return dry_run(a, argv)
             from kvbench.cli.run import run
 
             return run(a, argv)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import Counter
 
-from kvbench import __version__, transports
+from kvbench import __version__
 from kvbench.cli import progress
+from kvbench.cli.preamble import cpu_lines, estimate_line, preamble, same_host_warnings
 from kvbench.config import runconfig as config
 from kvbench.config import suite as S
 from kvbench.harness import carriage, placing
@@ -17,7 +17,6 @@ from kvbench.job import cleanup, comm, faults, reaper
 from kvbench.job import status as ST
 from kvbench.job.guard import GUARD, describe, env_rank
 from kvbench.memory.cachestate import SAYS
-from kvbench.memory.copy import preamble_lines as copy_lines
 from kvbench.memory.placement import PlacementError
 from kvbench.model import shapes as M
 from kvbench.model.layout import preamble as layout_lines
@@ -25,23 +24,6 @@ from kvbench.model.schemes import make_pairs
 from kvbench.results import bounds, costs, export, wire
 from kvbench.results.lock import LockHeld, ResultLock
 from kvbench.results.sidecar import record_for_rank0
-
-
-def same_host_warnings(cases: list[dict], pairs, hosts: list[str]) -> list[str]:
-    """Network transports whose pairs share a host measure loopback, not the wire: say so."""
-    shared = [(s, d) for s, d in pairs if hosts[s] == hosts[d]]
-    out = []
-    for name in dict.fromkeys(c["transport"] for c in cases):
-        try:
-            caps = transports.load(name).caps
-        except Exception:  # unavailable: its rows say why
-            continue
-        if caps.network and shared:
-            s, d = shared[0]
-            out.append(f"# WARNING: {name} is a network transport but {len(shared)} of {len(pairs)} pairs share a "
-                       f"host (e.g. ranks {s},{d} on {hosts[s]}): this measures the host's loopback, not a link "
-                       "between nodes")
-    return out
 
 
 def bind_cpus(mode: str, rank: int, hosts: list[str]) -> list[int]:
@@ -54,41 +36,6 @@ def bind_cpus(mode: str, rank: int, hosts: list[str]) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def cpu_lines(mode: str, hosts: list[str], cpus: list[list[int]]) -> list[str]:
-    """Preamble: how ranks are bound, and a note when ranks of one host may share CPUs."""
-    def fmt(c):
-        return f"{c[0]}-{c[-1]}" if len(c) > 1 and c == list(range(c[0], c[-1] + 1)) else ",".join(map(str, c))
-
-    shared = [(a, b) for a in range(len(hosts)) for b in range(a + 1, len(hosts))
-              if hosts[a] == hosts[b] and set(cpus[a]) & set(cpus[b])]
-    out = [f"# cpus: {'bound by kvbench (--bind core)' if mode == 'core' else 'as launched'}: "
-           + "  ".join(f"rank{r}={fmt(c)}" for r, c in enumerate(cpus[:8])) + (" ..." if len(cpus) > 8 else "")]
-    if shared:
-        a, b = shared[0]
-        out.append(f"# NOTE: ranks {a} and {b} on {hosts[a]} may run on the same CPUs: after an idle wait the "
-                   "scheduler can wake a receiver onto its sender's CPU and slow an isolated layer (docs/usage.md, CPU binding); "
-                   "bind them with --bind core, mpirun -bind-to core or srun --cpu-bind=cores")
-    return out
-
-
-def preamble(c, suite, argv, hosts) -> list[str]:
-    per_host = ", ".join(f"{h}({n})" for h, n in Counter(hosts).items())
-    return [
-        f"# kvbench {__version__}  suite={suite.name}  ranks={c.size}  scheme={suite.scheme}  hosts={per_host}",
-        f"# argv: kvbench {' '.join(argv)}",
-        f"# MPI: {c.library()}",
-        f"# iterations={suite.iters} warmup={suite.warmup} check={CHECK_WORD[suite.check]} seed={suite.seed}"
-        + (f" rounds={suite.turns()} (a transport's cases take turns, {suite.iters // suite.turns()}+ iterations at a time)"
-           if suite.turns() > 1 else "")
-        + (f" target-ci={suite.target_ci:g}% (the least iterations above, then more per case until its p50's 95% "
-           f"interval is within it or {suite.ci_budget:g} s are spent)" if suite.target_ci else ""),
-    ] + copy_lines(suite)
-
-
-
-# the preamble's word for each check level; the footer says what the check cost
-CHECK_WORD = {False: "off", True: "on (one checked transfer after timing)",
-              "all": "all (every timed iteration and one more transfer, verified outside the timed windows)"}
 STARTUP_S = 120.0  # MPI start, validation on rank 0, the broadcast: no run needs longer before its setup
 FINISH_S = 60.0  # the last barrier and MPI's finalisation
 FINISH_MIN_S = 10.0  # ... or --timeout when shorter, but never less than this
@@ -241,7 +188,7 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock, compact=False
     pairs = make_pairs(suite.scheme, c.size, suite.matrix)
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
                  + placing.preamble(h.placement, cases, pairs) + h.route_lines + h.path_lines(cfg) + cfg.workload_lines(c.size)
-                 + layout_lines(cases)):
+                 + layout_lines(cases) + [estimate_line(cfg)]):
         print(line)
     gone = sorted({p for part in swept for p in part})
     if gone:

@@ -19,6 +19,7 @@ from kvbench.config import suite as S
 from kvbench.config.niccfg import check_nics, nic_arg
 from kvbench.config.tracecfg import TRACE_FLAGS, read_trace, trace_flags
 from kvbench.harness.state import Options
+from kvbench.job import folder
 from kvbench.job.guard import describe
 from kvbench.memory import device, driver, host, placement
 from kvbench.model import ageing, traceplan
@@ -27,7 +28,7 @@ from kvbench.model import shapes as M
 from kvbench.model.layout import aged_n
 from kvbench.model.limits import one_line
 from kvbench.model.schemes import SchemeError, make_pairs
-from kvbench.results import export
+from kvbench.results import export, machine
 from kvbench.results.schema import RESUMES, SCHEMA_VERSION
 from kvbench.transports import options as O
 
@@ -189,6 +190,7 @@ def results_dir(path: str) -> str:
     if st.f_flag & os.ST_RDONLY:
         raise ConfigError(f"-o {path}: {probe} is on a read-only file system")
     flagcheck.creatable(path, probe)
+    folder.door(path, ConfigError, machine.machine_name())  # another's, or open to all: job/folder.py
     flagcheck.planted_files(path)
     return path
 

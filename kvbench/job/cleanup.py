@@ -37,6 +37,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from kvbench.job import safefile
+
 SHM_DIR = "/dev/shm"  # read at call time, so tests can monkeypatch it
 
 # kvbench_<run>_r<rank>_p<pid> (a pool segment) or kvbench_<run>_mpich_r<rank>_p<pid> (a registry)
@@ -102,8 +104,18 @@ def shm_free_bytes(path: str | None = None) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def _mine(path: str) -> bool:
+    """``path`` is a regular file of this user's, not a link (/dev/shm is anyone's folder: a link or another
+    user's file named like kvbench's is neither read nor removed, only left where it is)."""
+    try:
+        return safefile.why_unsafe(path, os.lstat(path)) is None
+    except OSError:
+        return False
+
+
 def _run_files(run_id: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(glob.escape(SHM_DIR), f"kvbench_{glob.escape(run_id)}_*")))
+    return sorted(p for p in glob.glob(os.path.join(glob.escape(SHM_DIR), f"kvbench_{glob.escape(run_id)}_*"))
+                  if _mine(p))
 
 
 def unlink_run(run_id: str) -> list[str]:
@@ -141,7 +153,7 @@ def record_mpich(run_id: str, rank: int) -> str | None:
     if not paths:
         return None
     reg = f"{SHM_DIR}/kvbench_{run_id}_mpich_r{rank}_p{os.getpid()}"
-    fd = os.open(reg, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_NOFOLLOW, 0o600)  # /dev/shm: anyone's folder
+    fd = safefile.create_new(reg, 0o600)  # /dev/shm: anyone's folder (never through a link, never another's file)
     with os.fdopen(fd, "w") as fh:
         fh.write("".join(p + "\n" for p in paths))
     return reg
@@ -183,16 +195,15 @@ def _owned():
     """(path, name match, owner alive) for each file in SHM_DIR named like kvbench's, in name order."""
     for path in sorted(glob.glob(os.path.join(glob.escape(SHM_DIR), "kvbench_*"))):
         m = _OWNED.fullmatch(os.path.basename(path))
-        if m is not None:
+        if m is not None and _mine(path):
             yield path, m, _alive(int(m["pid"]))
 
 
 def _listed(registry: str) -> list[str] | None:
     """The MPICH segments a registry names that still exist in SHM_DIR; None when it cannot be read."""
     try:
-        with open(registry) as fh:
-            listed = [line.strip() for line in fh if line.strip()]
-    except OSError:  # a concurrent sweep took it, or another user's
+        listed = [line.strip() for line in safefile.read_text(registry).splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError):  # a concurrent sweep took it, another user's, or a link (UnsafeFile)
         return None
     return [seg for seg in listed if _is_mpich(seg) and os.path.exists(seg)]
 

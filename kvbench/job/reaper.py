@@ -120,17 +120,18 @@ def record(meta_path: str, launcher_first: bool, launcher: int, rank_pid: int) -
                 meta.update(reason=f"rank 0 (pid {rank_pid}) on {host} was killed from outside (SIGKILL, or its "
                                    "launcher ended the job after another rank died): the run did not end by itself")
             meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            tmp = cleanup.own_tmp_of(meta_path)
-            with os.fdopen(safefile.create_new(tmp), "w") as fh:
-                json.dump(meta, fh, indent=2, default=str)
-            os.replace(tmp, meta_path)
-    except (OSError, ValueError, safefile.UnsafeFile):
+            safefile.write_whole(meta_path, lambda fh: fh.write(json.dumps(meta, indent=2, default=str).encode()),
+                                 cleanup.own_tmp_of(meta_path))
+    except (OSError, ValueError):  # (safefile.UnsafeFile is an OSError)
         pass
     for path in cleanup.set_tmp_files(parquet):
-        cleanup._unlink(path)
+        try:
+            safefile.remove(path)  # a link or another user's file under the name stays (nobody to tell here)
+        except OSError:
+            pass
     lock = cleanup.lock_path(parquet)
     try:  # the lock is free now (its holder is dead) unless a resume took it meanwhile: then it stays
-        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+        fd = safefile.open_own(lock, os.O_RDWR)  # never through a link, never another user's (UnsafeFile: OSError)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.unlink(lock)

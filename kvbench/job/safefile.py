@@ -11,8 +11,9 @@ import stat
 SAFE = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO planted under the name does not block the open
 
 
-class UnsafeFile(Exception):
-    """A file kvbench would open is a link, not a regular file, or another user's: the message is the one line."""
+class UnsafeFile(OSError):
+    """A file kvbench would open is a link, not a regular file, or another user's: the message is the one line.
+    An OSError, so that a command's own handler of file errors says it in one line (no strerror: str() is it)."""
 
 
 def why_unsafe(path: str, st: os.stat_result) -> str | None:
@@ -45,8 +46,13 @@ def open_own(path: str, flags: int, mode: int = 0o644) -> int:
     try:
         fd = os.open(path, flags | SAFE, mode)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
-            raise UnsafeFile(why_unsafe(path, os.lstat(path)) or f"{path}: a symbolic link") from None
+        if exc.errno in (errno.ELOOP, errno.EEXIST):  # O_NOFOLLOW met a link, or O_EXCL any name (a link too)
+            try:
+                why = why_unsafe(path, os.lstat(path))
+            except OSError:
+                why = None
+            if why or exc.errno == errno.ELOOP:
+                raise UnsafeFile(why or f"{path}: a symbolic link") from None
         raise
     try:
         why = why_unsafe(path, os.fstat(fd))
@@ -72,6 +78,41 @@ def create_new(path: str, mode: int = 0o644) -> int:
             except FileNotFoundError:
                 pass
     return open_own(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+
+
+def remove(path: str) -> bool:
+    """Remove ``path`` unless it is a link, not a regular file or another user's (UnsafeFile, left as it is: the
+    user sees what was planted); False when it is gone already."""
+    try:
+        check(path)
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def write_whole(path: str, write, tmp: str | None = None, midway=None, over_link: bool = False) -> None:
+    """Write ``path`` whole or not at all: ``write(fh)`` into ``tmp`` (``path.tmp``, a binary file created new:
+    create_new), then renamed over ``path`` (a rename replaces a name, never follows it).  A link, FIFO or
+    another user's file at ``path`` is refused (UnsafeFile) unless ``over_link`` (then a link is replaced, its
+    target untouched); a failed write (a full disk) leaves no temporary file behind.  ``midway`` runs between
+    the two (the fault matrix's point)."""
+    if not over_link:
+        check(path)
+    tmp = tmp or path + ".tmp"
+    fd = create_new(tmp)  # UnsafeFile for a link or another user's file under the name: left as it is
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        if midway is not None:
+            midway()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def read_text(path: str) -> str:

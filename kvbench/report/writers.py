@@ -6,6 +6,8 @@ import re
 
 import pandas as pd
 
+from kvbench.job import folder, safefile
+
 from .html import to_html
 from .page import LONG_ROWS, Page, slug
 
@@ -24,10 +26,10 @@ def md_table(df: pd.DataFrame) -> str:
 def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots", csv: str = "") -> str:
     """The page as Markdown; figures are written as PNG files under ``img_dir`` and linked. The lead section (the
     summary) comes first; a long table below it is collapsed, with a link to ``csv`` (the rows' CSV) when named."""
-    os.makedirs(img_dir, exist_ok=True)
+    folder.ensure(img_dir)  # another user's, or open to all: refused (job/folder.py)
     for old in os.listdir(img_dir):  # a report written here before: its numbered plots would linger unlinked
         if re.fullmatch(r"fig\d{2,}-[a-z0-9-]*\.png", old):
-            os.remove(os.path.join(img_dir, old))
+            safefile.remove(os.path.join(img_dir, old))  # a link under the name: refused, left as it is
     out = [f"# {page.title}", ""]
     sections = page.ordered()
     lead = [s for s in sections if s.lead]
@@ -50,8 +52,7 @@ def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots", csv: str = 
         for cap, png in s.figures:
             name = f"fig{len(used) + 1:02d}-{slug(f'{s.title}-{cap}')[:60]}"  # numbered: names stay unique
             used.add(name)
-            with open(os.path.join(img_dir, name + ".png"), "wb") as fh:
-                fh.write(png)
+            safefile.write_whole(os.path.join(img_dir, name + ".png"), lambda fh, png=png: fh.write(png))
             out += [f"![{cap}]({img_prefix}/{name}.png)", "", f"*{cap}*", ""]
         for note in s.notes:
             out += [f"*{note}*", ""]
@@ -59,19 +60,23 @@ def to_markdown(page: Page, img_dir: str, img_prefix: str = "plots", csv: str = 
 
 
 def write(page: Page, out_dir: str, stem: str = "report") -> list[str]:
-    """Writes <stem>.md (+ plots/), <stem>.html (self-contained) and <stem>.csv (+ <stem>_<name>.csv)."""
+    """Writes <stem>.md (+ plots/), <stem>.html (self-contained) and <stem>.csv (+ <stem>_<name>.csv), each whole
+    and never through a link (job/safefile.py: a link or another user's file under a name is refused in one line,
+    as is a folder another user owns or anyone may write: job/folder.py)."""
 
-    os.makedirs(out_dir, exist_ok=True)
+    folder.ensure(out_dir, "plots")
     paths = []
     md = os.path.join(out_dir, f"{stem}.md")
-    with open(md, "w") as fh:
-        fh.write(to_markdown(page, os.path.join(out_dir, "plots"), csv=f"{stem}.csv"))
     html = os.path.join(out_dir, f"{stem}.html")
-    with open(html, "w") as fh:
-        fh.write(to_html(page, csv=f"{stem}.csv"))
+    for p in (md, html):  # before any file is written: a refusal leaves the folder as it was
+        safefile.check(p)
+    text = to_markdown(page, os.path.join(out_dir, "plots"), csv=f"{stem}.csv")
+    safefile.write_whole(md, lambda fh: fh.write(text.encode()))
+    page_html = to_html(page, csv=f"{stem}.csv")
+    safefile.write_whole(html, lambda fh: fh.write(page_html.encode()))
     paths += [md, html]
     for name, rows in page.data.items():
         p = os.path.join(out_dir, f"{stem}.csv" if not name else f"{stem}_{slug(name)}.csv")
-        rows.to_csv(p, index=False)
+        safefile.write_whole(p, lambda fh, rows=rows: fh.write(rows.to_csv(index=False).encode()))
         paths.append(p)
     return paths

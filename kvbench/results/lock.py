@@ -15,7 +15,7 @@ import os
 import socket
 
 from kvbench.job.cleanup import lock_path
-from kvbench.job.safefile import UnsafeFile, check, open_own  # noqa: F401  (UnsafeFile: their refusal)
+from kvbench.job.safefile import UnsafeFile, check, open_own, remove
 
 
 class LockHeld(Exception):
@@ -95,12 +95,16 @@ def sweep_stale(folder: str) -> list[str]:
             continue  # not a file of a result set
         try:
             lock = ResultLock(base + ".parquet")
-        except (LockHeld, OSError):  # (UnsafeFile is not an OSError: it ends the sweep)
+        except UnsafeFile:  # (an OSError, but not one to pass over: it ends the sweep)
+            raise
+        except (LockHeld, OSError):
             continue  # a live run's (or one we cannot touch): leave it
         try:
             if path != lock.path:
-                os.unlink(path)
+                remove(path)  # checked above; again here, as the name may have changed since
             gone.append(path)
+        except UnsafeFile:
+            raise
         except OSError:
             pass
         finally:

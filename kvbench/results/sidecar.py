@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 
 from kvbench.job import cleanup
-from kvbench.job.safefile import UnsafeFile, create_new, read_text
+from kvbench.job.safefile import UnsafeFile, read_text, remove, write_whole
 from kvbench.results.lock import lock_path
 
 
@@ -17,24 +16,9 @@ def write_json(path: str, obj: dict, tmp: str | None = None, midway=None) -> Non
 
 
 def replace_whole(path: str, write, tmp: str | None = None, midway=None) -> None:
-    """Write ``path`` whole or not at all: ``write(fh)`` into ``tmp`` (``path.tmp``, a binary file created new,
-    never through a link: job/safefile.py), then renamed over it (a rename replaces a link, never follows it);
-    a failed write (a full disk) leaves no temporary file behind.  ``midway`` runs between the two (the fault
-    matrix's point)."""
-    tmp = tmp or cleanup.tmp_of(path)
-    fd = create_new(tmp)  # UnsafeFile for a link or another user's file under the name: left as it is
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        if midway is not None:
-            midway()
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``path`` whole or not at all (job/safefile.py write_whole: the temporary ``path.tmp`` created new,
+    never through a link, then renamed over ``path``; a link at ``path`` itself is replaced, never followed)."""
+    write_whole(path, write, tmp or cleanup.tmp_of(path), midway, over_link=True)
 
 
 def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
@@ -60,6 +44,6 @@ def record_for_rank0(meta_path: str, status: str, reason: str) -> bool:
         parquet = meta_path[: -len(".meta.json")] + ".parquet"
         for path in (*cleanup.set_tmp_files(parquet), lock_path(parquet)):
             try:
-                os.unlink(path)
+                remove(path)  # a link or another user's file under the name stays (job/safefile.py)
             except OSError:
                 pass

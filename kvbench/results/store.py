@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 
 from kvbench.job import cleanup, faults
+from kvbench.job.folder import ensure
+from kvbench.job.safefile import check, open_own, read_text, remove
 from kvbench.results import machine as hwfacts
 from kvbench.results import samples as sample_stats
 from kvbench.results.lock import ResultLock, sweep_stale
@@ -62,20 +64,25 @@ def upgrade(df: pd.DataFrame, version: int) -> pd.DataFrame:
 
 
 def claim_path(root: str, name: str, ext: str) -> str:
-    """``<root>/<machine>/<stamp>_<name><ext>``, created empty and atomically (O_EXCL): a name that exists gets
+    """``<root>/<machine>/<stamp>_<name><ext>``, created empty and atomically (O_EXCL, never through a link): a
+    name that exists, or whose result set has any file already (a link planted under its table's name), gets
     ``-1``, ``-2``... so no file is ever overwritten."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = os.path.join(root, machine_name())
-    os.makedirs(folder, exist_ok=True)
+    folder = ensure(root, machine_name())  # another user's folder, or one open to all: refused (job/folder.py)
     base = os.path.join(folder, f"{stamp}_{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}")
     n = 0
     while True:
         cand = base if n == 0 else f"{base}-{n}"
+        n += 1
+        taken = (cand + ".parquet", cand + ".meta.json", cleanup.lock_path(cand + ".parquet"),
+                 *cleanup.set_tmp_files(cand + ".parquet"))
+        if any(map(os.path.lexists, taken)):
+            continue
         try:
-            os.close(os.open(cand + ext, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o644))
+            os.close(open_own(cand + ext, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
             return cand + ext
         except FileExistsError:
-            n += 1
+            continue
 
 
 class ResultWriter:
@@ -85,8 +92,7 @@ class ResultWriter:
     _closed = False  # the run is over (or ending): no more writes, so none leaves a .tmp behind
 
     def __init__(self, root: str, suite_name: str, meta: dict):
-        folder = os.path.join(root, machine_name())
-        os.makedirs(folder, exist_ok=True)
+        folder = ensure(root, machine_name())  # another user's folder, or one open to all: refused (job/folder.py)
         sweep_stale(folder)  # a killed run's .tmp and .lock files
         cand = claim_path(root, suite_name, ".meta.json")[: -len(".meta.json")]
         self.path = cand + ".parquet"
@@ -111,12 +117,12 @@ class ResultWriter:
         self = cls.__new__(cls)
         self.path, self.meta_path, self.lock = path, path[: -len(".parquet")] + ".meta.json", lock
         self._mu = threading.Lock()
-        for tmp in cleanup.set_tmp_files(self.path):  # a write the kill interrupted
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        for name in (path, self.meta_path):  # a link in place of the set's files: refused, not read through
+            check(name)
+        for tmp in cleanup.set_tmp_files(self.path):  # a write the kill interrupted (a link there: refused)
+            remove(tmp)
         sweep_stale(os.path.dirname(os.path.abspath(path)))
-        with open(self.meta_path) as fh:
-            old = json.load(fh)
+        old = json.loads(read_text(self.meta_path))
         done = list(old.get("groups_done", []))
         df = pd.read_parquet(path) if os.path.exists(path) else pd.DataFrame(columns=ROW_COLUMNS)
         version = old.get("schema_version", SCHEMA_VERSION)
@@ -172,7 +178,7 @@ class ResultWriter:
             self._closed = True
             for tmp in cleanup.set_tmp_files(self.path):
                 try:
-                    os.unlink(tmp)
+                    remove(tmp)  # a link planted under its name stays, its target untouched
                 except OSError:
                     pass
         self.lock.release()

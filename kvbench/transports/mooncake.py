@@ -56,6 +56,7 @@ from kvbench.transports.sockets import (
 )
 
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, check_descs, import_probe, rdma_present
+from .quiet import engine_stderr
 from .registration import pool_once
 
 _TAG = struct.Struct("<Q")
@@ -126,15 +127,17 @@ class MooncakeTransport(Transport):
         if want == "tcp":
             os.environ["MC_FORCE_TCP"] = "1"  # else an HCA, if present, is used regardless
         forced = bool(os.environ.get("MC_FORCE_TCP")) and not os.environ.get("MC_FORCE_HCA")
-        try:
-            self._te = te = TransferEngine()
-            rc = te.initialize(host, "P2PHANDSHAKE", want, device)
-        finally:  # read at initialisation only: do not leak it into later engines of this process
-            if saved is None:
-                os.environ.pop("MC_FORCE_TCP", None)
+        with engine_stderr() as log:  # its glog start-up lines go to the sidecar, not the run's stderr
+            try:
+                self._te = te = TransferEngine()
+                rc = te.initialize(host, "P2PHANDSHAKE", want, device)
+            finally:  # read at initialisation only: do not leak it into later engines of this process
+                if saved is None:
+                    os.environ.pop("MC_FORCE_TCP", None)
+            used = self._protocol_in_use(te, device, forced) if rc == 0 else ""
         if rc != 0:
-            raise TransportError(f"mooncake: initialize({host}, P2PHANDSHAKE, {want}) failed")
-        used = self._protocol_in_use(te, device, forced)
+            said = f" (it said: {log.last()})" if log.last() else ""
+            raise TransportError(f"mooncake: initialize({host}, P2PHANDSHAKE, {want}) failed{said}")
         if want == "rdma" and used != "rdma":
             raise TransportError("rdma requested but mooncake fell back to tcp (no RDMA device found)")
         if pool_once(self.ctx):  # else each request registers its own blocks (register_request)
@@ -151,7 +154,7 @@ class MooncakeTransport(Transport):
                       "notify": self._notify + (f" (listened on {host}:{port} during setup)" if port else " (harness)"),
                       "listeners": "handshake RPC and tcp data port bind all interfaces (0.0.0.0)",
                       "env": {k: v for k, v in os.environ.items() if k.startswith("MC_")},
-                      "MC_FORCE_TCP": forced}
+                      "MC_FORCE_TCP": forced, "engine_log": log.text[-4000:]}
         return json.dumps({"session": session, "addr": pool.addr, "nbytes": pool.nbytes,
                            "host": host, "notify_port": port}).encode()
 

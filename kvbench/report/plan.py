@@ -20,10 +20,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from kvbench.model import shapes as M
 from kvbench.model.inputs import BlockSize, KVDType, ModelName, Positive, PrefixHit, Tokens, check_tokens, unique
 
+# the arithmetic and the verdict live in verdicts.py, shared with the page's summary; named here as before
+from .verdicts import BUSY_LIMIT, PAYS_MARGIN, break_even_s, load_of, prefill_s, rows, verdict, verdicts  # noqa: F401
+
 RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GB/s|Gb/s|Gbps|Gbit)\s*$")
-PAYS_MARGIN = 0.5  # pays: the exposed transfer costs at most half of what disaggregation saves
 MIN_R2 = 0.8  # a link model that explains less of its own sweep than this is not trusted to extrapolate
-BUSY_LIMIT = 0.7  # a fabric busier than this at the request rate queues transfers (the tail grows)
 
 
 class PlanInput(BaseModel):
@@ -175,7 +176,7 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
     """One fabric per measured path of a result file: its link model when the sweep separates all three terms
     and the fit explains it (R² >= 0.8), else the median GB/s of its paged rows at the block size nearest ``block_size``."""
     from .linkmodel import PATH_KEYS, fit_cases, usable
-    from .summary import trusted
+    from .rowstatus import trusted
     from .tables import read, summarize
 
     if not os.path.exists(path):
@@ -191,9 +192,9 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
     if (st["kind"] == "paged").any():  # a request moves as paged blocks: the references only stand in without them
         st = st[st["kind"] == "paged"]
     out = []
-    for _, rows in st.groupby([k for k in PATH_KEYS if k in st], dropna=False, sort=False):
-        fit = fit_cases(rows)[0][0]
-        paged = rows[rows["variant"] == "paged"]
+    for _, path_rows in st.groupby([k for k in PATH_KEYS if k in st], dropna=False, sort=False):
+        fit = fit_cases(path_rows)[0][0]
+        paged = path_rows[path_rows["variant"] == "paged"]
         plain = paged[(paged["allocation"] == "random") & (paged["coalesce"] == "off")]
         paged = plain if len(plain) else paged  # scattered, uncoalesced blocks: what a busy pool gives
         name = f"{fit.path['transport']} {fit.path['op']} ({host})"
@@ -203,7 +204,7 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
             gbps = float(near[near["block_size"] == blk]["gbps"].median())
             desc = f"{blk}-token paged rows"
         else:
-            gbps, desc = float(rows["gbps"].median()), "bulk rows"
+            gbps, desc = float(path_rows["gbps"].median()), "bulk rows"
         good = fit.separable and fit.points >= 4 and fit.r2 >= MIN_R2
         src = (f"measured: link model of {os.path.basename(path)} (R² {fit.r2:.3f}, {fit.points} cases)" if good
                else f"measured: median GB/s of {desc} in {os.path.basename(path)}")
@@ -215,102 +216,6 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
 
 
 # ---- the arithmetic --------------------------------------------------------------------------------------
-
-def break_even_s(p_s: float, layers: int, saving: float, overlap: str = "streaming") -> float:
-    """The longest transfer T whose exposure (serial: T; streaming: max(0, T - P) + T/L) still fits in the
-    saving s·P."""
-    if overlap == "serial":
-        return saving * p_s
-    if saving * layers <= 1:  # even T <= P exposes T/L: the saving caps T at s·P·L
-        return saving * p_s * layers
-    return p_s * (1 + saving) / (1 + 1 / layers)
-
-
-def prefill_s(name: str, tokens: int, inp: PlanInput) -> float:
-    """P from the model's FLOPs at the achieved rate (TP and PP ranks share them)."""
-    try:
-        return M.prefill_ms(M.get_model(name), tokens, inp.prefill_tflops * inp.tp * inp.pp) / 1e3
-    except ValueError:
-        raise ValueError(f"plan: model '{name}' has no parameter count for its prefill time: use a preset, or a "
-                         "model YAML file with params_b (and q_heads)") from None
-
-
-def rows(inp: PlanInput, fabrics: list[Fabric]) -> list[dict]:
-    """One dict per (model, dtype, fabric, prompt percentile) with every number the table shows."""
-    out = []
-    for name in inp.models:
-        shape = M.shard(M.get_model(name), inp.tp, inp.pp)
-        for dtype in inp.dtypes:
-            for fab in fabrics:
-                for label, tokens in inp.prompts.items():
-                    ntok = M.transferred_tokens(tokens, min(inp.prefix_hit, tokens - 1))
-                    nbytes = M.request_bytes(shape, dtype, ntok)
-                    t_s, how = fab.transfer_s(shape, ntok, dtype, inp.block_size)
-                    p_s = prefill_s(name, tokens, inp)
-                    stream = max(0.0, t_s - p_s) + t_s / shape.layers
-                    be = break_even_s(p_s, shape.layers, inp.saving, inp.overlap)
-                    exposed = stream if inp.overlap == "streaming" else t_s
-                    out.append(dict(model=name, dtype=dtype, fabric=fab.name, source=fab.source, how=how,
-                                    pct=label, tokens=tokens, bytes=nbytes, gbps=nbytes / t_s / 1e9,
-                                    transfer_ms=t_s * 1e3, prefill_ms=p_s * 1e3, serial_ms=t_s * 1e3,
-                                    stream_ms=stream * 1e3, ttft_serial=100 * (p_s + t_s) * 1e3 / inp.ttft_ms,
-                                    ttft_stream=100 * (p_s + stream) * 1e3 / inp.ttft_ms,
-                                    need_gbps=inp.rate * nbytes / 1e9, busy=inp.rate * t_s,
-                                    exposed_ms=exposed * 1e3, ttft_pct=100 * (p_s + exposed) * 1e3 / inp.ttft_ms,
-                                    saved_ms=inp.saving * p_s * 1e3, net_ms=(inp.saving * p_s - exposed) * 1e3,
-                                    breakeven_gbps=nbytes / be / 1e9 if be > 0 else math.inf))
-    return out
-
-
-def load_of(inp: PlanInput, fab: Fabric, name: str, dtype: str) -> dict:
-    """The fabric's load at ``inp.rate``: rate x the mean request's transfer time (p50 when no mean is known)."""
-    tokens = inp.mean_tokens or inp.prompts.get("p50") or next(iter(inp.prompts.values()))
-    shape = M.shard(M.get_model(name), inp.tp, inp.pp)
-    ntok = max(1, round(tokens) - inp.prefix_hit)
-    t_s, _ = fab.transfer_s(shape, ntok, dtype, inp.block_size)
-    nbytes = M.request_bytes(shape, dtype, ntok)
-    return dict(label="mean" if inp.mean_tokens else "p50", tokens=tokens, rate=inp.rate, busy=inp.rate * t_s,
-                need_gbps=inp.rate * nbytes / 1e9, gbps=nbytes / t_s / 1e9)
-
-
-def verdict(group: list[dict], overlap: str = "streaming", ttft_ms: float = math.inf,
-            load: dict | None = None) -> tuple[str, str]:
-    """pays / marginal / does not pay, with the deciding reason first, in numbers.
-
-    does not pay: at some prompt percentile the exposed transfer costs more than disaggregation saves
-    (net < 0), or the request rate needs more than the fabric moves.  marginal: net below half the saving,
-    the fabric over 70% busy (its queue grows the tail), or the exposed transfer pushes a request past
-    its TTFT budget.  pays: otherwise.
-    """
-    worst = min(group, key=lambda r: (r["net_ms"] - PAYS_MARGIN * r["saved_ms"]))
-    pct = "" if worst["pct"] == "all" else f"{worst['pct']} ({worst['tokens']} tokens): "
-    net = (f"{pct}{overlap} exposes {worst['exposed_ms']:.2f} ms (T = {worst['transfer_ms']:.2f} ms at "
-           f"{worst['gbps']:.2f} GB/s) against {worst['saved_ms']:.2f} ms of prefill saved (net "
-           f"{worst['net_ms']:+.2f} ms; break-even {worst['breakeven_gbps']:.3f} GB/s)")
-    busy = 0.0 if load is None else load["busy"]
-    rate = "" if not busy else (f"{load['rate']:g} req/s of {load['label']} prompts ({load['tokens']:.0f} tokens) "
-                                f"need {load['need_gbps']:.3f} GB/s: the fabric {100 * busy:.0f}% busy")
-    late = [r for r in group if r["ttft_pct"] > 100]
-    pushed = [r for r in late if r["prefill_ms"] <= ttft_ms]  # prefill alone fits, prefill + exposed does not
-    ttft = ""
-    if late:
-        r = max(pushed or late, key=lambda r: r["ttft_pct"])
-        over = "the transfer pushes it past" if pushed else "prefill alone exceeds"
-        ttft = f"TTFT {r['prefill_ms'] + r['exposed_ms']:.1f} ms at {r['pct']} ({over} the {ttft_ms:g} ms budget)"
-    if busy >= 1:
-        word, lead = "does not pay", rate
-    elif worst["net_ms"] < 0:
-        word, lead = "does not pay", net
-    elif worst["net_ms"] < PAYS_MARGIN * worst["saved_ms"]:
-        word, lead = "marginal", net
-    elif busy > BUSY_LIMIT:
-        word, lead = "marginal", rate
-    elif pushed:
-        word, lead = "marginal", ttft
-    else:
-        word, lead = "pays", net
-    return word, "; ".join([lead] + [x for x in (net, rate, ttft) if x and x != lead])
-
 
 def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
     """The plan as text: a header of assumptions, per fabric its source and rows, then the verdicts."""
@@ -346,13 +251,9 @@ def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
     out += group_lines(inp)
     out += ["#", "# verdict per fabric, model and dtype, from the worst percentile (pays: net >= half the saving, "
             f"fabric under {100 * BUSY_LIMIT:.0f}% busy, TTFT kept; does not: net < 0 or the fabric saturated)"]
-    for fab in fabrics:
-        for name in inp.models:
-            for dtype in inp.dtypes:
-                group = [r for r in table if (r["fabric"], r["model"], r["dtype"]) == (fab.name, name, dtype)]
-                word, why = verdict(group, inp.overlap, inp.ttft_ms, load_of(inp, fab, name, dtype))
-                tag = "nominal" if not fab.measured else "measured"
-                out.append(f"{fab.name} [{tag}] {name} {dtype}: {word.upper()}: {why}")
+    for v in verdicts(inp, fabrics):
+        out.append(f"{v.fabric.name} [{'measured' if v.fabric.measured else 'nominal'}] {v.model} {v.dtype}: "
+                   f"{v.word.upper()}: {v.why}")
     return out
 
 

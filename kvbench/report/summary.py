@@ -1,4 +1,5 @@
-"""The page's first screen: per path and op the best paged GB/s and what it is worth, exposed time per model, the machine.
+"""The page's first screen: what failed, what carried the bytes, the purchase verdict per path and model (the plan's,
+verdicts.py), per path the typical paged GB/s (typical.py), exposed time per model, the machine.
 
 A buyer reads this before any long table: each figure with its sample count (and its p50 confidence interval when
 the rows carry one), its share of the ceiling and of the line, and its status. Columns a newer result or statistic
@@ -6,12 +7,11 @@ adds (``samples``, a p50 interval, a status) are used when present; older ones f
 """
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
-# a row's status, strongest first: a status column of the rows (SUSPECT and the like) wins over what bulk% says
-STATUS_COLUMNS = ("row_status", "verdict", "bound_status")
+from .rowstatus import STATUS_COLUMNS, status, suspect_cases, trusted, untrusted  # noqa: F401
+from .verdicts import IN_PROCESS
+
 CI_PAIRS = (("p50_lo", "p50_hi"), ("p50_lo_s", "p50_hi_s"), ("p50_ci_lo", "p50_ci_hi"))  # seconds, as p50
 CI_PCT = ("p50_ci_pct", "ci_pct", "ci_half_pct")  # the half-width, % of p50
 
@@ -40,24 +40,6 @@ def ci(r) -> str:
     return "-"
 
 
-def status(r) -> str:
-    """SUSPECT (or another status the rows carry), wrong elements, noise above the ceiling, at the ceiling, or ok."""
-    # beyond a bound; beyond the copies beside it within their best (no verdict, results/bounds.py); clocks
-    # matched only within more than 5% of its p50 (not an OK measurement)
-    for col, word in (("suspect", "SUSPECT"), ("noisy_case", "noisy"), ("clock_flag", "SKEW")):
-        flag = r.get(col)
-        if flag is not None and not pd.isna(flag) and bool(flag):
-            return word
-    for col in STATUS_COLUMNS:
-        if col in r and isinstance(r[col], str) and r[col] and r[col] != "ok":
-            return r[col]
-    if not pd.isna(r.get("nwrong_checked")) and r["nwrong_checked"] > 0:
-        return "WRONG"
-    if bool(r.get("noise")):
-        return "noise"
-    return "at ceiling" if bool(r.get("at_ceiling", False)) else "ok"
-
-
 def best_paged(bw: pd.DataFrame) -> pd.DataFrame:
     """Per run, path (transport, memory) and op: the paged row with the highest GB/s, as the summary shows it."""
     paged = bw[(bw["variant"] == "paged") & bw["gbps"].notna()]
@@ -82,14 +64,17 @@ def verdict(exposed_ms: float, t_ms: float) -> str:
 
 
 def exposed_per_model(ex: pd.DataFrame) -> pd.DataFrame:
-    """Per run, model and prompt length: the path with the least exposed time (p50), against its transfer time."""
+    """Per run, model and prompt length: the candidate path (no in-process copy) with the least exposed time (p50),
+    against its transfer time."""
     d = ex[ex["exposed_ms"].notna()]
+    cand = d[~d["transport"].isin(IN_PROCESS)]
+    d = cand if len(cand) else d  # only in-process rows: shown, each named a reference below
     if d.empty:
         return pd.DataFrame()
     top = d.loc[d.groupby(["run", "model", "tokens"], sort=False)["exposed_ms"].idxmin()]
     return pd.DataFrame([{
         "run": r["run"], "model": r["model"], "tokens": r["tokens"],
-        "best path": f"{r['transport']} {r['op']} {r['overlap']}", "exposed p50 (ms)": _f(r["exposed_ms"], ".2f"),
+        "best path": f"{r['transport']} {r['op']} {r['overlap']}" + (" (reference)" * (r["transport"] in IN_PROCESS)), "exposed p50 (ms)": _f(r["exposed_ms"], ".2f"),
         "n": samples(r), "transfer T (ms)": _f(r["T_ms"], ".2f"), "prefill P (ms)": _f(r["prefill_s"] * 1e3, ".2f"),
         "model (ms)": _f(r["model_ms"], ".2f"), "verdict": verdict(r["exposed_ms"], r["T_ms"])}
         for _, r in top.iterrows()])
@@ -104,26 +89,6 @@ def machine_line(meta: dict) -> str:
     return (f"{hosts}: {meta.get('world_size', '?')} ranks; {s.get('cpu_model', '?')}, {s.get('cpus', '?')} cores; "
             f"GPUs: {', '.join(s.get('gpus') or []) or 'none'}; NICs: {nics}; "
             f"RDMA: {', '.join(s.get('rdma_devices') or []) or 'none'}")
-
-
-def suspect_cases(meta: dict, key: str = "suspects") -> set[int]:
-    """The cases a run's sidecar names in its SUSPECT lines ('SUSPECT: case N (...)'; ``key`` "noisy": its NOISY
-    lines), for rows that carry no status of their own."""
-    return {int(m.group(1)) for line in meta.get(key) or [] if isinstance(line, str)
-            for m in [re.search(r"\bcase (\d+)\b", line)] if m}
-
-
-def trusted(st, meta: dict):
-    """(the cases a plan may draw a rate from, how many were left out): none whose check found a wrong byte or
-    whose time beat its path's bound (SUSPECT): a verdict drawn from them would price a link on bytes that did not
-    arrive, or on a time that did not happen."""
-    bad = untrusted(st, st["case"].isin(suspect_cases(meta)))
-    return st[~bad], int(bad.sum())
-
-
-def untrusted(st: pd.DataFrame, suspect: pd.Series) -> pd.Series:
-    """The rows no verdict may rest on: SUSPECT (``suspect``), or a check that found a wrong byte."""
-    return suspect | (st["nwrong"].fillna(0) > 0) if "nwrong" in st else suspect
 
 
 def carried_by(runs) -> pd.DataFrame:
@@ -151,19 +116,61 @@ def _one_run(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=["run"]) if len(table) and table["run"].nunique() == 1 else table
 
 
+def sweeps(runs) -> list:
+    """Per machine, the run whose paged sweep the first screen decides on: the one with the most paged bandwidth
+    rows (`make procurement`'s bandwidth file; the others' rows are in the sections below)."""
+    best: dict = {}
+    for r in runs:
+        n = int(((r.st["kind"] == "bandwidth") & (r.st["variant"] == "paged") & (r.st["status"] == "ok")).sum())
+        key = machine_line(r.meta)
+        if n and n > best.get(key, (0, None))[0]:
+            best[key] = (n, r)
+    return [r for _, r in best.values()]
+
+
+def decision(runs, st: pd.DataFrame) -> tuple[list[str], list[tuple[str, pd.DataFrame]]]:
+    """The purchase verdict per path and model (the plan's, verdicts.py) and the typical paged GB/s per path, of each
+    machine's sweep: the lines to say and the two tables."""
+    from .typical import by_path, typical_paged
+    from .verdicts import PROCUREMENT
+    from .verdicttable import page_verdicts
+
+    text, tables = [], []
+    for r in sweeps(runs):
+        paged = st[(st["run"] == r.label) & (st["kind"] == "bandwidth") & (st["variant"] == "paged")]
+        verdicts, notes = page_verdicts(r.path, list(dict.fromkeys(paged["model"])), list(dict.fromkeys(paged["dtype"])))
+        p = PROCUREMENT
+        text.append(f"Purchase verdict on the paths of {r.name}, the plan's as make procurement asks it (prompts "
+                    f"{p['prompt_desc'].removeprefix('percentiles ')}; prefill {p['prefill_tflops']:g} TFLOP/s; TTFT "
+                    f"{p['ttft_ms']:g} ms; {p['rate']:g} req/s; {100 * p['saving']:g}% of prefill saved; "
+                    f"{p['overlap']}): net/saved ms at the deciding prompt and dtype (net = saved - exposed).")
+        if len(verdicts):
+            tables.append((" ".join(["purchase verdict per path and model (PAYS / MARGINAL / DOES NOT PAY).", *notes]),
+                           verdicts))
+        else:
+            text += notes
+        typical = typical_paged(paged)
+        if len(typical):
+            tables.append(("typical paged GB/s per path: the median of its paged rows (never the best), the 95% "
+                           "interval of that median, n rows", _one_run(by_path(typical))))
+    return text, tables
+
+
 def add_section(page, runs) -> None:
-    """The summary, made the page's lead (rendered first, before the machines and the contents)."""
+    """The summary, made the page's lead (rendered first, before the machines and the contents): what failed, what
+    carried the bytes, the purchase verdict, the typical GB/s, then exposed time per model."""
     st = pd.concat([r.st.assign(suspect=r.st["suspect"] if "suspect" in r.st else
                                 r.st["case"].isin(suspect_cases(r.meta)),
                                 noisy_case=r.st["case"].isin(suspect_cases(r.meta, "noisy"))) for r in runs],
                    ignore_index=True)
     st = st[st["status"] != "skipped"]
     good = ~untrusted(st, st["suspect"])  # no exposed-time verdict on wrong bytes or a time beyond physics
-    bw, ex = best_paged(st[st["kind"] == "bandwidth"]), exposed_per_model(st[(st["kind"] == "exposed") & good])
+    ex = exposed_per_model(st[(st["kind"] == "exposed") & good])
     machines = list(dict.fromkeys(machine_line(r.meta) for r in runs))
     text = [f"NOT OK: {r.name} ended {r.status}: {r.meta.get('reason') or 'no reason recorded'}. Its wrong and "
             "SUSPECT cases are marked below; the plan draws no verdict from them." for r in runs if r.status]
-    text.append(f"Machine{'s' * (len(machines) > 1)}: " + " | ".join(machines) + f". Runs: {', '.join(r.label for r in runs)}.")
+    names = ", ".join(r.label for r in runs) if len(runs) <= 3 else f"{len(runs)} (under Runs below)"
+    text.append(f"Machine{'s' * (len(machines) > 1)}: " + " | ".join(machines) + f". Runs: {names}.")
     tables = []
     carried = carried_by(runs)  # before bandwidth: a rate of another path than the one meant is not that path's
     if len(carried):
@@ -171,19 +178,11 @@ def add_section(page, runs) -> None:
                     "sockets (carrier_proto), against the path each case was meant to measure (--expect); FALLBACK "
                     "= another path carried them, its rates are that path's.")
         tables.append(("what carried the bytes", _one_run(carried)))
-    if len(bw):
-        text.append("Best paged GB/s per path and op (GB/s = 10^9 B/s at the p50 time; n = timed samples; % of "
-                    "ceiling = against the same bytes in one piece or in large chunks, measured alongside; % of line = "
-                    "against the link's rate; status: ok, at ceiling = above the ceiling within both spreads (the same rate), "
-                    "noise = above the ceiling by more than both spreads, "
-                    "SUSPECT = beyond a physical bound, noisy = beyond the harness's copies beside it but within "
-                    "their best (load can make that: no verdict), SKEW = its ranks' clocks matched only within more "
-                    "than 5% of its p50, WRONG = the check found wrong bytes). Every row follows below "
-                    "and in the CSV.")
-        tables.append(("best paged GB/s per path and op", _one_run(bw)))
+    said, decided = decision(runs, st)
+    text += said
+    tables += decided
     if len(ex):
-        text.append("Exposed time per model: the path whose first token waits least for its KV after prefill, "
-                    "against the transfer time T of that path alone.")
-        tables.append(("exposed-time verdict per model", _one_run(ex)))
+        tables.append(("exposed time per model: the candidate path (no in-process copy) whose first token waits "
+                       "least for its KV after prefill, against its transfer time T alone", _one_run(ex)))
     s = page.add_section("Summary", text, tables=tables)
     s.lead = True

@@ -6,6 +6,7 @@ import sys
 
 from kvbench.job.guard import env_rank
 from kvbench.model import shapes as M
+from kvbench.model.tpmap import HEAD_LAYOUT_HELP, HEAD_LAYOUTS, parse_tp
 from kvbench.results.samples import parse_target
 
 
@@ -60,6 +61,34 @@ def ms(text: str):
     return text if text == "auto" else float(text)
 
 
+def tp_list(text: str):
+    """argparse type of --tp: a comma-separated list of N (as ever: a list of int) or of P:D (prefill TP : decode
+    TP, kept as the text 'P:D', a case's tp)."""
+    if ":" not in text:
+        return csv(int)(text)
+    try:
+        return [str(parse_tp(x)) if ":" in x else int(x) for x in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+tp_list.__name__ = "list of int or P:D"
+
+
+def head_layouts(text: str) -> list[str]:
+    """argparse type of --head-layout: a comma-separated list of NHD, HND."""
+    items = [x.strip() for x in text.split(",")]
+    bad = [x for x in items if x not in HEAD_LAYOUTS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"head layout '{bad[0]}' is not one of: {', '.join(HEAD_LAYOUTS)}")
+    if len(set(items)) < len(items):
+        raise argparse.ArgumentTypeError(f"'{text}' lists a head layout twice")
+    return items
+
+
+head_layouts.__name__ = "list of NHD, HND"
+
+
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (a preset, a YAML file, or a shape from flags)")
     g.add_argument("-m", "--model", type=csv(str), help=f"presets: {', '.join(M.PRESETS)}; or path/to/model.yaml")
@@ -69,6 +98,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention", choices=M.ATTENTION, help="custom model: attention kind")
     g.add_argument("--kv-lora-rank", type=int, default=0, help="custom MLA model: latent width")
     g.add_argument("--rope-dim", type=int, default=0, help="custom MLA model: decoupled RoPE width")
-    g.add_argument("--tp", type=csv(int), help="tensor parallel degree: divides KV heads (replicates when heads < tp)")
+    g.add_argument("--tp", type=tp_list, help="tensor parallel degree: divides KV heads (replicates when heads < tp); "
+                   "run: P:D = prefill TP : decode TP on P + D ranks (docs/layouts.md)")
+    g.add_argument("--head-layout", type=head_layouts, help="heads' order in a block, with --tp P:D: " + HEAD_LAYOUT_HELP)
     g.add_argument("--pp", type=csv(int), help="pipeline parallel degree: divides layers")
     g.add_argument("--prefix-hit", type=csv(int), help="prompt tokens already cached at decode (not transferred)")

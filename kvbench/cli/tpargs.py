@@ -19,10 +19,11 @@ tp_pairs.__name__ = "list of P:D"
 
 
 def add_tp_flags(p: argparse.ArgumentParser) -> None:
-    """Make a parser's --tp (from args.add_model_flags) take P:D pairs, and add --head-layout."""
+    """Make a parser's --tp and --head-layout (from args.add_model_flags) take P:D pairs and one head layout."""
     tp = p._option_string_actions["--tp"]  # argparse keeps no public way to retype an added flag
     tp.type = tp_pairs
     tp.help = ("tensor parallel degree, P:D = prefill TP : decode TP (one number: both): divides KV heads "
                "(replicates when heads < tp); P:D prints what each decode rank receives from which prefill ranks")
-    p.add_argument("--head-layout", choices=HEAD_LAYOUTS, help="heads' order in a block (with --tp P:D): "
-                   + HEAD_LAYOUT_HELP)
+    hl = p._option_string_actions["--head-layout"]  # size takes one head layout, run a list of them
+    hl.type, hl.choices = None, HEAD_LAYOUTS
+    hl.help = "heads' order in a block (with --tp P:D): " + HEAD_LAYOUT_HELP

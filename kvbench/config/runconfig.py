@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench import transports
-from kvbench.config import ConfigError, flagcheck, sizes
+from kvbench.config import ConfigError, flagcheck, sizes, tpcheck
 from kvbench.config import suite as S
 from kvbench.config.niccfg import check_nics, nic_arg
 from kvbench.config.tracecfg import TRACE_FLAGS, read_trace, trace_flags
@@ -226,7 +226,7 @@ def door(a, argv: list[str], world: int) -> tuple[dict | None, str | None]:
 
 def fresh(a, argv: list[str], world: int) -> RunConfig:
     suite = merge(a)
-    make_pairs(suite.scheme, world, suite.matrix)
+    tpcheck.check(a, suite, world) or make_pairs(suite.scheme, world, suite.matrix)  # --tp P:D: its own pairs
     ram = host.meminfo().get("MemTotal", 0)
     if suite.pool_sizes and ram and max(suite.pool_sizes) > ram:  # the rest is the preflight's, on every host
         raise ConfigError(f"--pool-sizes: {max(suite.pool_sizes) / 2**30:.2f} GiB is more than this machine's "

@@ -6,7 +6,6 @@ and the allowed values in one line.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import platform
 import warnings
@@ -17,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from kvbench import transports
 from kvbench.codecs import NAMES
 from kvbench.codecs import check as codec_check
+from kvbench.config import tpcheck
 from kvbench.memory.copy import default as copy_default
 from kvbench.memory.values import check_fill
 from kvbench.model import matrix as X
@@ -109,7 +109,8 @@ class Axes(BaseModel):
     dtype: list[DType] = Field(default=["fp16"], min_length=1)
     # fp8 scale planes (formats.py): none, tensor, block:<n>; nvfp4 carries its own
     scales: list[Scales] = Field(default=["none"], min_length=1)
-    tp: list[Positive] = Field(default=[1], min_length=1)
+    tp: list[Positive | tpcheck.TPText] = Field(default=[1], min_length=1)  # N, or 'P:D' (config/tpcheck.py)
+    head_layout: list[Literal["NHD", "HND"]] = Field(default=["NHD"], min_length=1)  # with tp 'P:D'
     pp: list[Positive] = Field(default=[1], min_length=1)
     inflight: list[Positive] = Field(default=[1], min_length=1)
     overlap: list[Literal["serial", "streaming"]] = Field(default=["serial"], min_length=1)
@@ -181,7 +182,7 @@ class Suite(BaseModel):
     rounds: int = Field(default=0, ge=0)
     # False (-c 0), True (-c 1: one checked transfer after timing) or "all" (-c all: every timed iteration too)
     check: bool | Literal["all"] = True
-    scheme: Literal["pairwise", "many-to-one", "one-to-many", "all-pairs", "matrix", "bidir"] = "pairwise"
+    scheme: tpcheck.Scheme = "pairwise"  # model/schemes.py's, or tp:P:D (what --tp P:D sets)
     # scheme matrix: cell [i][j] = tokens (or bytes with a unit) rank i sends rank j, or a name (model/matrix.py)
     matrix: list[list[str]] | str | None = None
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
@@ -334,8 +335,7 @@ def expand(suite: Suite) -> list[dict]:
     """The cases of a suite, in sweep order; layout 'auto' resolved per model."""
     ax = suite.axes
     cases, dropped = [], []
-    for values in itertools.product(*(getattr(ax, k) for k in CASE_KEYS)):
-        case = dict(zip(CASE_KEYS, values))
+    for case in tpcheck.cases(ax, CASE_KEYS):  # --tp P:D: once per head layout
         if case["copy"] == "auto":
             case["copy"] = copy_default(case["transport"], case["memory"])[0]
         shape = M.get_model(case["model"])
@@ -346,7 +346,7 @@ def expand(suite: Suite) -> list[dict]:
         if case["prefix_hit"] >= case["tokens"]:
             raise SuiteError(f"prefix_hit {case['prefix_hit']} leaves nothing to transfer of {case['tokens']} tokens")
         try:
-            M.shard(shape, case["tp"], case["pp"])
+            tpcheck.shard(shape, case)
         except ValueError as exc:
             raise SuiteError(str(exc)) from None
         case["scheme"] = suite.scheme
@@ -354,7 +354,7 @@ def expand(suite: Suite) -> list[dict]:
         if case["prefill_ms"] == "auto":
             ntok = case["tokens"] - case["prefix_hit"]
             # TP and PP split the FLOPs: each rank computes 1/(tp x pp) of them at prefill_tflops
-            case["prefill_ms"] = M.prefill_ms(shape, ntok, suite.prefill_tflops * case["tp"] * case["pp"])
+            case["prefill_ms"] = M.prefill_ms(shape, ntok, suite.prefill_tflops * tpcheck.prefill_tp(case["tp"]) * case["pp"])
             if not case["prefill_ms"] <= MAX_MS:  # a tiny prefill_tflops: a prefill no case could wait out
                 raise SuiteError(f"prefill_ms auto: {case['prefill_ms']:.3g} ms for {ntok} tokens of "
                                  f"{case['model']} at prefill_tflops {suite.prefill_tflops:g} is longer than the "

@@ -22,12 +22,14 @@ from kvbench.harness.requests import case_geometry, case_label, pool_bytes
 from kvbench.harness.rows import Rows
 from kvbench.harness.schedule import Iteration
 from kvbench.harness.state import Measurement, Options, Record, Session, UserError
+from kvbench.harness.tprequests import pair_sets, session_tp
+from kvbench.harness.tprequests import pairs as tp_pairs
+from kvbench.harness.variants import of as case_variants
 from kvbench.job import faults
 from kvbench.job.guard import GUARD
 from kvbench.memory import cachestate, keyed
-from kvbench.model.descriptors import CHUNKS
 from kvbench.model.layout import Pool
-from kvbench.model.schemes import Entry, SchemeError, flow_cells, make_pairs, max_entries_per_rank
+from kvbench.model.schemes import Entry, SchemeError, flow_cells, max_entries_per_rank
 from kvbench.results import costs
 from kvbench.transports.base import Context, TransportError
 
@@ -64,7 +66,7 @@ class Harness(Rows, Calibration, Carrying):
     def preflight(self, cases: list[dict], scheme: str) -> None:
         """Refuse, before anything is allocated or written, pools that do not fit (collective)."""
         try:
-            entries = max_entries_per_rank(make_pairs(scheme, self.comm.size, self.opts.matrix), 1)
+            entries = max(max_entries_per_rank(p, 1) for p in pair_sets(cases, scheme, self.comm.size, self.opts.matrix))
             self.cells = flow_cells(scheme, self.comm.size, self.opts.matrix)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
@@ -81,7 +83,7 @@ class Harness(Rows, Calibration, Carrying):
 
     def run(self, cases: list[dict], scheme: str) -> None:
         try:
-            pairs = make_pairs(scheme, self.comm.size, self.opts.matrix)
+            pairs = pair_sets(cases, scheme, self.comm.size, self.opts.matrix)[0]  # --tp P:D: each case's own
             self.cells = flow_cells(scheme, self.comm.size, self.opts.matrix)
         except SchemeError as exc:
             raise UserError(str(exc)) from None
@@ -90,8 +92,9 @@ class Harness(Rows, Calibration, Carrying):
             if i:
                 faults.at("between-transports", self.rank)
             # one pool and one transport per (memory kind, copy engine, --register): a pool's kind is fixed at allocation
-            for _, sub in groupby(group, key=registering.session_key):
-                self.run_transport(name, list(sub), pairs)
+            for _, sub in groupby(group, key=lambda c: (registering.session_key(c), session_tp(c))):
+                sub = list(sub)
+                self.run_transport(name, sub, tp_pairs(sub[0]) or pairs)
             if self.on_group_done is not None:
                 self.on_group_done(name)
         faults.at("after-last", self.rank)
@@ -226,28 +229,18 @@ class Harness(Rows, Calibration, Carrying):
         GUARD.case = ""  # (kept when an exception passes: the one line names the case)
         self.sample(name, "closed")
 
+    def base_row(self, case: dict, g: dict | None = None, no: int | None = None) -> dict:
+        """rows.py's row, with --tp P:D's head layout beside its tp (schema 10; "" at one TP degree)."""
+        return dict(super().base_row(case, g, no), head_layout=case.get("head_layout", ""))
+
     def pool_size(self, cases: list[dict], entries: int) -> int:
         """Bytes of each rank's pool for a transport's cases (subclasses size it differently)."""
         return pool_bytes([flows.largest(c, self.cells) for c in cases], self.opts.pool_factor, entries)
 
     # ----- one case ----------------------------------------------------------------------
     def variants(self, case: dict, s: Session) -> list[dict]:
-        """What a case measures: once per payload its references (bulk: one descriptor per layer; the
-        ceiling: the same bytes in contiguous chunks of 64 KiB to 4 MiB; hot: one layer's buffer again and
-        again), then the paged transfer."""
-        out = []
-        bulk_key = tuple(case.get(k) for k in ("op", "model", "tokens", "prefix_hit", "dtype", "tp", "pp", "inflight",
-                                               "scales"))
-        if bulk_key not in s.bulk:
-            s.bulk.add(bulk_key)  # plain transfers: no clock, no handshake
-            refs = ["bulk"] if "bulk" in self.opts.variants else []
-            refs += list(CHUNKS) if "ceiling" in self.opts.variants else []
-            refs += ["hot"] if "hot" in self.opts.variants else []
-            out += [dict(case, variant=v, overlap="serial", prefill_ms=0.0, prefill_ms_set="0", handshake="off",
-                         codec="none", prefill="clock") for v in refs]  # references: the pool's bytes as they are
-        if "paged" in self.opts.variants:
-            out.append(dict(case, variant="paged"))
-        return flows.expand(out, len(s.pairs)) if s.cells else out
+        """What a case measures: its references once per payload, then the paged transfer (variants.py)."""
+        return case_variants(case, s, self.opts.variants)
 
     def run_case(self, case: dict, s: Session) -> None:
         for v in self.variants(case, s):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvbench import memory
+from kvbench.harness import tprequests
 from kvbench.harness.flows import flow_case, largest
 from kvbench.harness.state import Session
 from kvbench.model import hybridpool, planes
@@ -24,11 +25,14 @@ from kvbench.model.descriptors import (
 from kvbench.model.layout import BlockAllocator, Layout, parse_alloc
 from kvbench.model.matrix import ALL
 from kvbench.model.schemes import Entry, offset_bulk
+from kvbench.model.tpmap import case_pair
 from kvbench.transports.base import TransportError
 
 
 def case_geometry(case: dict) -> dict:
     """Shape numbers of a case: blocks, block bytes, payload (pure arithmetic)."""
+    if tp := case_pair(case["tp"]):  # --tp P:D: each side's own heads (tprequests.py)
+        return tprequests.geometry(case, tp)
     shape = M.shard(M.get_model(case["model"]), case["tp"], case["pp"])
     ntok = M.transferred_tokens(case["tokens"], case["prefix_hit"])
     if planes.scaled(case, shape):  # values, block scales, indexer keys, tensor scales in planes of their own
@@ -76,6 +80,8 @@ def pool_allocator(nblocks: int, seed: int, case: dict, side: str,
 def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[Entry]:
     """Control plane (untimed): decode reserves its blocks, prefill picks its own; both learn both (``seed``: the
     case's own, from the run's seed and the case number)."""
+    if "tp_map" in g:  # --tp P:D: a pair per piece of the map
+        return tprequests.plan(comm, rank, seed, case, g, s, pool_allocator)
     fmt = planes.fit(case["layout"], g, s.nbytes) if "fmt" in g else None
     hyb = hybridpool.fit(case["layout"], g, s.nbytes) if "hybrid" in g else None
     lay = fmt[0] if fmt else hyb.attn if hyb else Layout.fit(case["layout"], g["shape"].layers, g["shape"].regions,

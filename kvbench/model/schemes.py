@@ -31,6 +31,8 @@ class SchemeError(ValueError):
 def make_pairs(scheme: str, world: int, matrix=None) -> list[tuple[int, int]]:
     """(prefill rank, decode rank) pairs of ``scheme`` on ``world`` ranks (empty for a world of one); ``matrix``:
     --matrix's cells or name (model/matrix.py), for the scheme matrix."""
+    if scheme.startswith("tp:"):
+        return tp_pairs(scheme, world)
     if scheme not in SCHEMES:
         raise SchemeError(f"scheme '{scheme}' is not one of: {', '.join(SCHEMES)}")
     if world == 1:
@@ -51,6 +53,28 @@ def make_pairs(scheme: str, world: int, matrix=None) -> list[tuple[int, int]]:
     if world % 2:
         raise SchemeError(f"scheme 'all-pairs' needs an even number of ranks (got {world})")
     return [(s, d) for s in range(0, world, 2) for d in range(1, world, 2)]
+
+
+def tp_scheme(pairs) -> str:
+    """The scheme of a run at --tp P:D (its TP pairs, config/tpcheck.py): 'tp:P:D[,P:D...]'."""
+    return "tp:" + ",".join(map(str, pairs))
+
+
+def tp_pairs(scheme: str, world: int) -> list[tuple[int, int]]:
+    """Scheme 'tp:P:D[,P:D...]': ranks 0..P-1 prefill, P..P+D-1 decode, a prefill rank paired with every decode rank
+    whose share of the heads overlaps its own; a case's own pairs, its TP map's pieces (model/tpmap.py), are among
+    them (all of them unless an MLA latent or a replicated head is taken from one rank of several)."""
+    out: list[tuple[int, int]] = []
+    for text in scheme[3:].split(","):
+        p, _, d = text.partition(":")
+        if not (p.isdigit() and d.isdigit() and int(p) and int(d)):
+            raise SchemeError(f"scheme '{scheme}': give tp:P:D (prefill TP : decode TP), or --tp P:D")
+        p, d = int(p), int(d)
+        if p + d != world:
+            raise SchemeError(f"--tp {p}:{d} needs {p + d} ranks ({p} prefill + {d} decode), got {world}")
+        out += [(q, p + r) for q in range(p) for r in range(d)
+                if q * d < (r + 1) * p and r * p < (q + 1) * d and (q, p + r) not in out]
+    return out
 
 
 def flow_cells(scheme: str, world: int, matrix=None) -> list[str] | None:

@@ -66,6 +66,16 @@ def parse_tp(text: str) -> TPPair:
     return TPPair(nums[0], nums[-1], len(nums) == 2)
 
 
+def case_pair(tp) -> TPPair | None:
+    """A case's ``tp``: a 'P:D' string (a run's --tp P:D) as its TPPair, one number (today's meaning) None."""
+    return parse_tp(tp) if isinstance(tp, str) else None
+
+
+def rank_pairs(tmap: TPMap) -> list[tuple[int, int]]:
+    """(prefill rank, decode rank) per piece, in piece order: prefill ranks 0..P-1, decode ranks P..P+D-1."""
+    return [(q.prefill, tmap.tp.prefill + q.decode) for q in tmap.pieces]
+
+
 def check_tp(m: M.ModelShape, tp: int, side: str = "") -> None:
     """One line unless ``tp`` ranks can share ``m``'s KV heads evenly (it divides them, or is a multiple of them)."""
     if tp < 1:

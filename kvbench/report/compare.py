@@ -26,7 +26,7 @@ from .stats import Run, load_run
 KEYS = [c for c in CASE_COLUMNS if c != "case"]
 REGRESSED = 2  # exit code: a case regressed beyond --fail-above (1 stays "a mistake in the input")
 # a run that did not end cleanly, worst first (wrong bytes outrank a time beyond physics, as in status.verdict)
-UNSOUND = ("FAILED", "SUSPECT", "TIMEOUT", "ERROR", "INTERRUPTED", "INCOMPLETE")
+UNSOUND = ("FAILED", "SUSPECT", "FALLBACK", "TIMEOUT", "ERROR", "INTERRUPTED", "INCOMPLETE")
 MACHINE_FIELDS = ("hostname", "cpu_model", "cpus", "mem_total_bytes", "machine", "platform", "gpus", "rdma_devices",
                   "nic_speed_mbps")
 
@@ -143,7 +143,7 @@ def machine_differences(a: list[Run], b: list[Run]) -> list[str]:
 
 
 LABEL_KEYS = ["model", "tokens", "dtype", "block_size", "overlap", "handshake", "prefill_ms_set", "workload",
-              "allocation", "coalesce", "layout", "inflight", "memory", "tp", "pp", "prefix_hit", "world_size",
+              "allocation", "coalesce", "layout", "head_layout", "inflight", "memory", "tp", "pp", "prefix_hit", "world_size",
               "scheme", "codec", "pages", "cache"]  # shown (as key=value) when they vary across the joined cases
 
 

@@ -6,15 +6,16 @@ import numpy as np
 
 from kvbench.fabric.carriers import COLUMNS as CARRIER_DEFAULTS
 
-SCHEMA_VERSION = 9  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 10  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
 # blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
 # 7: --register (schema 7 below; 1-6 read as "once"), carriers and the fabric columns (schema 7 below);
 # 8: wire_counted_bytes (schema 8 below; 1-7 read with it empty); 9: carrier_proto, carrier_evidence (schema 9
-# below; 1-8 read with them empty)
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4, 5, 6, 7, 8, 9)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# below; 1-8 read with them empty); 10: head_layout, and tp as 'P:D' at --tp P:D (schema 10 below; 1-9 read with
+# head_layout empty, their tp one number)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5, 6, 7, 8, 9, 10)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
@@ -118,4 +119,10 @@ ROW_COLUMNS += list(WIRE_DEFAULTS)
 # is the path the case was meant to measure is the footer's FALLBACK (the sidecar's paths), not a row's status
 PROTO_DEFAULTS = {"carrier_proto": "", "carrier_evidence": ""}
 ROW_COLUMNS += list(PROTO_DEFAULTS)
-CARRIER_DEFAULTS = {**CARRIER_DEFAULTS, **PROTO_DEFAULTS}  # store.upgrade's defaults: an older row reads them empty
+# --- schema 10, prefill TP : decode TP (harness/tprequests.py, docs/layouts.md; rows of 1-9 read with it empty):
+# tp = one number (both sides, as ever) or 'P:D' (prefill TP : decode TP: ranks 0..P-1 prefill, P..P+D-1 decode, a
+# pair per piece of the TP map); head_layout = NHD or HND, the heads' order in a block, at P:D ("" at one degree)
+TP_DEFAULTS = {"head_layout": ""}
+CASE_COLUMNS += list(TP_DEFAULTS)
+ROW_COLUMNS += list(TP_DEFAULTS)
+CARRIER_DEFAULTS = {**CARRIER_DEFAULTS, **PROTO_DEFAULTS, **TP_DEFAULTS}  # store.upgrade's: an older row reads them empty

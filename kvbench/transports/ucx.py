@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError
-from .ucx_buffers import UcxBuffers, ep_info, probe_ucxx
+from .ucx_buffers import UcxBuffers, ep_info, probe_ucxx, versions
 from .ucx_rma import RMA_CAPS, UcxRmaTransport
 
 _MAGIC = 0x4B56424E55435831  # "KVBNUCX1"
@@ -314,16 +314,7 @@ class UcxTransport(UcxBuffers, Transport):
                "scatter_gather": "pack/unpack via staging (copy_batch), one tag message per layer",
                "progress": "event: progress, then sleep on the worker's event fd" if self._events
                else "polled in wait()", "lanes": self._lanes}
-        try:
-            import ucxx
-
-            out["ucxx"], out["ucx"] = ucxx.__version__, ucxx.__ucx_version__
-        except Exception:
-            pass
-        if self._uctx is not None:
-            out["UCX_TLS"] = self._uctx.config.get("TLS", "?")
-            out["env"] = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-        return out
+        return out | versions(self._uctx)
 
     def close(self) -> None:
         """Cancel what is in flight, close endpoints, drop the worker and context (idempotent)."""

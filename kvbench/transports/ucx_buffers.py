@@ -187,3 +187,18 @@ def probe_ucxx() -> str | None:
     # an OSError "undefined symbol" on import: MPI's UCX was loaded first (docs/pitfalls.md#ucx-first)
     return import_probe("ucxx", "install kvbench[ucx]",
                         lambda msg: f"ucxx import failed ({msg}); import ucxx before mpi4py loads MPI")
+
+
+def versions(uctx) -> dict:
+    """info()'s words on the UCX in use: ucxx's and UCX's versions, the context's UCX_TLS and the UCX_ variables."""
+    out = {}
+    try:
+        import ucxx
+
+        out["ucxx"], out["ucx"] = ucxx.__version__, ucxx.__ucx_version__
+    except Exception:  # a version is a footnote: never a reason for info() to fail
+        pass
+    if uctx is not None:
+        out["UCX_TLS"] = uctx.config.get("TLS", "?")
+        out["env"] = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+    return out

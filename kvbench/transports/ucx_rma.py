@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .base import DST, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
-from .ucx_buffers import ep_info, probe_ucxx, rma_lanes
+from .ucx_buffers import ep_info, probe_ucxx, rma_lanes, versions
 
 _META = struct.Struct("<QQQII")  # magic, pool address, pool bytes, worker address bytes, rkey bytes
 _MAGIC = 0x4B56424E55435852  # "KVBNUCXR"
@@ -196,16 +196,7 @@ class UcxRmaTransport(Transport):
                "scatter_gather": "pool to pool, one put/get per descriptor run (no staging)",
                "progress": "event: spin, then sleep on the worker's event fd" if self._events else "polled in wait()",
                "lanes": self._lanes}
-        try:
-            import ucxx
-
-            out["ucxx"], out["ucx"] = ucxx.__version__, ucxx.__ucx_version__
-        except Exception:
-            pass
-        if self._uctx is not None:
-            out["UCX_TLS"] = self._uctx.config.get("TLS", "?")
-            out["env"] = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-        return out
+        return out | versions(self._uctx)
 
     def close(self) -> None:
         """Cancel flushes in flight, drop rkeys and endpoints, unmap the pool (idempotent)."""

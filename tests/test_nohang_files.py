@@ -67,7 +67,8 @@ def test_a_name_too_long_for_a_file_is_an_input_error(kvrun, tmp_path):
 
 
 def test_a_result_folder_that_cannot_be_made_ends_the_job_with_one_line(kvrun, tmp_path):
-    """rank 0's own file error found late (the machine's folder is a file) ends the job like any rank's."""
+    """The machine's folder is a file: refused at the door (job/folder.py) with one line, exit 1, before any rank
+    allocates or writes anything (it used to be found late, by rank 0 opening its files: exit 4)."""
     from kvbench.results.store import machine_name
 
     (tmp_path / "results").mkdir()
@@ -75,7 +76,7 @@ def test_a_result_folder_that_cannot_be_made_ends_the_job_with_one_line(kvrun, t
     before, t0 = shm_now(), time.monotonic()
     r = kvrun(ONE, timeout=60)
     assert time.monotonic() - t0 < 30
-    assert_one_line(r, "rank 0 on ", "opening the result files", code=4)
+    assert_one_line(r, f"{machine_name()} is not a directory", code=1)
     assert files_in(tmp_path / "results") == [machine_name()]
     assert orphans_since(before) == []
 

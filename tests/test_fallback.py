@@ -2,6 +2,7 @@
 measure (--expect, derived under auto) and FALLBACK (exit 7) when they differ; per-process evidence only."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -192,3 +193,23 @@ def test_every_row_of_every_transport_says_its_carrier(kvrun, tmp_path):
     measured = df[df["status"] == "ok"]
     assert not (measured["carrier_proto"] == P.UNKNOWN).any(), measured.groupby("transport")["carrier_evidence"].first()
     assert all(P.klass(p) for p in measured["carrier_proto"])
+
+
+def test_probing_an_engine_leaves_the_environment_as_it_found_it():
+    """ucxx sets UCX_* defaults when imported (UCX_RNDV_FRAG_MEM_TYPE=cuda among them); a probe in a parent process
+    (kvbench list, a test's availability check) handed them to every later launch, where NIXL's UCX then carried
+    the bytes over tcp: FALLBACK, on a fresh clone's make test.  The probe puts the environment back."""
+    from kvbench import transports
+
+    if transports.probe("ucx"):
+        pytest.skip("ucxx not installed")
+    code = ("import os, json; from kvbench import transports; b = dict(os.environ); transports.probe('ucx'); "
+            "print(json.dumps([sorted(set(os.environ) - set(b)), transports.probe('ucx')]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCX_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[[], null]", r.stdout  # nothing added, ucx available
+    raw = subprocess.run([sys.executable, "-c", "import os; b = set(os.environ); import ucxx; "
+                          "print(sorted(set(os.environ) - b))"], capture_output=True, text=True, timeout=120, env=env)
+    assert "UCX_RNDV_FRAG_MEM_TYPE" in raw.stdout  # the import alone does add them: the test can fail

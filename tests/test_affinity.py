@@ -59,8 +59,9 @@ def test_with_a_gpu_the_pcie_path_decides_in_nccls_order(sysfs):
 
 def test_a_far_nic_is_warned_and_every_rank_says_why(sysfs, monkeypatch):
     root, _ = sysfs
-    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
-    monkeypatch.delenv("UCX_MAX_RNDV_RAILS", raising=False)
+    for var in ("UCX_NET_DEVICES", "UCX_MAX_RNDV_RAILS"):  # set first, so that the teardown removes what placing sets
+        monkeypatch.setenv(var, "placeholder")
+        monkeypatch.delenv(var)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
     near = dict(placing.NO_GPU, host="h", error="")
     placing.place_nics(near, ["auto"], root)

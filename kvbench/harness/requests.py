@@ -115,10 +115,7 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s: Session) -> list[En
                                          f"in flight; raise --pool-factor")
                 mine[(i, req, side)] = ids
                 slots[(i, req, side)] = sum(1 for key in slots if both or key[2] == side)
-    blocks, allslots = {}, {}
-    for part, sl in ([(mine, slots)] if s.local else comm.allgather((mine, slots))):
-        blocks.update(part)
-        allslots.update(sl)
+    blocks, allslots = tprequests.gathered(comm, mine, slots, s.local)
     entries = []
     for i, (src, dst) in enumerate(s.pairs):
         if rank not in (src, dst):

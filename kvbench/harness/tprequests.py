@@ -82,10 +82,7 @@ def plan(comm, rank: int, seed: int, case: dict, g: dict, s, allocator) -> list[
                                          "in flight; raise --pool-factor")
                 slots[key] = sum(1 for k in mine if k[2] == side)
                 mine[key] = ids
-    blocks, allslots = {}, {}
-    for part, sl in comm.allgather((mine, slots)):
-        blocks.update(part)
-        allslots.update(sl)
+    blocks, allslots = gathered(comm, mine, slots)
     entries = []
     for i, (src, dst) in enumerate(s.pairs):
         if rank not in (src, dst):
@@ -121,3 +118,12 @@ def bulk_layers(case: dict, lays: dict, nbytes: int, layers: int, src_slot: int,
         out.append(np.array([[s0, d0, nbytes]], dtype=np.int64))
     out = offset_bulk(out, src_slot, dst_slot)
     return [chunked(d, CHUNKS[case["variant"]]) for d in out] if case["variant"] in CHUNKS else out
+
+
+def gathered(comm, mine: dict, slots: dict, local: bool = False) -> tuple[dict, dict]:
+    """Every rank's block ids and slots, merged (``local``: this rank's alone, no other rank takes part)."""
+    blocks, allslots = {}, {}
+    for part, sl in ([(mine, slots)] if local else comm.allgather((mine, slots))):
+        blocks.update(part)
+        allslots.update(sl)
+    return blocks, allslots

@@ -16,9 +16,10 @@ from test_report import chromium
 from kvbench.report import plan, summary
 from kvbench.report.build import main as report
 from kvbench.report.stats import load_run
-from kvbench.report.typical import by_path, median_ci, typical_paged
+from kvbench.report.typical import by_path, typical_paged
 from kvbench.report.verdicts import PROCUREMENT
 from kvbench.report.verdicttable import page_verdicts
+from kvbench.results.samples import p50_ci
 
 REF = Path(__file__).resolve().parents[1] / "results" / "reference" / "vm" / "20261201-184435_procurement.parquet"
 MODELS, DTYPES = ["llama-3-70b", "llama-3-8b", "deepseek-v3"], ["fp16", "fp8-e4m3"]
@@ -39,7 +40,7 @@ def test_typical_gbps_is_the_median_of_the_paged_rows_never_the_best():
         got = t.loc[(tr, op)]
         assert got["typical paged GB/s"] == f"{rows['gbps'].median():.2f}" != f"{rows['gbps'].max():.2f}"
         assert got["n (rows)"] == str(len(rows))
-        lo, hi = median_ci(rows["gbps"])
+        lo, hi = p50_ci(rows["gbps"])
         assert got["95% interval"] == f"{lo:.2f}-{hi:.2f}" and lo <= rows["gbps"].median() <= hi
     assert t.loc[("loopback", "push"), "status"] == "reference"  # in-process: a reference, never a candidate
     assert list(t.reset_index()["path"])[-2:] == ["loopback", "loopback"]
@@ -48,9 +49,9 @@ def test_typical_gbps_is_the_median_of_the_paged_rows_never_the_best():
 
 
 def test_median_interval_is_the_order_statistics_that_hold_95_percent():
-    assert all(math.isnan(x) for x in median_ci([1, 2, 3, 4, 5]))  # five rows hold no 95% interval
-    assert median_ci([6, 1, 5, 2, 4, 3]) == (1.0, 6.0)  # 1 - 2/64 = 96.9%
-    assert median_ci(range(1, 21)) == (6.0, 15.0)  # n = 20: the 6th and 15th
+    assert all(math.isnan(x) for x in p50_ci([1, 2, 3, 4, 5]))  # five rows hold no 95% interval
+    assert p50_ci([6, 1, 5, 2, 4, 3]) == (1.0, 6.0)  # 1 - 2/64 = 96.9%
+    assert p50_ci(range(1, 21)) == (6.0, 15.0)  # n = 20: the 6th and 15th
 
 
 def test_a_path_mostly_short_of_its_ci_target_is_not_measured_to_the_target():

@@ -9,22 +9,13 @@ import math
 import numpy as np
 import pandas as pd
 
+from kvbench.results.samples import p50_ci
+
 from .rowstatus import status
 from .verdicts import IN_PROCESS
 
 MOSTLY = 0.5  # more than this share of a path's rows noisy or short of their CI target: not measured to the target
 NOISE = ("noise", "noisy", "SKEW")  # a row status that says the time is not the path's own
-
-
-def median_ci(x) -> tuple[float, float]:
-    """The order statistics (x_(l), x_(n+1-l)) that hold the median with at least 95% confidence; NaNs when n is too
-    small for any (n < 6)."""
-    v = np.sort(np.asarray(x, float))
-    n, tail, below = len(v), 0.0, 0
-    while below < n and tail + math.comb(n, below) / 2 ** n <= 0.025:  # P(Bin(n, 1/2) <= below - 1) <= 2.5%
-        tail += math.comb(n, below) / 2 ** n
-        below += 1
-    return (float(v[below - 1]), float(v[n - below])) if below else (math.nan, math.nan)
 
 
 def unmet_ci(rows: pd.DataFrame) -> pd.Series:
@@ -42,7 +33,7 @@ def _path_row(rows: pd.DataFrame, bad: pd.Series) -> dict:
     kept = rows[~bad]
     noise = kept.apply(status, axis=1).isin(NOISE)
     unmet = unmet_ci(kept)
-    lo, hi = median_ci(kept["gbps"]) if len(kept) else (math.nan, math.nan)
+    lo, hi = p50_ci(kept["gbps"])  # results/samples.py: the tables' own order-statistic interval
     med = float(kept["gbps"].median()) if len(kept) else math.nan
     out = {"run": r0["run"], "path": path, "op": r0["op"], "typical paged GB/s": "-" if math.isnan(med) else f"{med:.2f}",
            "95% interval": "-" if math.isnan(lo) else f"{lo:.2f}-{hi:.2f}", "n (rows)": str(len(kept))}

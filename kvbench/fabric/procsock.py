@@ -4,7 +4,7 @@ tcpi_bytes_sent and tcpi_bytes_received), read through every socket in /proc/sel
 Per-process evidence, where a NIC's counters are the host's: another job pushing bytes through the same
 loopback or NIC moves none of these counts.  A connection is named by the interface its packets leave by:
 ``lo`` when its peer's address is one of this host's own (the kernel routes those through loopback, whatever
-interface owns the address), else the interface that holds its local address.  Stdlib only.
+interface owns the address), else the interface that holds its local address.
 """
 from __future__ import annotations
 
@@ -14,8 +14,23 @@ import os
 import socket
 import struct
 
-BYTES_RECEIVED, BYTES_SENT = 128, 200  # byte offsets in struct tcp_info (include/uapi/linux/tcp.h)
 _SIOCGIFADDR = 0x8915
+
+# byte offsets in the kernel's struct tcp_info (include/uapi/linux/tcp.h): tcpi_bytes_received (Linux 4.1) and
+# tcpi_bytes_sent (Linux 4.19, RFC 4898 tcpEStatsPerfHCDataOctetsOut: every data byte sent, retransmissions included)
+BYTES_RECEIVED, BYTES_SENT = 128, 200
+_INFO_LEN = 256  # more than any kernel's struct: getsockopt returns what this kernel has
+
+
+def counted(sock: socket.socket) -> tuple[int, int]:
+    """(bytes sent, bytes received) by the kernel on this connection so far; (-1, -1) where it does not say."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_LEN)
+    except OSError:
+        return -1, -1
+    if len(info) < BYTES_SENT + 8:  # a kernel before 4.19 has no tcpi_bytes_sent
+        return -1, -1
+    return struct.unpack_from("<Q", info, BYTES_SENT)[0], struct.unpack_from("<Q", info, BYTES_RECEIVED)[0]
 
 
 def host_addrs() -> dict[str, str]:
@@ -58,11 +73,10 @@ def sample() -> dict[int, tuple[str, str, int, int]]:
         try:
             if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
-            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-            if len(info) < BYTES_SENT + 8:
+            sent, received = counted(s)
+            if sent < 0:
                 continue
-            out[inode] = (s.getsockname()[0], s.getpeername()[0], struct.unpack_from("<Q", info, BYTES_SENT)[0],
-                          struct.unpack_from("<Q", info, BYTES_RECEIVED)[0])
+            out[inode] = (s.getsockname()[0], s.getpeername()[0], sent, received)
         except OSError:  # a listener (no peer), a socket closed meanwhile
             continue
         finally:

@@ -26,6 +26,8 @@ SMALL = ["--layers", "2", "--kv-heads", "8", "--head-dim", "128", "--attention",
     (["--tp", "2:1,2", "--ranks", "3"], "give every TP degree as P:D, or none"),
     (["--tp", "2:1", "--ranks", "3", "--scheme", "many-to-one"], "it does not take --scheme"),
     (["--scheme", "tp:2:1", "--ranks", "3"], "comes with --tp P:D"),
+    (["--tp", "2:1", "--ranks", "4"], "--tp 2:1 needs 3 ranks (2 prefill + 1 decode), got 4"),
+    (["--tp", "1:1,2:1", "--ranks", "4"], "a sweep of TP pairs runs on the largest pair's ranks"),
 ])
 def test_refused_in_one_line(args, line):
     r = kvbench_cli("run", "--dry-run", "-t", "shm", *args)
@@ -56,6 +58,7 @@ def test_scheme_pairs_hold_every_piece(p, d):
         assert set(T.rank_pairs(tmap)) <= set(pairs)
     with pytest.raises(SchemeError, match=f"needs {p + d} ranks"):
         make_pairs(f"tp:{p}:{d}", p + d + 1)
+    assert set(make_pairs(f"tp:1:1,{p}:{d}", p + d)) == set(pairs) | {(0, 1)}  # a sweep: the largest pair's ranks
 
 
 def _check_all(r, tp: str, nlayouts: int = 2):
@@ -82,6 +85,45 @@ def test_tp_pairs_move_every_head(kvrun, tp, n):
         whole = all(q.whole for q in tmap.pieces)
         assert set(rows["descriptors"]) == ({2 * 2 * 5} if whole else {per}), (hl, set(rows["descriptors"]))
         assert set(rows["rank"]) == set(range(p, p + d)) and rows["pair"].nunique() == len(tmap.pieces)
+
+
+def test_a_sweep_of_pairs_runs_on_the_largest_pairs_ranks(kvrun):
+    """--tp 1:1,2:1 on 3 ranks: 1:1's cases move between ranks 0 and 1 while rank 2 waits; 2:1's gather on rank 2."""
+    r = kvrun(["-t", "shm", "--op", "push", "--tp", "1:1,2:1", "--head-layout", "HND", *SMALL], n=3, timeout=240)
+    assert r.code == 0, r.err[-2000:]
+    df = r.transfers()
+    assert (df["status"] == "ok").all() and (df["nwrong"].fillna(0) == 0).all() and df["nwrong"].notna().any()
+    assert set(df["scheme"]) == {"tp:1:1,2:1"}
+    paged = df[df["variant"] == "paged"]
+    one, two = paged[paged["tp"] == "1:1"], paged[paged["tp"] == "2:1"]
+    assert set(one["rank"]) == {0, 1} and set(one[one["role"] == "decode"]["rank"]) == {1}
+    assert set(two["rank"]) == {0, 1, 2} and set(two[two["role"] == "decode"]["rank"]) == {2}
+    assert set(one["descriptors"]) == {2 * 2 * 5}  # 1:1: whole blocks; 2:1 HND: a slice per block, two pieces
+    assert set(two[two["role"] == "decode"]["pair"]) and two[two["role"] == "decode"]["pair"].nunique() == 2
+
+
+def test_an_interrupted_pair_sweep_resumes_with_its_pairs_and_head_layouts(kvrun, tmp_path):
+    """--resume of a --tp 1:2 run that failed in tcp: the stored scheme and cases continue (no flags given)."""
+    args = ["-t", "shm,tcp", "--op", "push", "--tp", "1:2", "--head-layout", "NHD,HND", *SMALL]
+    broken = kvrun(args, n=3, env={"KVBENCH_FAULT": "post:1:5"}, out_dir=tmp_path / "broken", timeout=240)
+    assert broken.code == 4 and broken.meta()["groups_done"] == ["shm"], broken.err[-2000:]
+    r = kvrun(["--resume", broken.results], n=3, out_dir=tmp_path / "unused", timeout=240)
+    assert r.code == 0 and broken.meta()["status"] == "OK", r.out[-2000:] + r.err[-2000:]
+    df = broken.transfers()  # the same file, continued
+    keys = ["transport", "variant", "head_layout", "pair", "role", "rank", "iter", "phase"]
+    assert not df.duplicated(keys).any() and set(df["tp"]) == {"1:2"}
+    paged = df[df["variant"] == "paged"]
+    assert {(t, h) for t, h in zip(paged["transport"], paged["head_layout"])} == {
+        (t, h) for t in ("shm", "tcp") for h in ("NHD", "HND")}
+    assert (df["nwrong"].fillna(0) == 0).all() and df["nwrong"].notna().any()
+
+
+def test_a_block_size_in_bytes_is_a_decode_ranks_block():
+    """-b 16KiB at --tp 2:1: the decode rank holds all 8 heads (2,048 B per token in a region): 8 tokens."""
+    r = kvbench_cli("run", "--dry-run", "-t", "shm", "--tp", "2:1", "--ranks", "3", "-b", "16KiB", "-m", "llama-3-8b")
+    assert r.returncode == 0 and "block_size=8" in r.stdout, r.stdout + r.stderr
+    r = kvbench_cli("run", "--dry-run", "-t", "shm", "--tp", "2:1,1:2", "--ranks", "3", "-b", "16KiB")
+    assert r.returncode == 1 and "llama-3-8b fp16 tp 1:2: 1,024 B" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("liar", sorted(LIARS))

@@ -19,7 +19,7 @@ from kvbench.results import estimate
 SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
 LISTED = 40  # more cases than this: one line per transport instead of one per case
 AXES = ("op", "model", "tokens", "block_size", "dtype", "alloc", "coalesce", "layout", "memory", "inflight",
-        "overlap", "prefill_ms", "codec", "arrival")
+        "overlap", "prefill_ms", "codec", "arrival", "tp")
 
 
 MAX_RANKS = 1 << 20  # --ranks: beyond this no launch is real, and pairing them would take the dry run minutes
@@ -70,7 +70,8 @@ def lines(cfg, world: int) -> list[str]:
     """What the dry run prints: a header, the cases (or a count per transport), the estimate and its inputs."""
     suite, cases = cfg.suite, cfg.cases
     e = estimate.estimate(suite, cases, cfg.shapes(), estimate.measured_rates(cfg.results))
-    varied = [k for k in AXES if len({str(c.get(k)) for c in cases}) > 1] or ["op", "model", "tokens", "block_size"]
+    keys = [*AXES, "head_layout"]  # a P:D case's head layout sits beside its tp (config/tpcheck.py)
+    varied = [k for k in keys if len({str(c.get(k)) for c in cases}) > 1] or ["op", "model", "tokens", "block_size"]
     out = [f"# dry run: suite={suite.name}  ranks={world}  iterations={suite.iters} warmup={suite.warmup} "
            f"check={'all' if suite.check == 'all' else int(bool(suite.check))}  variants={','.join(suite.variants)}  nothing is run or written"]
     if len(cases) <= LISTED:

@@ -349,6 +349,8 @@ def resumed(a, argv: list[str], world: int) -> RunConfig:
     if a.results is not None and os.path.realpath(a.results) != os.path.realpath(root):
         raise ConfigError(f"--resume {path}: -o {a.results}: a resumed run continues its own result set, in "
                           f"{root}: leave -o out")
+    # the shapes it ran with, before its suite is read: a model given by flags ('custom') or a file edited since
+    M.PRESETS.update({n: M.ModelShape(**f) for n, f in meta.get("models", {}).items()})
     stored = RunConfig(suite=S.Suite.model_validate(meta["suite"]), cases=meta["cases"], models=meta["models"],
                        transport_options=meta.get("transport_options", {}),
                        results=root,

@@ -11,6 +11,7 @@ from itertools import product
 
 from kvbench.config import ConfigError
 from kvbench.model import shapes as M
+from kvbench.model import tpmap as T
 from kvbench.model.formats import Format
 from kvbench.model.inputs import UNITS
 
@@ -53,10 +54,11 @@ def human(n: int) -> str:
     return f"{n}B"
 
 
-def region_bytes_per_token(model: str, dtype: str, scales: str = "none", tp: int = 1, pp: int = 1) -> int:
+def region_bytes_per_token(model: str, dtype: str, scales: str = "none", tp: int | str = 1, pp: int = 1) -> int:
     """Bytes one token adds to one region of one layer (the values; a scale plane is beside them): what a block's
-    ``block_bytes`` is per token (harness/requests.py, model/planes.py)."""
-    shape = M.shard(M.get_model(model), tp, pp)
+    ``block_bytes`` is per token (harness/requests.py, model/planes.py); at P:D a decode rank's block, as the
+    rows' blk(B) (harness/tprequests.py)."""
+    shape = M.shard(M.get_model(model), T.parse_tp(tp).decode if isinstance(tp, str) else tp, pp)
     return Format(dtype, scales).value_bytes_token(shape)
 
 
@@ -93,12 +95,13 @@ def in_tokens(a, axes: dict):
         return a
     per = {}
     for model, dtype, scales, tp, pp in product(axes["model"], axes["dtype"], axes["scales"], axes["tp"], axes["pp"]):
-        per.setdefault(region_bytes_per_token(model, dtype, scales, tp, pp), f"{model} {dtype}")
+        per.setdefault(region_bytes_per_token(model, dtype, scales, tp, pp),
+                       f"{model} {dtype}" + (f" tp {tp}" if str(tp) != "1" else ""))
     what = "; ".join(f"{name}: {n:,} B" for n, name in per.items())
     if len(per) > 1:
         raise ConfigError(f"{given[0][0]} {given[0][1]}: a byte size is one block size only where every model and "
                           f"dtype of the run has the same bytes per token in a region ({what}): give it in tokens, "
-                          "or run one model and dtype")
+                          "or run one model, dtype and TP")
     (bpt, name), = per.items()
     out = argparse.Namespace(**vars(a))
     for flag, size in given:

@@ -52,10 +52,12 @@ def check(a, suite, world: int) -> bool:
     if len(pairs) != len(suite.axes.tp):
         raise ConfigError(f"--tp {','.join(map(str, suite.axes.tp))}: give every TP degree as P:D, or none (a P:D "
                           "run's ranks are its prefill and decode ranks)")
-    for tp in pairs:
-        if tp.prefill + tp.decode != world:
-            raise ConfigError(f"--tp {tp} needs {tp.prefill + tp.decode} ranks ({tp.prefill} prefill + {tp.decode} "
-                              f"decode), got {world}")
+    need = max(tp.prefill + tp.decode for tp in pairs)
+    if need != world:
+        tp = max(pairs, key=lambda t: t.prefill + t.decode)
+        raise ConfigError(f"--tp {tp} needs {need} ranks ({tp.prefill} prefill + {tp.decode} decode), got {world}"
+                          + (" (a sweep of TP pairs runs on the largest pair's ranks; a smaller pair's cases run on "
+                             "its first ranks while the rest wait)" if len(pairs) > 1 else ""))
     why = ("--scheme (the TP map pairs the ranks)" if suite.scheme not in ("pairwise", tp_scheme(pairs)) else
            "a workload (arrivals, traces)" if suite.workload is not None else
            "a codec" if suite.axes.codec != ["none"] else

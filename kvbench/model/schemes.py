@@ -63,17 +63,21 @@ def tp_scheme(pairs) -> str:
 def tp_pairs(scheme: str, world: int) -> list[tuple[int, int]]:
     """Scheme 'tp:P:D[,P:D...]': ranks 0..P-1 prefill, P..P+D-1 decode, a prefill rank paired with every decode rank
     whose share of the heads overlaps its own; a case's own pairs, its TP map's pieces (model/tpmap.py), are among
-    them (all of them unless an MLA latent or a replicated head is taken from one rank of several)."""
+    them (all of them unless an MLA latent or a replicated head is taken from one rank of several).  The world is
+    the largest pair's P + D: a smaller pair's cases run on its first ranks while the rest wait."""
     out: list[tuple[int, int]] = []
+    sizes = []
     for text in scheme[3:].split(","):
         p, _, d = text.partition(":")
         if not (p.isdigit() and d.isdigit() and int(p) and int(d)):
             raise SchemeError(f"scheme '{scheme}': give tp:P:D (prefill TP : decode TP), or --tp P:D")
         p, d = int(p), int(d)
-        if p + d != world:
-            raise SchemeError(f"--tp {p}:{d} needs {p + d} ranks ({p} prefill + {d} decode), got {world}")
+        sizes.append((p + d, p, d))
         out += [(q, p + r) for q in range(p) for r in range(d)
                 if q * d < (r + 1) * p and r * p < (q + 1) * d and (q, p + r) not in out]
+    n, p, d = max(sizes)
+    if n != world:
+        raise SchemeError(f"--tp {p}:{d} needs {n} ranks ({p} prefill + {d} decode), got {world}")
     return out
 
 

@@ -66,6 +66,9 @@ VARIANT_AXES = {
     "flow": ("", ("flow", 7, lambda r: _axis(r, "flow") or "-"), "pairs"),
     # --register per-request: each request registers its blocks inside its time; reg(us) is that cost's p50
     "register": ("once", ("register", 11, lambda r: _axis(r, "register")), "transport"),
+    # --tp P:D (prefill TP : decode TP) and a block's head order: rows of one model differ by them alone
+    "tp": ("1", ("tp", 5, lambda r: _axis(r, "tp")), "model"),
+    "head_layout": ("", ("heads", 5, lambda r: _axis(r, "head_layout") or "-"), "layout"),
 }
 # a variant axis's further columns, after its own
 AXIS_EXTRA = {"register": [("reg(us)", 8, lambda r: _f(_us(r.get("register_p50")), ".1f")),
@@ -81,7 +84,9 @@ def _axis(r, key: str) -> str:
         v = r.get(STORED_AS.get(key, key))
     if key == "flow" and not v and r.get("scheme") in FLOWS:  # a suite's case: its flows, alone then together
         v = "all"
-    return VARIANT_AXES[key][0] if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return VARIANT_AXES[key][0]
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)  # a tp column read as floats
 
 
 def variant_axes(cases) -> list[str]:
@@ -151,6 +156,8 @@ VARIANT_NOTES = {"flow": "flow = a matrix's flow alone (SRC->DST) or all flows a
                  "mem": "mem = where the pools live", "copy": "copy = the copy engine of device bytes",
                  "scales": "scales = fp8 scale planes", "codec": "codec = the wire encoding",
                  "prefill": "prefill = clock (a timer) or real (the model's matmuls)",
+                 "tp": "tp = prefill TP : decode TP (one number: both sides)",
+                 "heads": "heads = a block's head order at P:D (NHD: a head slice is a descriptor per token; HND: per block)",
                  "arrival": "arrival = the workload's arrival process (requests/s per prefill rank)",
                  "register": "register = once (the pool at setup) or per-request (each request's blocks, inside its "
                              "time; reg(us)/dereg(us) = that request's registering/deregistering p50, dereg after "

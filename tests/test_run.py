@@ -124,6 +124,13 @@ def test_footer_says_nothing_measured_when_every_case_was_skipped(kvrun):
     assert r.meta()["status"] == "NOTHING MEASURED"
 
 
+def test_pages_huge_on_shm_is_a_skipped_row_that_says_why(kvrun):
+    """A /dev/shm segment takes no hugetlb pages: shm's rows say so (exit 3), not a 4k-page row that reads OK."""
+    r = kvrun(["-t", "shm", "-b", "64", "-e", "64", *SMALL, "--pages", "huge"])
+    assert r.code == 3 and r.meta()["status"] == "NOTHING MEASURED", r.out + r.err
+    assert "skipped: unavailable: --pages huge: shm's pool is a /dev/shm segment (tmpfs)" in r.out
+
+
 @pytest.mark.parametrize("pages", ["4k", "thp"])
 def test_sidecar_records_the_pages_asked_for_and_got(kvrun, pages):
     """--pages: the sidecar says what each pool asked for and got, and every row says the page size."""

@@ -118,7 +118,8 @@ class Harness(Rows, Calibration, Carrying):
             elif all(c["op"] not in cls.caps.ops for c in cases):
                 reason = f"supports only {', '.join(cls.caps.ops)}"
             else:
-                reason = device_reason(cls, cases[0]) or registering.reason(cls, cases[0])
+                reason = device_reason(cls, cases[0]) or registering.reason(cls, cases[0]) or (
+                    f"--pages huge: {cls.caps.no_hugetlb}" if self.opts.pages == "huge" and cls.caps.no_hugetlb else None)
         reasons = [r for r in self.comm.allgather(reason) if r]
         if reasons:
             for case in cases:

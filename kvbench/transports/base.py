@@ -96,6 +96,7 @@ class Caps:
     stamps: bool = False  # a receive or progress thread of its own stamps the landing (the completion rule)
     codec_frames: str = ""  # how codec frames cross it (codecs/path.py): "stream" or "doorbell"; "": they cannot
     unregistered: str = ""  # why it registers no memory with a library ("" where it does): its register rows say so
+    no_hugetlb: str = ""  # why its pool cannot take --pages huge ("" where it can): its cases are skipped rows
 
 
 @dataclass

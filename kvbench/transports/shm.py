@@ -44,7 +44,9 @@ def _unlink(path: str) -> None:
 class ShmTransport(Transport):
     name = "shm"
     caps = Caps(memory=("host",), one_sided=True, notifies=False, codec_frames="doorbell",
-                unregistered="shm registers nothing: its pool is a shared-memory segment its peer maps at connect")
+                unregistered="shm registers nothing: its pool is a shared-memory segment its peer maps at connect",
+                no_hugetlb="shm's pool is a /dev/shm segment (tmpfs), which takes no hugetlb pages: --pages thp "
+                           "asks tmpfs for huge pages (docs/pages.md)")
 
     def __init__(self, ctx):
         super().__init__(ctx)

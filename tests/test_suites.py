@@ -29,14 +29,20 @@ LONGER = {"coalescing": ["--tokens", "64"], "lifecycle": ["--pool-sizes", "1MiB,
           "formats": ["--variants", "paged"]}  # formats x codecs: 50 cases with bulk, each format's paged row is its path
 
 
+def ranks(name: str) -> int:
+    """The ranks a suite runs on: 2 (`make bench`), or its largest P:D pair's P + D (layouts: 2:2, 4 ranks)."""
+    pairs = [str(t).split(":") for t in S.load(name).axes.tp if ":" in str(t)]
+    return max([2] + [int(p) + int(d) for p, d in pairs])
+
+
 def test_suites_are_shipped():
     assert {"quick", "procurement", "procurement-overlap", "load"} <= set(SUITES)
 
 
 @pytest.mark.parametrize("name", SUITES)
 def test_the_configuration_accepts_every_shipped_suite_as_written(name):
-    # the whole suite, every axis as shipped, on the 2 ranks `make bench` and `make procurement` launch
-    cfg = runconfig.build(build_parser().parse_args(["run", name]), ["run", name], world=2)
+    # the whole suite, every axis as shipped, on the 2 ranks `make bench` and `make procurement` launch (or its pairs')
+    cfg = runconfig.build(build_parser().parse_args(["run", name]), ["run", name], world=ranks(name))
     assert cfg.cases and set(c["transport"] for c in cfg.cases) == set(S.load(name).axes.transport)
 
 
@@ -51,7 +57,7 @@ def tiny_args(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", SUITES)
 def test_every_shipped_suite_runs_end_to_end_at_tiny_sizes(kvrun, name):
-    r = kvrun(tiny_args(name), timeout=90)
+    r = kvrun(tiny_args(name), n=ranks(name), timeout=90)
     assert r.code == 0, f"{name}: exit {r.code}\n{r.out[-3000:]}\n{r.err[-3000:]}"
     df = r.table()
     ok = df[df["status"] == "ok"]

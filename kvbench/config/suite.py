@@ -326,9 +326,11 @@ def list_suites() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(SUITE_DIR) if f.endswith(".yaml"))
 
 
-CASE_KEYS = ("transport", "memory", "copy", "register", "op", "model", "tokens", "prefix_hit", "block_size", "layout", "alloc",
-             "coalesce", "dtype", "tp", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival", "codec",
-             "scales", "prefill")
+# Sweep order.  The axes that decide a transport's session (harness/loop.py: one pool and connection per memory kind,
+# copy engine, --register and P:D pair) come first, so each session runs once and measures its references once
+CASE_KEYS = ("transport", "memory", "copy", "register", "tp", "op", "model", "tokens", "prefix_hit", "block_size",
+             "layout", "alloc", "coalesce", "dtype", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival",
+             "codec", "scales", "prefill")
 
 
 def expand(suite: Suite) -> list[dict]:

@@ -102,6 +102,9 @@ def test_fp8_halves_the_bytes_and_the_time():
     (["--tp", "2,4"], "plan: --tp takes one value, not 2,4"),
     (["-m", "llama-3-8b,llama-3-8b"], "plan: -m: 'llama-3-8b' is listed twice"),  # once printed its rows twice
     (["--percentiles", "50:0"], "plan: prompt lengths p50: 0 is not a positive prompt length"),
+    (["--tp", "3:2", "-m", "llama-3-70b"], "plan: --tp 3:2: prefill TP 3 does not divide llama-3-70b's 8 KV heads"),
+    (["--head-layout", "HND"], "plan: --head-layout takes one value, with --tp P:D"),
+    (["--tp", "2:1", "--head-layout", "NHD,HND"], "plan: --head-layout takes one value"),
 ])
 def test_bad_input_is_one_line(args, msg):
     r = kvbench_cli("plan", *args)
@@ -136,3 +139,34 @@ def test_a_named_rate_in_gbit():
     r = kvbench_cli("plan", "-m", "llama-3-8b", "--tokens", "1000", "--fabric", "200 Gb/s")
     (row,) = data_rows(r.stdout)
     assert row[6] == "25.00" and math.isclose(float(row[8]), 131072 * 1000 / 25e9 * 1e3, abs_tol=0.01)
+
+
+@pytest.mark.launches
+def test_prefill_tp_to_decode_tp_plans_a_decode_ranks_bytes_and_descriptors():
+    """--tp 4:2: bytes of one decode rank (TP 2's shard); on a link model, NHD's descriptor per token costs more
+    than HND's per block for the same bytes; prefill time from prefill TP 4."""
+    r = kvbench_cli("plan", "-m", "llama-3-70b", "--tokens", "4096", "--fabric", "100GbE", "--tp", "4:2")
+    assert r.returncode == 0, r.stderr
+    (row,) = data_rows(r.stdout)
+    # a decode rank at TP 2: 4 of 8 KV heads, 2 x 80 layers x 4 x 128 x 2 B x 4096 tokens
+    assert row[4] == "671,088,640" and "tp 4:2 (prefill : decode, NHD heads)" in r.stdout
+    one = data_rows(kvbench_cli("plan", "-m", "llama-3-70b", "--tokens", "4096", "--fabric", "100GbE", "--tp",
+                                "4").stdout)[0]
+    assert row[7] == one[7]  # P: prefill TP 4 either way
+    from kvbench.report.plan import Fabric
+
+    class Fit:  # a link model: t = L x 1 ms + n x 5 us + bytes / 1 GB/s
+        def predict(self, layers, n, nbytes):
+            return layers * 1e-3 + n * 5e-6 + nbytes / 1e9
+
+    fab, times = Fabric("fit", 1.0, "measured: test", Fit()), {}
+    for h in ("NHD", "HND"):
+        inp = plan.PlanInput(models=["llama-3-8b"], dtypes=["fp16"], prompts={"all": 1024}, prompt_desc="x",
+                             prefill_tflops=400, ttft_ms=200, rate=1, saving=0.5, block_size=16, tp=2,
+                             decode_tp=1, head_layout=h, pp=1, prefix_hit=0, fabrics=["fit"])
+        (r0,) = plan.rows(inp, [fab])
+        times[h] = r0["transfer_ms"]
+        assert r0["bytes"] == 2 * 32 * 1024 * 8 * 128 * 2  # the decode rank gathers every head
+    # NHD: 2 pieces x 64 layer-regions x 1,024 tokens; HND: 2 x 64 x 64 blocks; 32 layers, 134 MB either way
+    assert times["NHD"] == pytest.approx((32e-3 + 131_072 * 5e-6 + 134_217_728 / 1e9) * 1e3)
+    assert times["HND"] == pytest.approx((32e-3 + 8_192 * 5e-6 + 134_217_728 / 1e9) * 1e3)

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from kvbench.model import shapes as M
+from kvbench.model import tpmap as T
 from kvbench.model.inputs import BlockSize, KVDType, ModelName, Positive, PrefixHit, Tokens, check_tokens, unique
 
 # the arithmetic and the verdict live in verdicts.py, shared with the page's summary; named here as before
@@ -41,7 +42,9 @@ class PlanInput(BaseModel):
     rate: float = Field(ge=0)  # requests per second per prefill instance (each of its ranks moves its shard)
     saving: float = Field(ge=0, le=10)  # share of the prefill time disaggregation saves
     block_size: BlockSize
-    tp: Positive
+    tp: Positive  # the prefill side's TP (the one TP degree unless decode_tp is given)
+    decode_tp: int = Field(0, ge=0)  # --tp P:D: the decode side's (0: the same as tp, one TP degree)
+    head_layout: Literal["NHD", "HND"] = "NHD"  # a block's head order at P:D (model/tpmap.py)
     pp: Positive
     prefix_hit: PrefixHit
     fabrics: list[str] = Field(min_length=1)
@@ -145,9 +148,13 @@ class Fabric:
     def measured(self) -> bool:
         return self.source != "nominal"
 
-    def transfer_s(self, shape: M.ModelShape, tokens: int, dtype: str, block_size: int) -> tuple[float, str]:
-        """Seconds to move one request, and how they were obtained."""
-        nbytes = M.request_bytes(shape, dtype, tokens)
+    def transfer_s(self, shape: M.ModelShape, tokens: int, dtype: str, block_size: int, nbytes: int | None = None,
+                   descriptors: int | None = None) -> tuple[float, str]:
+        """Seconds to move one request (``nbytes`` in ``descriptors``, where a TP map gives them), and how they
+        were obtained."""
+        nbytes = M.request_bytes(shape, dtype, tokens) if nbytes is None else nbytes
+        if self.fit is not None and descriptors is not None:
+            return float(self.fit.predict(shape.layers, descriptors, nbytes)), "link model"
         if self.fit is not None:
             from .linkmodel import predict_request
 
@@ -220,6 +227,9 @@ def measured_fabrics(path: str, block_size: int) -> list[Fabric]:
 def lines(inp: PlanInput, fabrics: list[Fabric]) -> list[str]:
     """The plan as text: a header of assumptions, per fabric its source and rows, then the verdicts."""
     shard = f", tp={inp.tp} pp={inp.pp} (per rank)" if inp.tp > 1 or inp.pp > 1 else ""
+    if inp.decode_tp:
+        shard = (f", tp {inp.tp}:{inp.decode_tp} (prefill : decode, {inp.head_layout} heads) pp={inp.pp}: bytes and "
+                 "descriptors per decode rank (the one that receives the most)")
     out = [f"# kvbench plan: prompts {inp.prompt_desc}; prefill at {inp.prefill_tflops:g} TFLOP/s achieved{shard}; "
            f"TTFT budget {inp.ttft_ms:g} ms; {inp.rate:g} req/s; disaggregation saves {100 * inp.saving:g}% of the "
            "prefill time (--saving)",
@@ -283,14 +293,26 @@ def build(a) -> PlanInput:
         if v and len(v) > 1:
             raise ValueError(f"plan: {flag} takes one value, not {','.join(map(str, v))}")
     prompts, desc, mean = prompts_from(a.tokens, a.percentiles, a.histogram)
+    tp, heads = (a.tp or [1])[0], getattr(a, "head_layout", None) or []
+    pair = T.parse_tp(tp) if isinstance(tp, str) else None
+    if len(heads) > 1 or (heads and pair is None):
+        raise ValueError("plan: --head-layout takes one value, with --tp P:D (prefill TP : decode TP)")
     try:
-        return PlanInput(models=a.model or ["llama-3-70b"], dtypes=a.dtype or ["fp16"], prompts=prompts,
-                         prompt_desc=desc, mean_tokens=mean, prefill_tflops=a.prefill_tflops, ttft_ms=a.ttft_ms, rate=a.rate,
-                         saving=a.saving, block_size=a.block_size, tp=(a.tp or [1])[0], pp=(a.pp or [1])[0],
-                         prefix_hit=(a.prefix_hit or [0])[0], fabrics=a.fabric or list(M.LINKS),
-                         overlap=a.overlap)
+        inp = PlanInput(models=a.model or ["llama-3-70b"], dtypes=a.dtype or ["fp16"], prompts=prompts,
+                        prompt_desc=desc, mean_tokens=mean, prefill_tflops=a.prefill_tflops, ttft_ms=a.ttft_ms,
+                        rate=a.rate, saving=a.saving, block_size=a.block_size, tp=pair.prefill if pair else tp,
+                        decode_tp=pair.decode if pair else 0, head_layout=(heads or ["NHD"])[0],
+                        pp=(a.pp or [1])[0], prefix_hit=(a.prefix_hit or [0])[0], fabrics=a.fabric or list(M.LINKS),
+                        overlap=a.overlap)
     except ValidationError as exc:
         raise ValueError(one_line(exc)) from None
+    for name in inp.models if pair else ():  # both sides split the model's heads (one line when they do not)
+        whole = M.get_model(name)
+        try:
+            T.check(whole, pair, inp.head_layout, "mla" if whole.attention == "mla" else "layer-major")
+        except ValueError as exc:
+            raise ValueError(f"plan: {exc}") from None
+    return inp
 
 
 def main(a) -> int:

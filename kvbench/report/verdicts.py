@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from kvbench.model import shapes as M
+from kvbench.model import tpmap as T
 
 # a PlanInput and Fabrics of plan.py (which imports this module) are read by attribute: no import back
 PlanInput = Fabric = object
@@ -23,7 +24,7 @@ IN_PROCESS = frozenset({"loopback"})
 # a chat-like prompt mix, 400 TFLOP/s achieved prefill, a 200 ms TTFT budget, 1 req/s, half the prefill saved
 PROCUREMENT = dict(prompts={"p50": 1024, "p95": 4096, "p99": 8192}, prompt_desc="percentiles p50 1024, p95 4096, "
                    "p99 8192", prefill_tflops=400.0, ttft_ms=200.0, rate=1.0, saving=0.5, block_size=16, tp=1, pp=1,
-                   prefix_hit=0, overlap="streaming")
+                   decode_tp=0, prefix_hit=0, overlap="streaming")
 
 
 def break_even_s(p_s: float, layers: int, saving: float, overlap: str = "streaming") -> float:
@@ -45,17 +46,30 @@ def prefill_s(name: str, tokens: int, inp: PlanInput) -> float:
                          "model YAML file with params_b (and q_heads)") from None
 
 
+def received(name: str, dtype: str, ntok: int, inp: PlanInput) -> tuple[M.ModelShape, int, int | None]:
+    """What one decode rank receives of a request: its shard, its bytes and, at --tp P:D, its descriptors (the
+    decode rank that receives the most, model/tpmap.py; None at one TP degree: one per block, the link model's)."""
+    whole = M.get_model(name)
+    if not inp.decode_tp:
+        shape = M.shard(whole, inp.tp, inp.pp)
+        return shape, M.request_bytes(shape, dtype, ntok), None
+    layout = "mla" if whole.attention == "mla" else "layer-major"
+    tmap = T.tp_map(M.shard(whole, 1, inp.pp), ntok, inp.block_size, dtype, layout, inp.head_layout,
+                    T.TPPair(inp.tp, inp.decode_tp))
+    most = max((tmap.of(d) for d in range(inp.decode_tp)), key=lambda ps: sum(q.nbytes for q in ps))
+    return M.shard(whole, inp.decode_tp, inp.pp), sum(q.nbytes for q in most), sum(q.descriptors for q in most)
+
+
 def rows(inp: PlanInput, fabrics: list[Fabric]) -> list[dict]:
     """One dict per (model, dtype, fabric, prompt percentile) with every number the table shows."""
     out = []
     for name in inp.models:
-        shape = M.shard(M.get_model(name), inp.tp, inp.pp)
         for dtype in inp.dtypes:
             for fab in fabrics:
                 for label, tokens in inp.prompts.items():
                     ntok = M.transferred_tokens(tokens, min(inp.prefix_hit, tokens - 1))
-                    nbytes = M.request_bytes(shape, dtype, ntok)
-                    t_s, how = fab.transfer_s(shape, ntok, dtype, inp.block_size)
+                    shape, nbytes, ndesc = received(name, dtype, ntok, inp)
+                    t_s, how = fab.transfer_s(shape, ntok, dtype, inp.block_size, nbytes, ndesc)
                     p_s = prefill_s(name, tokens, inp)
                     stream = max(0.0, t_s - p_s) + t_s / shape.layers
                     be = break_even_s(p_s, shape.layers, inp.saving, inp.overlap)
@@ -75,10 +89,9 @@ def rows(inp: PlanInput, fabrics: list[Fabric]) -> list[dict]:
 def load_of(inp: PlanInput, fab: Fabric, name: str, dtype: str) -> dict:
     """The fabric's load at ``inp.rate``: rate x the mean request's transfer time (p50 when no mean is known)."""
     tokens = inp.mean_tokens or inp.prompts.get("p50") or next(iter(inp.prompts.values()))
-    shape = M.shard(M.get_model(name), inp.tp, inp.pp)
     ntok = max(1, round(tokens) - inp.prefix_hit)
-    t_s, _ = fab.transfer_s(shape, ntok, dtype, inp.block_size)
-    nbytes = M.request_bytes(shape, dtype, ntok)
+    shape, nbytes, ndesc = received(name, dtype, ntok, inp)
+    t_s, _ = fab.transfer_s(shape, ntok, dtype, inp.block_size, nbytes, ndesc)
     return dict(label="mean" if inp.mean_tokens else "p50", tokens=tokens, rate=inp.rate, busy=inp.rate * t_s,
                 need_gbps=inp.rate * nbytes / 1e9, gbps=nbytes / t_s / 1e9)
 

@@ -126,8 +126,8 @@ def build_parser() -> Parser:
                    "block holding every layer: docs/layouts.md)")
     r.add_argument("--dtype", type=csv(str), help=f"KV dtype: {', '.join(M.DTYPES)}, nvfp4, fp8-ds-mla")
     r.add_argument("--memory", type=csv(str), help="where the pools live: host (numpy, default), torch-cpu (torch "
-                   "CPU tensors: the device layer without a GPU), pinned (page-locked host), cuda (GPU memory); "
-                   "docs/gpu.md")
+                   "CPU tensors: the device layer without a GPU), pinned (page-locked host), cuda (GPU memory), auto (cuda for "
+                   "cuda_ipc, staged and verbs where a GPU is, host for the rest); docs/gpu.md")
     r.add_argument("--copy", type=csv(str), help="copy engine for device bytes: auto (default: kernel between "
                    "GPUs, batch between host and GPU), memcpy (one cuMemcpyAsync per descriptor), kernel (one "
                    "gather/scatter launch over many CTAs), batch (cuMemcpyBatchAsync), batch-overlap (the same, "

@@ -183,11 +183,12 @@ def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock, compact=False
     from kvbench.report import LivePrinter
     from kvbench.report.compact import live_table
     from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
+    from kvbench.config.suite import memory_lines
 
     suite, cases = cfg.suite, cfg.cases
     pairs = make_pairs(suite.scheme, c.size, suite.matrix)
     for line in (preamble(c, suite, argv, hosts) + cpu_lines(cfg.bind, hosts, cpus) + same_host_warnings(cases, pairs, hosts)
-                 + placing.preamble(h.placement, cases, pairs) + h.route_lines + h.path_lines(cfg) + cfg.workload_lines(c.size)
+                 + placing.preamble(h.placement, cases, pairs) + memory_lines(suite, cases) + h.route_lines + h.path_lines(cfg) + cfg.workload_lines(c.size)
                  + layout_lines(cases) + [estimate_line(cfg)]):
         print(line)
     gone = sorted({p for part in swept for p in part})

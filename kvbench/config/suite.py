@@ -6,6 +6,8 @@ and the allowed values in one line.
 """
 from __future__ import annotations
 
+import functools
+
 import os
 import platform
 import warnings
@@ -119,7 +121,8 @@ class Axes(BaseModel):
     arrival: list[Arrival] = Field(default=["none"], min_length=1)
     # where the pools live (host: numpy; torch-cpu, pinned, cuda: torch tensors, memory/device.py)
     # and which copy engine moves device bytes (copy.py); host transports take memory host only
-    memory: list[Literal["host", "torch-cpu", "pinned", "cuda"]] = Field(default=["host"], min_length=1)
+    # auto: cuda for the transports that move device memory (DEVICE_PATHS) where this machine has a GPU, else host
+    memory: list[Literal["host", "torch-cpu", "pinned", "cuda", "auto"]] = Field(default=["host"], min_length=1)
     # auto: per case, kernel between device pools (cuda_ipc) and batch across PCIe (copy.default)
     copy: list[Literal["auto", "memcpy", "kernel", "batch", "batch-overlap", "batch-any"]] = Field(
         default=["auto"], min_length=1)
@@ -326,6 +329,35 @@ def list_suites() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(SUITE_DIR) if f.endswith(".yaml"))
 
 
+# the transports that move device memory (their caps.memory holds cuda): what memory 'auto' gives device pools
+DEVICE_PATHS = ("cuda_ipc", "staged", "verbs")
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_here() -> bool:
+    """A GPU the driver sees and torch can allocate on (device pools are torch tensors: memory/device.py)."""
+    from kvbench.memory import device, driver
+
+    return driver.device_count() > 0 and device.probe("cuda") is None
+
+
+def auto_memory(transport: str) -> str:
+    """memory 'auto' for one transport: cuda where it moves device memory and this machine has a GPU, else host."""
+    return "cuda" if transport in DEVICE_PATHS and _gpu_here() else "host"
+
+
+def memory_lines(suite, cases: list[dict]) -> list[str]:
+    """The preamble's word on memory 'auto': which transports run device pools, or that there is no GPU here."""
+    if "auto" not in suite.axes.memory:
+        return []
+    dev = sorted({c["transport"] for c in cases if c["memory"] == "cuda" and c["transport"] in DEVICE_PATHS})
+    if dev:
+        return [f"# memory auto: device pools (cuda) for {', '.join(dev)}; host memory for the rest"]
+    wanted = [t for t in suite.axes.transport if t in DEVICE_PATHS]
+    return ["# memory auto: no GPU: host memory only" + (f" ({', '.join(wanted)} move device memory: their rows "
+                                                          "say why they cannot run)" if wanted else "")]
+
+
 # Sweep order.  The axes that decide a transport's session (harness/loop.py: one pool and connection per memory kind,
 # copy engine, --register and P:D pair) come first, so each session runs once and measures its references once
 CASE_KEYS = ("transport", "memory", "copy", "register", "tp", "op", "model", "tokens", "prefix_hit", "block_size",
@@ -338,6 +370,8 @@ def expand(suite: Suite) -> list[dict]:
     ax = suite.axes
     cases, dropped = [], []
     for case in tpcheck.cases(ax, CASE_KEYS):  # --tp P:D: once per head layout
+        if case["memory"] == "auto":
+            case["memory"] = auto_memory(case["transport"])
         if case["copy"] == "auto":
             case["copy"] = copy_default(case["transport"], case["memory"])[0]
         shape = M.get_model(case["model"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvbench.config import memauto as A
 from kvbench.config import suite as S
 
 AXES = {"transport": ["shm", "tcp", "cuda_ipc", "staged", "verbs"], "memory": ["auto"], "op": ["push"],
@@ -12,7 +13,7 @@ AXES = {"transport": ["shm", "tcp", "cuda_ipc", "staged", "verbs"], "memory": ["
 
 @pytest.fixture(params=[True, False], ids=["gpu", "no-gpu"])
 def gpu(request, monkeypatch):
-    monkeypatch.setattr(S, "_gpu_here", lambda: request.param)
+    monkeypatch.setattr(A, "_gpu_here", lambda: request.param)
     return request.param
 
 
@@ -20,13 +21,13 @@ def test_auto_gives_device_pools_only_to_device_paths_and_only_with_a_gpu(gpu):
     suite = S.validate({"name": "x", "axes": AXES})
     cases = S.expand(suite)
     got = {c["transport"]: c["memory"] for c in cases}
-    assert got == {"shm": "host", "tcp": "host", **{t: "cuda" if gpu else "host" for t in S.DEVICE_PATHS}}
-    line, = S.memory_lines(suite, cases)
+    assert got == {"shm": "host", "tcp": "host", **{t: "cuda" if gpu else "host" for t in A.DEVICE_PATHS}}
+    line, = A.memory_lines(suite, cases)
     if gpu:
         assert line == "# memory auto: device pools (cuda) for cuda_ipc, staged, verbs; host memory for the rest"
     else:
         assert line.startswith("# memory auto: no GPU: host memory only (cuda_ipc, staged, verbs move device")
-    assert S.memory_lines(S.validate({"name": "x", "axes": dict(AXES, memory=["host"])}), cases) == []
+    assert A.memory_lines(S.validate({"name": "x", "axes": dict(AXES, memory=["host"])}), cases) == []
 
 
 def test_the_device_paths_are_the_transports_whose_pools_can_be_device_memory():
@@ -34,7 +35,7 @@ def test_the_device_paths_are_the_transports_whose_pools_can_be_device_memory():
 
     cuda = {n for n in ("cuda_ipc", "staged", "verbs", "shm", "tcp", "mpi", "loopback")
             if "cuda" in transports.load(n).caps.memory}
-    assert cuda == set(S.DEVICE_PATHS)
+    assert cuda == set(A.DEVICE_PATHS)
 
 
 @pytest.mark.parametrize("name", ["procurement", "procurement-overlap"])

@@ -180,10 +180,10 @@ def lock_resumed(path: str):
 
 def open_results(c, cfg, argv, hosts, cpus, mpich, swept, h, lock, compact=False):
     """Rank 0, after validation and preflight: the preamble, the result files, the live table."""
+    from kvbench.config.memauto import memory_lines
     from kvbench.report import LivePrinter
     from kvbench.report.compact import live_table
     from kvbench.results.store import ResultWriter, git_commit, library_versions, system_description
-    from kvbench.config.suite import memory_lines
 
     suite, cases = cfg.suite, cfg.cases
     pairs = make_pairs(suite.scheme, c.size, suite.matrix)

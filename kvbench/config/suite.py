@@ -6,8 +6,6 @@ and the allowed values in one line.
 """
 from __future__ import annotations
 
-import functools
-
 import os
 import platform
 import warnings
@@ -19,6 +17,7 @@ from kvbench import transports
 from kvbench.codecs import NAMES
 from kvbench.codecs import check as codec_check
 from kvbench.config import tpcheck
+from kvbench.config.memauto import auto_memory
 from kvbench.memory.copy import default as copy_default
 from kvbench.memory.values import check_fill
 from kvbench.model import matrix as X
@@ -329,37 +328,7 @@ def list_suites() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(SUITE_DIR) if f.endswith(".yaml"))
 
 
-# the transports that move device memory (their caps.memory holds cuda): what memory 'auto' gives device pools
-DEVICE_PATHS = ("cuda_ipc", "staged", "verbs")
-
-
-@functools.lru_cache(maxsize=1)
-def _gpu_here() -> bool:
-    """A GPU the driver sees and torch can allocate on (device pools are torch tensors: memory/device.py)."""
-    from kvbench.memory import device, driver
-
-    return driver.device_count() > 0 and device.probe("cuda") is None
-
-
-def auto_memory(transport: str) -> str:
-    """memory 'auto' for one transport: cuda where it moves device memory and this machine has a GPU, else host."""
-    return "cuda" if transport in DEVICE_PATHS and _gpu_here() else "host"
-
-
-def memory_lines(suite, cases: list[dict]) -> list[str]:
-    """The preamble's word on memory 'auto': which transports run device pools, or that there is no GPU here."""
-    if "auto" not in suite.axes.memory:
-        return []
-    dev = sorted({c["transport"] for c in cases if c["memory"] == "cuda" and c["transport"] in DEVICE_PATHS})
-    if dev:
-        return [f"# memory auto: device pools (cuda) for {', '.join(dev)}; host memory for the rest"]
-    wanted = [t for t in suite.axes.transport if t in DEVICE_PATHS]
-    return ["# memory auto: no GPU: host memory only" + (f" ({', '.join(wanted)} move device memory: their rows "
-                                                          "say why they cannot run)" if wanted else "")]
-
-
-# Sweep order.  The axes that decide a transport's session (harness/loop.py: one pool and connection per memory kind,
-# copy engine, --register and P:D pair) come first, so each session runs once and measures its references once
+# Sweep order: a transport's session axes first (memory, copy, register, P:D pair: harness/loop.py), so each runs once
 CASE_KEYS = ("transport", "memory", "copy", "register", "tp", "op", "model", "tokens", "prefix_hit", "block_size",
              "layout", "alloc", "coalesce", "dtype", "pp", "inflight", "overlap", "prefill_ms", "handshake", "arrival",
              "codec", "scales", "prefill")

@@ -125,3 +125,13 @@ def test_explicit_anchors_count_and_missing_ones_do_not(tmp_path):
     page = tmp_path / "p.md"
     page.write_text('<a id="page-align"></a>\n## Page-align every pool\n\n```\n<a id="in-code"></a>\n```\n')
     assert anchors(str(page)) == {"page-align", "page-align-every-pool"}
+
+
+def test_the_schema_version_is_stated_once_and_is_the_codes():
+    """docs/methodology.md states the version the results are written in; no other page names a current one."""
+    from kvbench.results.schema import SCHEMA_VERSION
+
+    text = open(os.path.join(ROOT, "docs", "methodology.md")).read()
+    assert f"is tidy (schema version {SCHEMA_VERSION}: stated here only" in text
+    for page in ("README.md", "docs/usage.md", "results/README.md"):
+        assert not re.search(r"(schema version|writes version) \d", open(os.path.join(ROOT, page)).read()), page

@@ -112,8 +112,8 @@ def build_parser() -> Parser:
                         "phase of a shared machine hits every row alike (default min(5, iterations), 1 under --cache warm; "
                         "1: each case runs to the end)")
     r.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                   help="progress bar on rank 0's stderr: auto (when it is a terminal; MPI launchers usually give "
-                   "ranks pipes, so say on), on, off")
+                   help="progress bar on rank 0's stderr: auto (when it is a terminal, else a '# progress:' line "
+                   "every 30 s with the time left at the pace so far; MPI launchers usually give ranks pipes), on, off")
     r.add_argument("-c", "--check", type=check_arg, metavar="{0,1,all}",
                    help="0: no check; 1 (default): one more transfer after timing, verified against lies; all (also "
                         "every): every timed iteration verified as well, outside its timed window (README, Checking)")

@@ -6,8 +6,11 @@ launcher passes one through (srun --pty); ``make procurement`` asks the shell an
 from __future__ import annotations
 
 import sys
+import time
 
 from kvbench import transports
+
+PERIOD_S = 30.0  # a progress line this often where no bar can be drawn (output to a pipe or a file)
 
 
 def wanted(mode: str) -> bool:
@@ -57,10 +60,40 @@ class Bar:
         self.bar.close()
 
 
-def start(mode: str, cases: list[dict], variants) -> Bar | None:
-    """A bar when wanted and tqdm is installed (it is a core dependency; a missing one is no reason to fail)."""
+class Lines:
+    """Where stderr is no terminal (a pipe, a log file, CI): a '#' line every PERIOD_S seconds with the count and the
+    time left at the pace so far, so a long run is never silent for minutes; table lines pass through."""
+
+    def __init__(self, total: int, period: float = PERIOD_S, clock=time.monotonic):
+        self.total, self.done, self.period, self.clock = total, 0, period, clock
+        self.t0 = self.last = clock()
+
+    def write(self, line: str) -> None:
+        print(line, flush=True)
+
+    def tick(self, label: str = "") -> None:
+        self.done += 1
+        now = self.clock()
+        if now - self.last < self.period or self.done >= self.total:
+            return
+        self.last, spent = now, now - self.t0
+        left = spent / self.done * (self.total - self.done)
+        print(f"# progress: {self.done}/{self.total} measurements, {_mmss(spent)} spent, about {_mmss(left)} left at "
+              f"this pace{f' (now: {label})' if label else ''}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _mmss(s: float) -> str:
+    return f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def start(mode: str, cases: list[dict], variants) -> Bar | Lines | None:
+    """A bar when wanted and tqdm is installed (it is a core dependency; a missing one is no reason to fail); under
+    auto with no terminal, a progress line every PERIOD_S seconds; under off, nothing."""
     if not wanted(mode):
-        return None
+        return Lines(expected(cases, variants)) if mode == "auto" else None
     try:
         return Bar(expected(cases, variants))
     except ImportError:

@@ -66,7 +66,7 @@ def runs_table(runs: list[Run]) -> pd.DataFrame:
 
 
 KEY_COLUMNS = ("run", "transport", "op", "memory", "model", "tokens", "dtype", "alloc", "overlap", "handshake",
-               "layers", "arrival")  # a key column with one value in every row moves into the caption
+               "layers", "arrival", "layout", "coal", "tp", "heads")  # a key column with one value in every row moves into the caption
 
 
 def compact(caption: str, table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
@@ -95,13 +95,19 @@ def bandwidth_table(bw: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{
         "run": r["run"], "transport": r["transport"], "op": r["op"], "memory": r["memory"], "model": r["model"],
         "tokens": r["tokens"], "dtype": r["dtype"], "variant": r["variant"],
-        "block (tok)": r["block_size"] if r["variant"] == "paged" else "-", "alloc": r["allocation"],
+        "block (tok)": r["block_size"] if r["variant"] == "paged" else "-", "layout": r["layout"],
+        "alloc": r["allocation"], "coal": r["coalesce"], "tp": _tp(r.get("tp")), "heads": r.get("head_layout") or "-",
         "descs": r["descriptors"], "payload (MB)": _f(r["payload_bytes"] / 1e6, ".2f"), "n": _n(r.get("samples")),
         "p50 (ms)": _f(r["p50"] * 1e3, ".3f"), "p50 95% CI (ms)": _ci(r), "p95 (ms)": _f(r["p95"] * 1e3, ".3f"),
         "p99 (ms)": _f(r["p99"] * 1e3, ".3f"), "GB/s": _f(r["gbps"], ".2f"), "±%": spread_text(r),
         "bulk%": bulk_pct_text(r), "ceiling": r["ceil_name"] or "-",
         "link (GB/s)": _f(r["link_gbps"], ".2f"), "%line": _f(r["pct_line"], ".1f"), "link rate from": r["link"],
         "#wrong": wrong_text(r), "#chk": checks_text(r)} for _, r in bw.iterrows()])
+
+
+def _tp(v) -> str:
+    """A row's tp: 'P:D', or one number (read as a float where a column mixes them with gaps)."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
 
 def exposed_table(ex: pd.DataFrame) -> pd.DataFrame:

@@ -135,10 +135,10 @@ lab: pyc
 # each, then `kvbench report` and `kvbench plan` written beside the results; ARGS go to both launches, LABEL (the
 # machine in words) heads the report and the plan.  Ctrl-C keeps the finished cases and reports them; the next
 # `make procurement` resumes the newest set when it is incomplete, RESUME=<stamp>_procurement.set.json names a set,
-# FRESH=1 starts a new one
+# FRESH=1 starts a new one; QUICK=1: a first answer in minutes (llama-3-8b, fp16, 16- and 256-token blocks)
 procurement: pyc benchdeps
 	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
-	  $(if $(LABEL),--label "$(LABEL)") $(if $(RESUME),--resume "$(RESUME)") $(if $(FRESH),--fresh)
+	  $(if $(LABEL),--label "$(LABEL)") $(if $(RESUME),--resume "$(RESUME)") $(if $(FRESH),--fresh) $(if $(QUICK),--quick)
 
 # One test file at a time, then the tests marked `alone` (times judged against bounds, clocks or prefills measured
 # beside them; the fault matrix's parallel runs).  TEST_JOBS=2 runs the others two files at a time (pytest-xdist,

@@ -66,7 +66,7 @@ def load(path: str) -> dict:
 def new_set(a) -> dict:
     """A set not started: no state file until its first launch names its result file."""
     return {"file": None, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "np": a.np, "kvbench_args": a.kvbench_args,
-            "out": a.out, "label": a.label, "complete": False, "reports": [],
+            "out": a.out, "label": a.label, "quick": bool(getattr(a, "quick", False)), "complete": False, "reports": [],
             "suites": [{"suite": s, "results": None, "status": NOT_STARTED} for s in SUITES]}
 
 
@@ -119,7 +119,8 @@ def choose(a) -> dict | None:
             return new_set(a)
         if state.get("complete"):
             return new_set(a)
-        if (state.get("np"), state.get("kvbench_args")) != (a.np, a.kvbench_args):
+        if (state.get("np"), state.get("kvbench_args"), state.get("quick", False)) != (
+                a.np, a.kvbench_args, bool(getattr(a, "quick", False))):
             print(f"# make procurement: the last set {last} is incomplete but ran with -n {state.get('np')} and ARGS "
                   f"'{state.get('kvbench_args')}': a new set starts (RESUME={last} finishes that one)")
             return new_set(a)

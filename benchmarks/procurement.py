@@ -28,6 +28,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = "llama-3-70b,llama-3-8b,deepseek-v3"
+# QUICK=1: a first answer in minutes: one model, fp16, 16- and 256-token blocks (the per-suite flags before ARGS)
+QUICK = {"procurement": ["-m", "llama-3-8b", "--dtype", "fp16", "-b", "16", "-e", "256", "-f", "16"],
+         "procurement-overlap": ["-m", "llama-3-8b"]}
 # a chat-like prompt mix for the plan: median 1k, tail 4k and 8k (edit for your traffic, or use --histogram)
 PROMPTS = "50:1024,95:4096,99:8192"
 NOMINAL = ("100GbE", "400G IB NDR")
@@ -113,7 +116,9 @@ def launch_cmd(a, state: dict, entry: dict) -> list[str]:
     if entry["results"] is not None:
         return [*head, *kvbench("run", "--resume", entry["results"], "--progress", a.progress)]
     out = ["-o", state["out"]] if state.get("out") else []
-    return [*head, *kvbench("run", entry["suite"], "--progress", a.progress, *out), *state["kvbench_args"].split()]
+    quick = QUICK[entry["suite"]] if state.get("quick") else []
+    return [*head, *kvbench("run", entry["suite"], "--progress", a.progress, *out), *quick,
+            *state["kvbench_args"].split()]
 
 
 def found(state: dict, entry: dict, path: str) -> None:
@@ -151,7 +156,7 @@ def run_set(a, state: dict) -> tuple[list[int], bool]:
     return codes, True
 
 
-def write_outputs(files: list[str], first: str, label: str) -> tuple[str, str, str, int]:
+def write_outputs(files: list[str], first: str, label: str, quick: bool = False) -> tuple[str, str, str, int]:
     """The report (text and page) and the plan over ``files``, beside the set's first result file."""
     stem = at(stem_of(first))
     report = free_name(stem, ".report.txt")
@@ -159,7 +164,8 @@ def write_outputs(files: list[str], first: str, label: str) -> tuple[str, str, s
     bad = write(kvbench("report", *files), report, label)
     page = free_name(stem, ".report")  # the page: report.md (+ plots/), a self-contained report.html, report.csv
     bad |= subprocess.run(kvbench("report", *files, "-o", page), cwd=ROOT).returncode
-    bad |= write(kvbench("plan", "-m", MODELS, "--percentiles", PROMPTS, "--dtype", "fp16,fp8-e4m3",
+    models, dtypes = ("llama-3-8b", "fp16") if quick else (MODELS, "fp16,fp8-e4m3")
+    bad |= write(kvbench("plan", "-m", models, "--percentiles", PROMPTS, "--dtype", dtypes,
                          "--fabric", files[0], *[x for n in NOMINAL for x in ("--fabric", n)]), plan, label)
     return report, page, plan, bad
 
@@ -188,6 +194,8 @@ def parse():
     ap.add_argument("--resume", metavar="SET.json", help="finish this set (default: the newest set under the results "
                     "directory, when it is incomplete)")
     ap.add_argument("--fresh", action="store_true", help="start a new set even when the newest one is incomplete")
+    ap.add_argument("--quick", action="store_true", help="a first answer in minutes: llama-3-8b, fp16, 16- and "
+                    "256-token blocks (make procurement QUICK=1)")
     return ap.parse_args()
 
 
@@ -209,7 +217,8 @@ def main() -> int:
             save(state)
         print(f"# make procurement: {nothing_kept(state)}", file=sys.stderr)
         return INTERRUPTED if Stop.sig else worst(codes) or 1
-    report, page, plan, bad = write_outputs(kept, state["suites"][0]["results"], a.label or state.get("label", ""))
+    report, page, plan, bad = write_outputs(kept, state["suites"][0]["results"], a.label or state.get("label", ""),
+                                            state.get("quick", False))
     state["reports"].append({"report": report, "page": page, "plan": plan, "complete": state["complete"]})
     save(state)
     code = worst(codes)

@@ -169,3 +169,18 @@ def test_a_finished_set_is_not_resumed(tmp_path, capsys):
     a_set(mod, tmp_path, ["INTERRUPTED", mod.NOT_STARTED])
     chosen = mod.choose(args(tmp_path, resume=path))
     assert [mod.action(e) for e in chosen["suites"]] == ["resume", "launch"]
+
+
+def test_quick_runs_one_model_at_two_block_sizes_and_is_a_set_of_its_own(tmp_path, capsys):
+    """QUICK=1: its per-suite flags come before ARGS (which still win), and a quick set is not resumed by a full run."""
+    mod = driver()
+    state = mod.new_set(args(tmp_path, quick=True, kvbench_args="-n 5"))
+    cmd = mod.launch_cmd(argparse.Namespace(mpirun="mpiexec", progress="off"), state, state["suites"][0])
+    tail = cmd[cmd.index("procurement") + 1:]
+    assert tail == ["--progress", "off", "-o", str(tmp_path), *mod.QUICK["procurement"], "-n", "5"]
+    over = mod.launch_cmd(argparse.Namespace(mpirun="mpiexec", progress="off"), state, state["suites"][1])
+    assert over[over.index("procurement-overlap") + 1:] == ["--progress", "off", "-o", str(tmp_path), "-m",
+                                                            "llama-3-8b", "-n", "5"]
+    path = a_set(mod, tmp_path, ["OK", "INTERRUPTED"], quick=True)
+    assert mod.choose(args(tmp_path))["file"] is None  # a full run does not finish a quick set
+    assert mod.choose(args(tmp_path, quick=True))["file"] == path

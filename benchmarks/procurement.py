@@ -184,7 +184,8 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mpirun", default=os.path.join(os.path.dirname(sys.executable), "mpiexec"))
     ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--progress", choices=("on", "off"), default="on" if sys.stderr.isatty() else "off")
+    # a terminal gets the bar (the ranks' stderr is a pipe, so say on); a pipe or log a '# progress:' line every 30 s
+    ap.add_argument("--progress", choices=("on", "auto", "off"), default="on" if sys.stderr.isatty() else "auto")
     ap.add_argument("--kvbench-args", default="", help="extra `kvbench run` flags for both launches, e.g. "
                     "'--tokens 4096 -n 20' on a cluster pair")
     ap.add_argument("--label", default="", help="what the machine is, in words, written at the top of the report "

@@ -129,7 +129,7 @@ def test_degenerate_plots_are_not_drawn_and_say_why(tmp_path):
     assert page.sections[0].figures == [] and "not drawn" in page.sections[0].notes[0]
 
 
-def test_a_link_model_fit_below_r2_half_is_not_plotted(tmp_path):
+def test_a_link_model_fit_below_r2_half_is_plotted_with_its_warning(tmp_path):
     rng = np.random.default_rng(0)
     sweep = [(t, pp, b) for t in (256, 1024) for pp in (1, 2) for b in BLOCKS]
     good = load_run(write(tmp_path / "good.parquet", transports=("tcp",), sweep=sweep))
@@ -141,7 +141,8 @@ def test_a_link_model_fit_below_r2_half_is_not_plotted(tmp_path):
     page = Page("t")
     fitsection.add_section(page, [noise])
     s = page.sections[0]
-    assert s.figures == [] and any("R² below 0.5" in t for t in s.text), s.text
+    assert len(s.figures) == 1 and "do not extrapolate" in s.figures[0][0], s.figures
+    assert any("R² below 0.5" in t for t in s.text), s.text
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.fabric import carriers as C
-from kvbench.report.plots import _panels
+from kvbench.report.plotstyle import _plt
 
 MAX_BARS = 24  # groups of bars beyond this are unreadable: the table says the rest
 
@@ -29,16 +29,25 @@ def _run(t: pd.DataFrame) -> pd.Series | str:
     return t["run"] + " " if t["run"].nunique() > 1 else ""
 
 
-def _bars(ax, groups: list[str], series: dict[str, list[float]]) -> None:
-    x, w = np.arange(len(groups)), 0.8 / max(1, len(series))
-    for k, (name, ys) in enumerate(series.items()):
-        ax.bar(x + k * w - 0.4 + w / 2, ys, w, label=name)
-    top = max((y for ys in series.values() for y in ys if np.isfinite(y)), default=0)
-    if top > 0:
-        ax.set_ylim(0, top * 1.3)  # room for the legend above the tallest bar
-    ax.set_xticks(x, groups, rotation=30, ha="right", fontsize=7)
-    ax.grid(alpha=.3, axis="y")
-    ax.legend(fontsize=7, loc="upper right", frameon=False)  # the rotated group labels take the space below
+def _bars(title: str, groups: list[str], series: dict[str, list[float]], xlabel: str):
+    """A figure of horizontal bar groups, one per group, named on the y axis (one line each, so that no two names
+    overlap however many there are) and the legend below the panel, inside the figure."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 1.9 + 0.22 * len(groups) * max(1, len(series)) ** .5 + 0.18 * len(series)),
+                           layout="constrained")
+    y, h = np.arange(len(groups))[::-1], 0.8 / max(1, len(series))
+    for k, (name, xs) in enumerate(series.items()):
+        ax.barh(y + 0.4 - h / 2 - k * h, xs, h, label=name)
+    ax.set_yticks(y, groups, fontsize=7)
+    ax.set_ylim(-0.6, len(groups) - 0.4)
+    ax.set_xlim(left=0)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=.3, axis="x")
+    # the figure's own legend, below the panel: the constrained layout makes room for it, so it is never clipped
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="outside lower center", frameon=False,
+               ncol=min(4, max(1, len(series))))
+    return fig
 
 
 def per_nic(rails: pd.DataFrame, moved: pd.DataFrame) -> Iterator[tuple]:
@@ -48,10 +57,8 @@ def per_nic(rails: pd.DataFrame, moved: pd.DataFrame) -> Iterator[tuple]:
                          + " " + rails["op"])
         groups = list(dict.fromkeys(r["group"]))[:MAX_BARS]
         nics = list(dict.fromkeys(r["nic"]))
-        fig, (ax,) = _panels(1, "GB/s per rail")
-        _bars(ax, groups, {n: [float(r[(r["group"] == g) & (r["nic"] == n)]["gbps"].sum()) for g in groups]
-                           for n in nics})
-        ax.set_ylabel("GB/s (10^9 B/s) at the case's p50")
+        fig = _bars("GB/s per rail", groups, {n: [float(r[(r["group"] == g) & (r["nic"] == n)]["gbps"].sum())
+                                                  for g in groups] for n in nics}, "GB/s (10^9 B/s) at the case's p50")
         yield (f"Per rail of each striped case ({len(groups)} shown), its NIC's GB/s at the case's p50: rails that "
                "work carry equal bars; a short bar is a rail that idled (docs/fabric.md).", fig)
     elif len(moved):
@@ -60,10 +67,9 @@ def per_nic(rails: pd.DataFrame, moved: pd.DataFrame) -> Iterator[tuple]:
         groups = list(dict.fromkeys(m["group"]))[:MAX_BARS]
         nics = list(dict.fromkeys(m["nic"]))
         total = m.groupby("group")["bytes"].sum()
-        fig, (ax,) = _panels(1, "bytes per NIC")
-        _bars(ax, groups, {n: [100 * float(m[(m["group"] == g) & (m["nic"] == n)]["bytes"].sum()) / total[g]
-                               for g in groups] for n in nics})
-        ax.set_ylabel("% of the NICs' bytes in the case's timed iterations")
+        fig = _bars("bytes per NIC", groups, {n: [100 * float(m[(m["group"] == g) & (m["nic"] == n)]["bytes"].sum())
+                                                  / total[g] for g in groups] for n in nics},
+                    "% of the NICs' bytes in the case's timed iterations")
         yield (f"Per case and rank ({len(groups)} shown), each NIC's share of the bytes its kernel counters moved "
                "while the case was timed: the carrier is the NIC with the tall bar (lo: loopback, not a link).", fig)
 
@@ -75,10 +81,9 @@ def flows(table: pd.DataFrame) -> Iterator[tuple]:
     t = table.assign(group=_run(table) + "case " + table["case"].astype(str) + " " + table["transport"] + " "
                      + table["flow"].astype(str))
     groups = list(dict.fromkeys(t["group"]))[:MAX_BARS]
-    fig, (ax,) = _panels(1, "flows: isolated against congested")
     pick = t.drop_duplicates("group").set_index("group").loc[groups]
-    _bars(ax, groups, {"alone (isolated)": list(pick["isolated_gbps"]),
-                       "with every flow (congested)": list(pick["congested_gbps"])})
-    ax.set_ylabel("GB/s (10^9 B/s) at p50")
+    fig = _bars("flows: isolated against congested", groups,
+                {"alone (isolated)": list(pick["isolated_gbps"]), "with every flow (congested)": list(pick["congested_gbps"])},
+                "GB/s (10^9 B/s) at p50")
     yield (f"Per flow ({len(groups)} shown), its GB/s alone and with every flow of its matrix at once: the ratio "
            "is its slowdown (an incast of N flows into one link: about N).", fig)

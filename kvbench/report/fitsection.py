@@ -5,9 +5,8 @@ import numpy as np
 import pandas as pd
 
 from . import linkmodel
-from .plots import _plt
 
-MIN_R2 = 0.5  # a fit explaining less than half the variance of its times predicts nothing worth plotting
+MIN_R2 = 0.5  # a fit explaining less than half the variance of its times: drawn with a warning, never extrapolated
 MIN_BLOCK_SIZES = 3  # three unknowns (γ, α, β): a path needs at least three distinct paged shapes to be fitted
 
 
@@ -23,14 +22,12 @@ def add_section(page, runs) -> None:
         except ValueError:
             continue
         paged = [x for x in f if x.path.get("kind") == "paged" and x.separable]
-        fits += paged
         c = c[c["kind"] == "paged"].copy()
         c.insert(0, "run", r.label)
-        c["r2"] = np.nan
-        for x in paged:  # each case carries its path's R², so that a poor fit's points can be left off the plot
-            same = np.logical_and.reduce([(c[k] == v) | (c[k].isna() & pd.isna(v)) for k, v in x.path.items()
-                                          if k in c])
-            c.loc[same, "r2"] = x.r2
+        c["fit"] = -1
+        for x in paged:  # each case carries its fit's index, so that its panel draws its path's cases alone
+            c.loc[_match(c, x), "fit"] = len(fits)
+            fits.append(x)
         cases.append(c)
     if not fits:
         return
@@ -38,7 +35,8 @@ def add_section(page, runs) -> None:
     fit_rows = pd.DataFrame([{
         "path": f.label(), "γ us/layer": round(f.gamma_s * 1e6, 2), "α us/descriptor": round(f.alpha_s * 1e6, 3),
         "β GB/s": round(f.beta_bps / 1e9, 3), "R²": round(f.r2, 4),
-        "max |err| %": round(100 * f.max_rel, 1), "cases": f.points} for f in fits])
+        "max |err| %": round(100 * f.max_rel, 1), "cases": f.points,
+        "warning": "" if f.r2 >= MIN_R2 else f"R² below {MIN_R2}: {WARNING}"} for f in fits])
     shown = cases[["run", "transport", "op", "model", "tokens", "layers", "block_size", "descriptors",
                    "payload_bytes", "p50", "pred_s", "err_pct"]].copy()
     shown["p50"] = (shown["p50"] * 1e3).round(3)
@@ -52,37 +50,61 @@ def add_section(page, runs) -> None:
         "(GB/s = 10^9 B/s). `kvbench fit FILE --leave-out BLOCKS` fits without some block sizes and predicts them; "
         "`kvbench plan --fabric FILE` uses these fits (docs/planning.md)."],
         tables=[("fitted link model per path", fit_rows), ("predicted against measured", shown)])
-    poor = [f.label() for f in fits if not f.r2 >= MIN_R2]
-    drawn = cases[cases["r2"] >= MIN_R2]
-    left_off = (f" Not drawn: {', '.join(poor)}: R² below {MIN_R2} (the fit explains less than half of what was "
-                "measured; its table row says so).") if poor else ""
-    if drawn.empty:
-        s.add_text(f"Plot of predicted against measured: not drawn: no path's fit reaches R² {MIN_R2}.{left_off}")
-        page.add_data("linkmodel", fit_rows)
-        return
-    cases = drawn
-    plt = _plt()  # matplotlib, or one line saying how to install it
-    from matplotlib import ticker
-
-    fig, ax = plt.subplots(figsize=(7.2, 4.8), layout="constrained")
-    groups = list(cases.groupby(["transport", "op"], sort=False))
-    # one colour per path: the ten strong colours first, then the light ones (the default cycle repeats after ten)
-    colors = list(plt.cm.tab10.colors) + list(plt.cm.tab20.colors[1::2])
-    for i, ((t, op), g) in enumerate(groups):
-        ax.scatter(g["p50"] * 1e3, g["pred_s"] * 1e3, label=f"{t} {op}", s=16, color=colors[i % len(colors)],
-                   marker="o" if i < len(colors) else "^")
-    both = pd.concat([cases["p50"], cases["pred_s"]]) * 1e3
-    lim = [float(both[both > 0].min()) / 1.2, float(both.max()) * 1.2]
-    ax.plot(lim, lim, color="grey", lw=1, ls="--", label="predicted = measured")
-    ax.set_xscale("log")  # requests span microseconds to seconds: a log scale keeps each path readable
-    ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        axis.set_minor_formatter(ticker.NullFormatter())
-    ax.set_xlabel("measured p50 per request (ms)")
-    ax.set_ylabel("link model's prediction (ms)")
-    ax.set_title("link model: predicted against measured, paged rows")
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
-    s.add_figure(f"link model: predicted against measured request time.{left_off}", fig)  # png_of closes it
+    poor = [f for f in fits if not f.r2 >= MIN_R2]
+    if poor:  # said in the text as well as on the plot: a reader of either sees it
+        s.add_text(" ".join(f"Warning: {f.label()}: R² below {MIN_R2} ({f.r2:.2f}), max |err| {100 * f.max_rel:.0f}%: "
+                           f"{WARNING}." for f in poor))
+    for caption, fig in fit_figures(fits, cases):
+        s.add_figure(caption, fig)  # png_of closes it
     page.add_data("linkmodel", fit_rows)
+
+
+WARNING = "the model does not explain these rows: do not extrapolate"
+MAX_PANELS = 12  # paths drawn in one figure; the table has every fit
+
+
+def _match(c: pd.DataFrame, f) -> np.ndarray:
+    """The cases of ``c`` on the path of fit ``f``."""
+    return np.logical_and.reduce([(c[k] == v) | (c[k].isna() & pd.isna(v)) for k, v in f.path.items() if k in c])
+
+
+def quality(f) -> str:
+    return f"R² {f.r2:.2f}, max |err| {100 * f.max_rel:.0f}%"
+
+
+def fit_figures(fits, cases: pd.DataFrame):
+    """Per fitted path a panel of predicted against measured, its R² and max error in the title; a path below R²
+    MIN_R2 drawn in red with the warning written across the panel."""
+    from .plotstyle import _panels, plain_log
+
+    shown = [(f, cases[cases["fit"] == i]) for i, f in enumerate(fits)][:MAX_PANELS]
+    shown = [(f, c) for f, c in shown if len(c) and (c["p50"] > 0).any()]
+    if not shown:
+        return
+    fig, axes = _panels(len(shown), "link model: predicted against measured, paged rows", w=4.6, h=4.2)
+    for ax, (f, c) in zip(axes, shown):
+        bad = not f.r2 >= MIN_R2
+        color = "tab:red" if bad else "tab:blue"
+        ax.scatter(c["p50"] * 1e3, c["pred_s"] * 1e3, s=16, color=color, label="case")
+        both = pd.concat([c["p50"], c["pred_s"]]) * 1e3
+        lim = [float(both[both > 0].min()) / 1.2, float(both.max()) * 1.2]
+        ax.plot(lim, lim, color="grey", lw=1, ls="--", label="predicted = measured")
+        ax.set_xscale("log")  # requests span microseconds to seconds: a log scale keeps each path readable
+        ax.set_yscale("log")
+        plain_log(ax)
+        ax.set_xlabel("measured p50 per request (ms)")
+        ax.set_ylabel("link model's prediction (ms)")
+        name = " ".join(str(f.path.get(k)) for k in ("transport", "op") if f.path.get(k) is not None)
+        ax.set_title(f"{name}\n{quality(f)}" + ("  BELOW 0.5" if bad else ""), fontsize=9,
+                     color="tab:red" if bad else "black")
+        if bad:
+            ax.text(0.5, 0.97, "WARNING: " + WARNING.replace(": ", ":\n"), transform=ax.transAxes, ha="center",
+                    va="top", fontsize=8, color="tab:red", wrap=True,
+                    bbox={"facecolor": "white", "edgecolor": "tab:red", "alpha": .9})
+        ax.grid(alpha=.3, which="both")
+    axes[0].legend(fontsize=7, loc="lower right")
+    bad = [f.label() for f, _ in shown if not f.r2 >= MIN_R2]
+    yield ("link model: predicted against measured request time, one panel per path with its fit's R² and max "
+           "|err| in the title (the dashed line: a perfect prediction)."
+           + (f" Red: R² below {MIN_R2}, {WARNING} ({', '.join(bad)})." if bad else "")
+           + (f" {len(fits) - len(shown)} more paths in the table." if len(fits) > len(shown) else ""), fig)

@@ -7,47 +7,15 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
+from .plotstyle import _legend, _n, _panels, _plt, _xticks, degenerate, err_note, floor_zero, gbps_err, plain_log
+
 GROUP_KEYS = ["model", "tokens", "dtype", "tp", "pp", "world_size"]  # one payload: one figure
 LINE_KEYS = ["run", "op", "allocation", "coalesce", "layout", "inflight", "memory"]  # one line within a panel
-
-
-def _plt():
-    try:
-        import matplotlib
-    except ImportError:
-        raise ValueError("kvbench report -o draws its plots with matplotlib: pip install 'kvbench[report]'") from None
-
-    matplotlib.use("Agg")  # no display: a report is written, never shown
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _panels(n: int, title: str, w: float = 5.2, h: float = 4.8):
-    plt = _plt()
-    cols = min(n, 3)
-    rows = -(-n // cols)
-    # constrained: room for the legends below the panels, drawn once (bbox_inches="tight" draws twice)
-    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False, layout="constrained")
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    fig.suptitle(title, fontsize=11)
-    return fig, list(axes.flat[:n])
 
 
 def _label(keys: tuple, varying: list[str]) -> str:
     d = dict(zip(LINE_KEYS, keys))
     return " ".join(str(d[k]) for k in varying) or str(d["op"])
-
-
-def _xticks(ax, values) -> None:
-    """Ticks at the measured values, written as plain numbers (16, 64, 256, not 2^4)."""
-    import matplotlib.ticker as mt
-
-    vals = sorted(set(int(v) for v in values))
-    ax.xaxis.set_major_locator(mt.FixedLocator(vals))
-    ax.xaxis.set_major_formatter(mt.FixedFormatter([str(v) for v in vals]))
-    ax.xaxis.set_minor_locator(mt.NullLocator())
 
 
 def _varying(df: pd.DataFrame, keys: list[str]) -> list[str]:
@@ -70,21 +38,6 @@ def _groups(d: pd.DataFrame):
             yield key, g
 
 
-X_NAMES = {"block_size": "block size", "tokens": "prompt length", "rate_rps": "arrival rate (req/s)",
-           "descriptors": "descriptor count", "age": "pool age"}
-MAX_SERIES = 12  # legend entries a panel carries readably (more overlap below it and repeat colours)
-
-
-def degenerate(g: pd.DataFrame, x: str, series: int) -> str | None:
-    """Why a figure of these rows is not worth drawing (one x value, too many series for a legend), or None."""
-    xs = g[x].dropna().unique()
-    if len(xs) < 2:
-        return (f"one {X_NAMES.get(x, x)} ({xs[0] if len(xs) else '-'}): a line needs two; the table has its numbers")
-    if series > MAX_SERIES:
-        return f"{series} series in one panel, more than a legend can carry; the table has every row"
-    return None
-
-
 def _transport_panels(d: pd.DataFrame, title: str, x: str = "block_size", per_line: int = 1):
     """Per payload group (``_groups``): its key, a figure with one panel per transport (None when ``degenerate``:
     then the reason), the line keys that vary, and (panel, transport, that transport's rows) for each panel."""
@@ -95,7 +48,7 @@ def _transport_panels(d: pd.DataFrame, title: str, x: str = "block_size", per_li
         if why:
             yield key, None, why, [], []
             continue
-        fig, axes = _panels(len(transports), f"{title}: {_group_title(key)}")
+        fig, axes = _panels(len(transports), f"{title}: {_group_title(key)}", sharey=True)  # paths compared
         yield key, fig, None, _varying(g, LINE_KEYS), [(ax, t, g[g["transport"] == t]) for ax, t in zip(axes, transports)]
 
 
@@ -108,28 +61,12 @@ def _block_panels(bw: pd.DataFrame, col: str, title: str, per_line: int):
                                            for i, (lk, gl) in enumerate(gt.groupby(LINE_KEYS))]) for ax, t, gt in panels]
 
 
-def _n(d: pd.DataFrame, col: str = "samples") -> str:
-    """'n=20' or 'n=20-40': the samples behind the points of ``d`` (an older reader's rows: nothing)."""
-    n = d[col].dropna().astype(int) if col in d else pd.Series(dtype=int)
-    if n.empty:
-        return ""
-    lo, hi = int(n.min()), int(n.max())
-    return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
-
-
-def _legend(ax) -> None:
-    """Below the panel, so that no line is hidden behind it."""
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False, handlelength=3.5)
-
-
-def _finish(ax, ticks, xlabel: str, ylabel: str, title: str, zero: bool = True) -> None:
+def _finish(ax, ticks, xlabel: str, ylabel: str, title: str) -> None:
     """A panel over a power-of-two axis (block size, prompt length): scale, ticks, labels, grid, legend."""
     ax.set_xscale("log", base=2)
     _xticks(ax, ticks)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    if zero:
-        ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.grid(alpha=.3)
     _legend(ax)
@@ -143,9 +80,11 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
             yield f"Plot of GB/s against block size, {_group_title(key)}: not drawn: {why}.", None
             continue
         above = 0
+        paged = pd.concat([gt for _, _, gt, _ in panels])
         for ax, t, gt, lines in panels:
             for color, label, gl in lines:
-                ax.plot(gl["block_size"], gl["gbps"], "o-", color=color, label=f"paged {label} {_n(gl)}")
+                ax.errorbar(gl["block_size"], gl["gbps"], yerr=gbps_err(gl), fmt="o-", color=color, capsize=3,
+                            label=f"paged {label} {_n(gl)}")
                 bulk, ceil = gl["bulk_gbps"].dropna(), gl["ceil_gbps"].dropna()
                 if len(bulk):
                     ax.axhline(bulk.iloc[0], color=color, ls="--", lw=1, label=f"bulk {label}")
@@ -158,13 +97,15 @@ def bandwidth_vs_block(bw: pd.DataFrame) -> Iterator[tuple]:
                             label="above its ceiling" if not above else None)
                     above += len(over)
             _finish(ax, gt["block_size"], "block size (tokens)", "GB/s (10^9 B/s)", t)
+        floor_zero([p[0] for p in panels])
         note = (f" Red rings: {above} paged point{'s' * (above != 1)} above {'their' if above != 1 else 'its'} "
                 "ceiling. Blocks cannot truly move faster than the same bytes in one piece, so such a point is the "
                 "machine's noise: within both spreads its bulk% carries ~ (status at ceiling), beyond them * (status "
                 "noise), and beyond a physical bound the run calls it SUSPECT.") if above else ""
         yield (f"GB/s against block size, {_group_title(key)}: lines = paged block tables (GB/s at p50; n = "
                "samples per point, in the legend); dashed = bulk (one descriptor per layer); dotted = ceiling (best "
-               f"of bulk and contiguous chunks).{note}", fig)
+               f"of bulk and contiguous chunks). One y-scale for every panel of the figure. {err_note(paged)}{note}",
+               fig)
 
 
 def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
@@ -183,7 +124,8 @@ def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
     colors = _plt().cm.tab20.colors
     marks = dict(zip(ops, "o^sDv<>"))
     for (t, op), g in d.groupby(["transport", "op"], sort=False):
-        ax.scatter(g["descriptors"], g["gbps"], color=colors[transports.index(t) % 20], marker=marks[op], s=22)
+        ax.errorbar(g["descriptors"], g["gbps"], yerr=gbps_err(g), ls="none", color=colors[transports.index(t) % 20],
+                    marker=marks[op], ms=4.5, capsize=2, elinewidth=.8)
     # one legend entry per transport (colour) and per op (marker), not one per pair: it stays within a legend
     handles = [Line2D([], [], ls="", marker="s", color=colors[i % 20], label=t) for i, t in enumerate(transports)]
     handles += [Line2D([], [], ls="", marker=marks[op], color="grey", label=op) for op in ops]
@@ -194,7 +136,7 @@ def descriptors_vs_bandwidth(bw: pd.DataFrame) -> Iterator[tuple]:
     ax.grid(alpha=.3)
     ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, frameon=False)
     yield ("GB/s against descriptors per request (all payloads; more descriptors = smaller copies; GB/s at p50, "
-           f"{_n(d)} samples per point); colour = transport, marker = op", fig)
+           f"{_n(d)} samples per point); colour = transport, marker = op. {err_note(d)}", fig)
 
 
 def pool_age(alloc: str) -> float:
@@ -224,14 +166,15 @@ def bandwidth_vs_age(bw: pd.DataFrame) -> Iterator[tuple]:
             yield f"Plot of GB/s against pool age, {_group_title(key)}: not drawn: {why}.", None
             continue
         fig, axes = _panels(len(transports), f"GB/s against decode pool age: {_group_title(key)}",
-                            w=7.5 if len(transports) == 1 else 5.2)
+                            w=7.5 if len(transports) == 1 else 5.2, sharey=True)
         vary = [k for k in AGE_KEYS if g[k].nunique() > 1] or ["op"]
         for ax, t in zip(axes, transports):
             gt = g[g["transport"] == t]
             for i, (lk, gl) in enumerate(gt.groupby(AGE_KEYS, dropna=False)):
                 label = " ".join(str(dict(zip(AGE_KEYS, lk))[k]) for k in vary)
                 aged = gl[gl["allocation"].str.startswith("aged:")].sort_values("age")
-                ax.plot(aged["age"], aged["gbps"], "o-", color=f"C{i}", label=f"aged {label} {_n(aged)}")
+                ax.errorbar(aged["age"], aged["gbps"], yerr=gbps_err(aged), fmt="o-", color=f"C{i}", capsize=3,
+                            label=f"aged {label} {_n(aged)}")
                 for name, mark in FRESH_MARKS.items():
                     fresh = gl[gl["allocation"] == name]
                     ax.plot(fresh["age"], fresh["gbps"], mark, ms=8, mfc="none", color=f"C{i}",
@@ -244,14 +187,14 @@ def bandwidth_vs_age(bw: pd.DataFrame) -> Iterator[tuple]:
             _xticks(ax, gt["age"])
             ax.set_xlabel("pool age (requests served before the case)")
             ax.set_ylabel("GB/s (10^9 B/s)")
-            ax.set_ylim(bottom=0)
             ax.set_title(t)
             ax.grid(alpha=.3)
             _legend(ax)
+        floor_zero(axes)
         yield (f"GB/s against the decode pool's age, {_group_title(key)}: aged:N = the free list vLLM's free queue "
                "is left with after N requests came and went (docs/usage.md); age 0 = a fresh pool (circle: aged:0, "
                "square: random, triangle: contiguous); numbers = descriptors per request; GB/s at p50, n = samples "
-               "per point (legend)", fig)
+               f"per point (legend); one y-scale for every panel. {err_note(g)}", fig)
 
 
 def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
@@ -265,7 +208,7 @@ def latency_percentiles(bw: pd.DataFrame) -> Iterator[tuple]:
                 for q, ls in (("p50", "-"), ("p95", "--"), ("p99", ":")):
                     ax.plot(gl["block_size"], gl[q] * 1e3, ls, marker="o", ms=3, color=color,
                             label=f"{label} {q}" + (f" {_n(gl)}" if q == "p50" else ""))
-            _finish(ax, gt["block_size"], "block size (tokens)", "time per request (ms)", t, zero=False)
+            _finish(ax, gt["block_size"], "block size (tokens)", "time per request (ms)", t)
         yield (f"Request time p50 (solid), p95 (dashed), p99 (dotted), {_group_title(key)}; n = samples per point "
                "(legend); a p95 is drawn from 20 samples, a p99 from 100 (fewer: no point)", fig)
 
@@ -279,11 +222,14 @@ def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
         transports = list(dict.fromkeys(g["transport"]))
         series = max(g[g["transport"] == t].groupby(["run", "op", "overlap", "handshake", "block_size"]).ngroups
                      for t in transports)
+        if g["tokens"].nunique() < 2:  # one prompt length: the plot is over what was swept instead
+            yield from exposed_swept(g, f"{model}, {dtype}")
+            continue
         why = degenerate(g, "tokens", 2 * series)
         if why:
             yield f"Plot of exposed time against prompt length, {model} {dtype}: not drawn: {why}.", None
             continue
-        fig, axes = _panels(len(transports), f"Exposed time against prompt length: {model}, {dtype}")
+        fig, axes = _panels(len(transports), f"Exposed time against prompt length: {model}, {dtype}", sharey=True)
         multi = g["run"].nunique() > 1
         for ax, t in zip(axes, transports):
             for i, ((run, op, ov, hs, bs), gl) in enumerate(g[g["transport"] == t].groupby(
@@ -297,8 +243,49 @@ def exposed_vs_prompt(ex: pd.DataFrame) -> Iterator[tuple]:
                 if gl["model_ms"].notna().any():
                     ax.plot(x, gl["model_ms"], "--", color=f"C{i}", lw=1, label=f"model {tag}{op} {ov}")
             _finish(ax, g[g["transport"] == t]["tokens"], "prompt length (tokens)", "exposed time (ms)", t)
+        floor_zero(axes)
         yield (f"Exposed ms p50 (bar to p95) against prompt length, {model} {dtype}; dashed = the model "
-                    "max(0, T - P) + T/L streaming, T serial; n = samples per point (legend; no bar below 20)", fig)
+                    "max(0, T - P) + T/L streaming, T serial; n = samples per point (legend; no bar below 20); "
+               "one y-scale for every panel", fig)
+
+
+SWEPT = ["run", "transport", "op", "overlap", "handshake", "block_size", "layers"]  # what an exposed row may vary in
+SWEPT_NAMES = {"block_size": "blk", "handshake": "hs", "layers": "L"}
+MAX_BARS = 40  # bars one exposed-time figure carries with readable labels
+
+
+def exposed_swept(g: pd.DataFrame, title: str) -> Iterator[tuple]:
+    """One prompt length: a bar per row (exposed p50, bar to p95) over what was swept (transport, op, overlap,
+    handshake, block size), with the model's time as a cross; labels on the y axis, never overlapping."""
+    vary = [k for k in SWEPT if k in g and g[k].astype(str).nunique() > 1] or ["transport", "op", "overlap"]
+    g = g.sort_values(vary, kind="stable")
+    if len(g) > MAX_BARS:
+        yield f"Plot of exposed time over the sweep, {title}: not drawn: {len(g)} rows, more than {MAX_BARS}.", None
+        return
+    labels = [" ".join(f"{SWEPT_NAMES[k]}={r[k]}" if k in SWEPT_NAMES else str(r[k]) for k in vary)
+              for _, r in g.iterrows()]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 1.8 + 0.32 * len(g)), layout="constrained")
+    y = np.arange(len(g))[::-1]
+    p50 = g["exposed_ms"].to_numpy(dtype=float)
+    up = np.nan_to_num(np.maximum(g["exposed_p95"].to_numpy(dtype=float) * 1e3 - p50, 0))  # no p95 below 20: no bar
+    colors = [f"C{list(dict.fromkeys(g['transport'])).index(t) % 10}" for t in g["transport"]]
+    ax.barh(y, p50, xerr=[np.zeros_like(up), up], color=colors, height=.6, capsize=3, label="exposed p50 (bar to p95)")
+    if g["model_ms"].notna().any():
+        ax.plot(g["model_ms"], y, "x", color="black", ms=7, mew=1.5, label="model")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel("exposed time (ms)")
+    ax.set_xlim(left=0)
+    ax.set_title(f"Exposed time over the sweep: {tokens_of(g)} tokens, {title}", fontsize=10)
+    ax.grid(alpha=.3, axis="x")
+    _legend(ax)
+    yield (f"Exposed ms p50 per row (bar to p95; no bar below 20 samples) over what was swept ({', '.join(vary)}), "
+           f"one prompt length ({tokens_of(g)} tokens), {title}; x = the model max(0, T - P) + T/L streaming, T "
+           f"serial; n = {_n(g, 'exposed_samples') or 'not recorded'}", fig)
+
+
+def tokens_of(g: pd.DataFrame) -> str:
+    return "/".join(str(t) for t in dict.fromkeys(g["tokens"]))
 
 
 def workload_tails(wl: pd.DataFrame) -> Iterator[tuple]:
@@ -375,9 +362,12 @@ def first_vs_steady(fvs: pd.DataFrame) -> Iterator[tuple]:
     ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="first = steady")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain_log(ax)
     ax.set_xlabel("steady p50 (ms)")
     ax.set_ylabel("first transfer (ms)")
     ax.grid(alpha=.3, which="both")
-    _legend(ax)
+    # the figure's legend beside the panel: the constrained layout narrows the panel for it, never clips it
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="outside right upper", frameon=False,
+               ncol=1 + len(ax.collections) // 20)
     yield ("Each case's first transfer (its first warm-up: connections, descriptor lists and handles built) against "
            "its steady p50, per transport; above the dashed line the first costs more.", fig)

@@ -169,3 +169,18 @@ def test_bad_trace_input_on_real_ranks(kvrun, tmp_path):
     assert_one_line(kvrun(["-t", "shm", "--trace", "mooncake-nope"]), "trace 'mooncake-nope': no such file")
     assert_one_line(kvrun(["-t", "shm", "--trace", "mooncake-synthetic", "--speed", "0"]), "--speed 0")
     assert_nothing_written(tmp_path)
+
+
+def test_a_replay_line_gives_the_prompt_lengths_and_says_when_most_requests_were_dropped():
+    from kvbench.model import workload as W
+
+    p = TP.plan("mooncake-conversation", 30)
+    line, facts = TP.summary_line(1, p, 50.0, [])
+    q = [int(x) for x in np.percentile(p.input, [50, 95, 100], method="inverted_cdf")]
+    assert facts["prompt_p50_p95_max"] == q and q[2] == max(p.input)
+    assert f"prompts p50/p95/max {q[0]:,}/{q[1]:,}/{q[2]:,} tokens (the row's tokens column is the suite's" in line
+    st = {"admitted": 9, "dropped": 191, "violations": 0, "peak": 1, "mean": 1.0,
+          **{f"{k}_p{q}": 0.001 for k in ("queue", "exposed") for q in (50, 95, 99)}}
+    case = {"transport": "tcp", "op": "push", "overlap": "serial", "arrival": "trace:50"}
+    assert "MOST DROPPED: 191 of 200 requests found no decode blocks" in W.summary_line(1, case, 8, st, True)
+    assert "DROPPED" not in W.summary_line(1, case, 8, dict(st, admitted=100, dropped=100), True)

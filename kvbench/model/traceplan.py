@@ -174,7 +174,10 @@ def summary_line(case_no: int, p: TracePlan, speed: float, parts: list[Moved]) -
              "block_hit_rate": round(p.block_hit_rate, 6), "token_hit_rate": round(p.token_hit_rate, 6),
              "hit_blocks": p.hit_blocks, "blocks": p.blocks, "hit_tokens": sum(p.hit), "tokens": sum(p.input),
              "moved_tokens": ntok, "cut_context": cut_c, "cut_pool": cut_p, "full_hits": full}
-    line = (f"# trace: case {case_no} {p.name} at {speed:g}x: {facts['requests']} requests, block hit "
+    q = [int(x) for x in np.percentile(p.input, [50, 95, 100], method="inverted_cdf")] if len(p.input) else [0] * 3
+    facts["prompt_p50_p95_max"] = q
+    line = (f"# trace: case {case_no} {p.name} at {speed:g}x: {facts['requests']} requests, prompts p50/p95/max "
+            f"{q[0]:,}/{q[1]:,}/{q[2]:,} tokens (the row's tokens column is the suite's, not theirs), block hit "
             f"{100 * p.block_hit_rate:.2f}%, token hit {100 * p.token_hit_rate:.2f}%; {ntok:,} tokens to move "
             f"({cut_c} prompts cut to the context, {cut_p} to the pool, {full} full hits moving 1 token)")
     return line, facts

@@ -137,4 +137,13 @@ def summary_line(case_no: int, case: dict, cap: int, st: dict, checked: bool) ->
     return (f"# load: case {case_no} {case['transport']} {case['op']} {case['overlap']} {case['arrival']}  "
             f"admitted {st['admitted']} dropped {st['dropped']}  queue p50/p95/p99 {ms('queue')} ms  exposed "
             f"p50/p95/p99 {ms('exposed')} ms  pool cap {cap} peak {st['peak']} mean {st['mean']:.1f}  "
-            f"violations {st['violations'] if checked else '-'}")
+            f"violations {st['violations'] if checked else '-'}" + most_dropped(st))
+
+
+def most_dropped(st: dict) -> str:
+    """The load line's warning when most requests never moved: its numbers describe the few that did."""
+    n = st["admitted"] + st["dropped"]
+    if st["dropped"] * 2 <= n:
+        return ""
+    return (f"  MOST DROPPED: {st['dropped']} of {n} requests found no decode blocks within the allocation timeout, "
+            "so the tails above are of the rest (a larger --decode-pool-tokens or --alloc-timeout, or a lower rate)")

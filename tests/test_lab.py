@@ -69,7 +69,13 @@ def test_up_when_not_root_is_one_line_and_creates_nothing(monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv,word", [(["up", "--nodes", "1"], "--nodes 1"), (["up", "--rails", "9"], "--rails 9"),
                                        (["up", "--rate", "fast"], "rate 'fast'"), (["run"], "after --"),
-                                       (["up", "--spine", "1gbps"], "rate '1gbps'")])
+                                       (["up", "--spine", "1gbps"], "rate '1gbps'"),
+                                       (["up", "--nodes", "0"], "--nodes 0"), (["up", "--rails", "0"], "--rails 0"),
+                                       (["run", "--nodes", "0", "--", "-t", "tcp"], "--nodes 0"),
+                                       (["up", "--id", ""], "--id ''"), (["up", "--nodes", "x"], "invalid int"),
+                                       (["run", "--timeout", "-1", "--", "-t", "tcp"], "--timeout -1.0"),
+                                       (["run", "--timeout", "nan", "--", "-t", "tcp"], "--timeout nan"),
+                                       (["run", "--mpiexec", "/nonexistent", "--", "-t", "tcp"], "--mpiexec /none")])
 def test_bad_input_is_one_line(argv, word, capsys, monkeypatch):
     monkeypatch.setattr(net, "up", lambda *a, **k: (_ for _ in ()).throw(AssertionError("nothing may be created")))
     assert cmd.main(argv) == 1
@@ -253,6 +259,35 @@ def test_sigterm_during_run_removes_the_lab(tmp_path):
     # each node's rank maps an MPICH segment of its own: rank 0's exit path removes rank 1's too (by its registry)
     meta = glob.glob(os.path.join(str(tmp_path), "*", "*.meta.json"))[0]
     assert leftovers_of(meta.replace(".meta.json", ".parquet")) == []
+
+
+@pytest.mark.launches
+@needs_root
+def test_a_lab_whose_run_was_killed_is_found_dead_and_removed_by_the_next_lab_command(tmp_path):
+    """kill -9 of `lab run`: its lab stays recorded and its launch runs on, until the next `kvbench lab` command."""
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "kvbench", "lab", "run", "--nodes", "2", "--rate", "100mbit", "--",
+                             *RUN[:2], "--tokens", "256", "-n", "50", "-w", "1", "--variants", "bulk", "-o",
+                             str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+    tag = f"kvbl-{proc.pid}-"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not glob.glob(os.path.join(str(tmp_path), "*", "*.meta.json")):
+            time.sleep(0.5)  # the ranks are in the namespaces
+        assert _ours(tag), "the lab was not built"
+        proc.kill()
+        proc.wait(timeout=30)
+        assert _ours(tag), "kill -9 left nothing to find"  # nothing of the dead run removed its lab
+        p = _lab("status", timeout=120)
+    finally:
+        for lab in net.labs():
+            if lab.id.startswith(f"{proc.pid}-"):
+                net.down(lab)
+    assert p.returncode == 0 and f"the lab run that made it (pid {proc.pid}) is gone" in p.stdout, p.stdout + p.stderr
+    assert _ours(tag) == [] and not any(lab.id.startswith(f"{proc.pid}-") for lab in net.labs())
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", f"ip netns exec {tag}"], capture_output=True, text=True).stdout.split()
+    assert left == [], f"ranks left behind: {left}"
 
 
 @needs_root

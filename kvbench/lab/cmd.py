@@ -7,7 +7,9 @@ A mistake is one line and exit 1 with nothing created.  A lab made by ``up`` sta
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
 import signal
 import sys
 
@@ -18,8 +20,16 @@ from kvbench.selftest.run import default_mpiexec
 PROG = "kvbench lab"
 
 
+class OneLine(argparse.ArgumentParser):
+    """A bad argument is one line and exit 1, as every other mistake (argparse's own: usage and exit 2)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description="A fabric of network namespaces (root): N nodes with R "
+    ap = OneLine(prog=PROG, description="A fabric of network namespaces (root): N nodes with R "
                                  "veth NICs each into R rail bridges, tc tbf on every link; kvbench runs with one "
                                  "namespace per node. docs/lab.md")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -58,17 +68,28 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, run_args = argv[:i], argv[i + 1:]
-    a = parser().parse_args(argv)
+    try:
+        a = parser().parse_args(argv)
+    except SystemExit as exc:  # a bad argument (one line, OneLine.error) or --help
+        return int(exc.code or 0)
     try:
         sizes = _sizes(a) if a.cmd in ("up", "run") else None
     except ValueError as exc:
         return fail(str(exc))
     if a.cmd == "run" and not run_args:
         return fail("give the kvbench run arguments after --, e.g. kvbench lab run -- -t tcp --tokens 1024")
+    if a.cmd == "run" and (err := _options_error(a)):
+        return fail(err)
+    if a.cmd == "up" and a.id is not None and (not a.id.replace("-", "").isalnum() or len(a.id) > 24):
+        return fail(f"--id '{a.id}': 1 to 24 letters, digits and '-'")
     if os.geteuid() != 0:
         return fail("needs root (it creates network namespaces, veth pairs, bridges and tc qdiscs)")
     if missing := N.missing_tools():
         return fail(f"needs {' and '.join(missing)} (iproute2)")
+    for lab in net.orphans():  # a lab whose `lab run` was killed: its launch ends with it, here
+        gone = net.down(lab)
+        print(f"# removed lab {lab.id} ({len(gone)} namespaces, the launch in them ended): the lab run that made "
+              f"it (pid {lab.owner}) is gone")
     if a.cmd == "status":
         return status()
     if a.cmd == "down":
@@ -78,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     made = None
     try:
         if a.cmd == "up":
-            if a.id and (not a.id.replace("-", "").isalnum() or len(a.id) > 24):
-                return fail(f"--id {a.id}: letters, digits and '-', at most 24")
             lab = net.up(*sizes, lab_id=a.id)
             print(f"# {lab.describe()}\n# namespaces: {' '.join(lab.namespaces)}\n"
                   f"# kvbench lab run --id {lab.id} -- <kvbench run arguments>;  kvbench lab down --id {lab.id}")
@@ -89,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if err:
             return fail(err)
         if lab is None:
-            lab = made = net.up(*sizes)
+            lab = made = net.up(*sizes, owner=os.getpid())
         return run(a, lab, run_args, made is not None)
     except KeyboardInterrupt:
         print(f"# {PROG}: INTERRUPTED", flush=True)
@@ -113,7 +132,7 @@ def _interrupt(signum, frame):
 
 def _sizes(a) -> tuple[int, int, int, int]:
     """(nodes, rails, rate bits, spine bits) of up/run, validated (ValueError: one line)."""
-    nodes, rails = a.nodes or 2, a.rails or 1
+    nodes, rails = 2 if a.nodes is None else a.nodes, 1 if a.rails is None else a.rails
     net.check(nodes, rails)
     rate = N.parse_rate(a.rate or "1gbit")
     return nodes, rails, rate, N.parse_rate(a.spine) if a.spine else 0
@@ -137,9 +156,18 @@ def _run_error(a, rails: int) -> str:
     have = [f"rail{r}" for r in range(rails)]
     if bad := [n for n in (a.nics.split(",") if a.nics else []) if n not in have]:
         return f"--nics: {', '.join(bad)} does not exist in the lab (its NICs: {', '.join(have)})"
+    return ""
+
+
+def _options_error(a) -> str:
+    """What is wrong with run's options that need no lab ('' if nothing): checked before anything is looked up."""
     if a.ranks_per_node < 1:
         return f"--ranks-per-node {a.ranks_per_node}: at least 1"
-    return "" if a.mpiexec else "no mpiexec (pip install mpich)"
+    if not (math.isfinite(a.timeout) and a.timeout > 0):
+        return f"--timeout {a.timeout}: seconds before the launch is ended, a number above 0"
+    if not a.mpiexec:
+        return "no mpiexec (pip install mpich)"
+    return "" if shutil.which(a.mpiexec) else f"--mpiexec {a.mpiexec}: no such program (MPICH's mpiexec)"
 
 
 def run(a, lab: net.Lab, args: list[str], ephemeral: bool) -> int:

@@ -44,6 +44,7 @@ class Lab:
     spine_bits: int = 0  # 0: no spine (rail-only)
     created: str = ""
     namespaces: list[str] = field(default_factory=list)  # what exists so far (down removes these)
+    owner: int = 0  # the `lab run` that made it for itself (it goes when that process does); 0: `lab up`'s
 
     def node_ns(self, n: int) -> str:
         return f"{PREFIX}{self.id}-n{n}"
@@ -108,11 +109,12 @@ def _add_ns(lab: Lab, ns: str) -> None:
     run(["ip", "-n", ns, "link", "set", "lo", "up"])
 
 
-def up(nodes: int, rails: int, rate_bits: int, spine_bits: int = 0, lab_id: str | None = None) -> Lab:
+def up(nodes: int, rails: int, rate_bits: int, spine_bits: int = 0, lab_id: str | None = None,
+       owner: int = 0) -> Lab:
     """Build a lab; on any failure (or interrupt) whatever was made is removed before the error propagates."""
     check(nodes, rails)
     lab = Lab(lab_id or N.new_run_id(), nodes, rails, rate_bits, spine_bits,
-              time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+              time.strftime("%Y-%m-%dT%H:%M:%S%z"), owner=owner)
     # checked before anything is made: the failure path below removes every namespace of this id, a live lab's too
     if os.path.exists(state_path(lab.id)) or any((m := NS_RE.match(ns)) and m.group(1) == lab.id
                                                  for ns in N.list_namespaces()):
@@ -173,6 +175,18 @@ def down(lab: Lab) -> list[str]:
         except OSError:
             pass
     return removed
+
+
+def orphans() -> list[Lab]:
+    """Labs whose `lab run` died without removing them (kill -9): their launch still runs in their namespaces."""
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                return b"lab" in fh.read()  # a pid reused by another program is not the lab's owner
+        except OSError:
+            return False
+
+    return [lab for lab in labs() if lab.owner and not alive(lab.owner)]
 
 
 def strays() -> list[str]:

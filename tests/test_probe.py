@@ -7,6 +7,8 @@ import dataclasses
 import glob
 import os
 import re
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -73,6 +75,8 @@ def test_the_request_takes_the_pools_last_blocks_and_so_its_last_page(tmp_path):
      "SIGNAL", "SIGSEGV", "a rank died by SIGSEGV"),
     (-9, "", "SIGNAL", "SIGKILL", "a rank died by SIGKILL"),
     (124, "(timed out after 30 s)", "TIMEOUT", "", "no end within 30 s"),
+    # its own deadline killed the launch: the ranks' SIGTERM is the probe's doing, the row is TIMEOUT
+    (124, "=   EXIT STRING: Terminated (signal 15)\n(timed out after 30 s)", "TIMEOUT", "", "no end within 30 s"),
     (5, "kvbench: timeout: rank 1: setup of nixl\n", "TIMEOUT", "", "timeout: rank 1: setup of nixl"),
     (4, "kvbench: error: rank 0: TransportError: boom\n", "ERROR", "", "error: rank 0: TransportError: boom"),
 ])
@@ -102,11 +106,53 @@ def probe(*args) -> tuple[int, str]:
     (["-t", "shm", "--max", "1GiB", "-m", "no-such-model"], "model 'no-such-model' is not one of"),
     (["-t", "shm", "--max", "1GiB", "--memory", "hbm"], "argument --memory: invalid choice: 'hbm'"),
     (["-t", "shm", "--max", "1GiB", "--memory", "cuda"], "--memory cuda: shm moves host memory, not cuda"),
+    (["-t", "shm", "--max", "1GiB", "--deadline", "nan"], "--deadline a number of seconds above 0"),
+    (["-t", "shm", "--max", "1GiB", "--mpiexec", "/nonexistent"], "--mpiexec /nonexistent: no such program"),
 ])
 def test_bad_input_is_one_line_and_exit_1(capfd, args, says):
     assert probe(*args)[0] == 1
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kvbench: error: ") and says in err[0], err
+
+
+def test_a_fault_switch_that_is_not_one_is_refused(capfd, monkeypatch):
+    monkeypatch.setenv("KVBENCH_PROBE_FAULT", "garbage")
+    assert probe("-t", "shm", "--max", "1GiB")[0] == 1
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "KVBENCH_PROBE_FAULT='garbage': give <pool bytes>:<KVBENCH_FAULT spec>" in err[0], err
+
+
+@pytest.mark.launches
+def test_sigterm_keeps_the_rows_says_so_in_one_line_and_leaves_no_scratch(tmp_path):
+    """SIGTERM after the first size: exit 130, a kvbench: line with the rows kept, nothing left under -o but them."""
+    if mpiexec() is None:
+        pytest.skip("no mpiexec: run `make install` (installs the mpich wheel)")
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY)
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "kvbench", "probe", "-t", "shm", "--max", "64MiB", "-n", "2", "-m",
+                          str(model), "-o", str(tmp_path / "res")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        lines = []
+        for ln in p.stdout:  # the first size's row: one size done, the next one's launch starting
+            lines.append(ln)
+            if re.match(r"^\s+\d+KiB\s+OK", ln):
+                break
+        os.kill(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, "".join(lines) + out + err
+    (path,) = glob.glob(str(tmp_path / "res" / "*" / "*_probe.csv"))
+    kept = list(csv.DictReader(open(path)))
+    assert len(kept) >= 1 and kept[0]["status"] == "OK"
+    assert [ln for ln in err.splitlines() if ln.startswith("kvbench: ")] == [
+        f"kvbench: probe interrupted by SIGTERM: {len(kept)} sizes kept in {path}"]
+    assert not os.path.exists(tmp_path / "res" / "scratch")  # each size's run, removed
+    assert sorted(os.listdir(tmp_path / "res")) == [os.path.basename(os.path.dirname(path))]
 
 
 def test_a_transport_unavailable_here_says_why(capfd, monkeypatch):

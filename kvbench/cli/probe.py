@@ -1,13 +1,19 @@
 """`kvbench probe -t T --max SIZE`: the largest pool that registers, moves and checks; bandwidth against pool size."""
 from __future__ import annotations
 
+import math
+import os
+import re
+import shutil
+import signal
+import sys
 import time
 
 from kvbench import transports
 from kvbench.cli.args import text
 from kvbench.harness import probe as P
 from kvbench.harness.preflight import device_reason
-from kvbench.harness.probe_attempt import Request, default_mpiexec
+from kvbench.harness.probe_attempt import FAULT_ENV, Request, default_mpiexec
 from kvbench.model import shapes as M
 from kvbench.transports import options as O
 
@@ -55,8 +61,12 @@ def validate(a) -> tuple[Request, int, int]:
     why = device_reason(cls, {"memory": a.memory, "copy": "batch"})
     if why:
         raise ValueError(f"--memory {a.memory}: {why}")
-    if a.iters < 1 or a.bisect < 0 or (a.deadline is not None and a.deadline <= 0):
-        raise ValueError("-n must be at least 1, --bisect at least 0, --deadline positive")
+    if a.iters < 1 or a.bisect < 0 or (a.deadline is not None and not (math.isfinite(a.deadline) and a.deadline > 0)):
+        raise ValueError("-n must be at least 1, --bisect at least 0, --deadline a number of seconds above 0")
+    fault = os.environ.get(FAULT_ENV)
+    if fault is not None and not re.fullmatch(r"\d+:\S+", fault):
+        raise ValueError(f"{FAULT_ENV}={fault[:80]!r}: give <pool bytes>:<KVBENCH_FAULT spec> (docs/reliability.md), "
+                         "or unset it")
     M.check_block_size(a.block_size)
     if a.tokens < 1:
         raise ValueError("--tokens must be at least 1")
@@ -64,6 +74,8 @@ def validate(a) -> tuple[Request, int, int]:
         raise ValueError(f"dtype '{a.dtype}' is not one of: {', '.join(M.DTYPES)}")
     if not a.mpiexec:
         raise ValueError("no mpiexec here: install MPICH (make install) or give --mpiexec")
+    if not shutil.which(a.mpiexec):
+        raise ValueError(f"--mpiexec {a.mpiexec}: no such program (the launcher each size runs under)")
     req = Request(a.transport, a.memory, a.model, a.tokens, a.block_size, a.dtype, a.op, a.iters,
                   tuple(a.option), a.mpiexec)
     req.shape  # an unknown model is refused here  # noqa: B018
@@ -88,6 +100,10 @@ def line(r) -> str:
             f"{num(r.nwrong, '6d')} {r.seconds:7.1f}  {r.reason}")
 
 
+def _stop(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def cmd_probe(a) -> int:
     req, start, top = validate(a)
     from kvbench.results.store import claim_path
@@ -105,11 +121,22 @@ def cmd_probe(a) -> int:
         rows.add(r)
         print(line(r), flush=True)
 
+    scratch = os.path.join(a.results, "scratch")  # each size's run, under -o (results/*/scratch/ is ignored)
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        out = P.run_probe(req, start, top, a.bisect, a.deadline, say)
-    except KeyboardInterrupt:  # the launch in flight was killed whole; the sizes that ended are in the file
+        out = P.run_probe(req, start, top, a.bisect, a.deadline, say, scratch)
+    except KeyboardInterrupt as exc:  # the launch in flight was killed whole; the sizes that ended are in the file
+        name = exc.args[0] if exc.args else "SIGINT"
         print(f"# interrupted; rows so far: {path}", flush=True)
+        print(f"kvbench: probe interrupted by {name}: {rows.count} sizes kept in {path}", file=sys.stderr)
         return 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        try:
+            os.rmdir(scratch)  # empty once every size's run was removed; another probe's may still be there
+        except OSError:
+            pass
     by_size = sorted(out.rows, key=lambda r: r.pool_bytes)
     if by_size != out.rows:  # bisected: the rows again, by pool size (where a cliff shows)
         print("# by pool size:")

@@ -114,12 +114,14 @@ class Outcome:
     failed: object | None  # the row of the smallest size that failed
 
 
-def run_probe(req: Request, start: int, top: int, bisect: int, deadline: float | None, say=print) -> Outcome:
-    """Try the sizes (``search``) with one child launch each; ``say`` gets each row as it ends."""
+def run_probe(req: Request, start: int, top: int, bisect: int, deadline: float | None, say=print,
+              scratch: str | None = None) -> Outcome:
+    """Try the sizes (``search``) with one child launch each; ``say`` gets each row as it ends; each launch writes
+    under ``scratch`` (removed after it)."""
     rows = []
 
     def attempt(size: int) -> bool:
-        row = Attempt(req, size, deadline).run()
+        row = Attempt(req, size, deadline, scratch).run()
         rows.append(row)
         say(row)
         return row.status == "OK"
@@ -134,10 +136,11 @@ class CsvRows:
     """The rows' file, a row appended (and flushed) as each size ends: an interrupted probe keeps what it found."""
 
     def __init__(self, path: str):
-        self.path = path
+        self.path, self.count = path, 0
         with open(path, "w", newline="") as fh:
             csv.writer(fh).writerow(COLUMNS)
 
     def add(self, row) -> None:
+        self.count += 1
         with open(self.path, "a", newline="") as fh:
             csv.writer(fh).writerow(["" if getattr(row, c) is None else getattr(row, c) for c in COLUMNS])

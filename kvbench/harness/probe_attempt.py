@@ -103,8 +103,8 @@ def attempt_deadline(size: int) -> float:
 class Attempt:
     """One size: the launch, and its row."""
 
-    def __init__(self, req: Request, size: int, deadline: float | None = None):
-        self.req, self.size = req, size
+    def __init__(self, req: Request, size: int, deadline: float | None = None, scratch: str | None = None):
+        self.req, self.size, self.scratch = req, size, scratch  # scratch: where its run writes (under -o)
         self.deadline = deadline or attempt_deadline(size)
 
     def command(self, out: str) -> list[str]:
@@ -126,7 +126,9 @@ class Attempt:
         return env
 
     def run(self) -> Row:
-        out = tempfile.mkdtemp(prefix="kvbench-probe-")
+        if self.scratch:
+            os.makedirs(self.scratch, exist_ok=True)
+        out = tempfile.mkdtemp(prefix="kvbench-probe-", dir=self.scratch)
         t0 = time.monotonic()
         try:
             rc, text = launch(self.command(out), self.deadline, self.env(), grace=2.0)
@@ -149,11 +151,11 @@ class Attempt:
         reg = [i["register_s"] for i in infos if i.get("register_s") is not None]
         row.register_s = round(max(reg), 4) if reg else None
         sig = _signal(rc, text)
-        if sig:
+        if rc == 124:  # the probe's own deadline killed it: its ranks' SIGTERM is the probe's doing, not theirs
+            row.status, row.reason = "TIMEOUT", f"no end within {self.deadline:g} s (--deadline): the probe ended it"
+        elif sig:
             row.status, row.signal = "SIGNAL", sig
             row.reason = f"a rank died by {sig}" + _says(text, " after: ")
-        elif rc == 124:
-            row.status, row.reason = "TIMEOUT", f"no end within {self.deadline:g} s: the launch was killed"
         elif rc != 0:
             row.status = EXIT_WORDS.get(rc, "ERROR")
             row.reason = _says(text) or f"kvbench run exited {rc}"

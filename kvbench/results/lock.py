@@ -45,8 +45,13 @@ class ResultLock:
             if same:
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        except OSError:  # a full disk: the lock we hold goes, not an empty file that names no holder
+            os.unlink(self.path)
+            os.close(fd)
+            raise
         self.fd = fd
 
     def release(self) -> None:

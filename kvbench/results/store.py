@@ -97,17 +97,19 @@ class ResultWriter:
         cand = claim_path(root, suite_name, ".meta.json")[: -len(".meta.json")]
         self.path = cand + ".parquet"
         self.meta_path = cand + ".meta.json"
-        self.lock = ResultLock(self.path)  # held until the run ends: a resume of a live run is refused
+        self.lock = None
         # until the run ends by itself or through the exit path, the sidecar says it has not
         self.meta = dict(meta, schema_version=SCHEMA_VERSION, results=os.path.basename(self.path),
                          status="INCOMPLETE", reason=INCOMPLETE_REASON, groups_done=[])
         self.frames: list[pd.DataFrame] = []
         self._mu = threading.Lock()
         try:
+            self.lock = ResultLock(self.path)  # held until the run ends: a resume of a live run is refused
             self._write_meta()
         except BaseException:  # (a full disk) the claimed name and its lock go: nothing of this run stays
             os.unlink(self.meta_path)
-            self.lock.release()
+            if self.lock is not None:  # (a lock whose own write failed removed itself: results/lock.py)
+                self.lock.release()
             raise
 
     @classmethod

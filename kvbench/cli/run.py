@@ -53,6 +53,10 @@ def run(a, argv: list[str]) -> int:
             pass  # rank 0 reports it below
     if "staged" in names and any(o in ("inner=ucx", "staged.inner=ucx") for o in a.option or []):
         names.append("ucx")  # staged over ucx: ucxx's UCX loads before MPI's as well
+    if why := comm.open_files_short():  # MPI_Init would fail inside UCX on every rank, with no word of the limit
+        if env_rank() == 0:  # one line for the job
+            print(f"kvbench: error: {why}", file=sys.stderr, flush=True)
+        return 1
     comm.preload(names)
     with GUARD.deadline("start-up (MPI, validation on rank 0)", STARTUP_S):
         c = comm.get()

@@ -29,6 +29,23 @@ TAG_CI = 7501  # --target-ci: each rank's samples to rank 0, and rank 0's word o
 NAP_S, NAP_MAX_S = 50e-6, 1e-3  # a sleeping wait's first nap, and its longest
 
 
+MIN_OPEN_FILES = 64  # MPICH's UCX fails MPI_Init below this (seen at ulimit -n 32), with no word of the limit
+
+
+def open_files_short() -> str:
+    """Why MPI cannot start under this process's open-files limit ('' where it can): said before MPI_Init, whose
+    own failure is a UCX traceback on every rank."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= MIN_OPEN_FILES:
+        return ""
+    fix = ("ulimit -n 4096" if hard == resource.RLIM_INFINITY or hard >= 4096 else
+           f"its hard limit is {hard} too: ulimit -Hn 4096 as root, or limits.conf")
+    return (f"open files limit (ulimit -n) is {soft}: MPI and its transports need at least {MIN_OPEN_FILES}, and a "
+            f"run of several engines more: raise it before mpirun ({fix})")
+
+
 def _mpi():
     global _MPI
     if _MPI is None:

@@ -164,7 +164,7 @@ class Guard:
         line = f"kvbench: {status.lower()}: {self.where()}: {cause}"
         if self.rank == 0 or self.comm is None or self.size == 1:
             _say(line + self._record(status, line))
-        elif not self._tell_rank0(status, line) and status != "INTERRUPTED":
+        elif not self._tell_rank0(status, line) and status != "INTERRUPTED" and self._first_to_say():
             _say(line)  # rank 0 did not take it over (stopped, hung): say it here, and in the sidecar
             if self.stand_in is not None:
                 try:
@@ -182,6 +182,20 @@ class Guard:
         unwinds through cleanups that would let a peer fail first on what they removed; elsewhere, nothing."""
         if self._installed:
             self.fail_from(exc)
+
+    def _first_to_say(self) -> bool:
+        """Of the ranks of this host that find rank 0 gone (stopped, hung), the first says the line and records it:
+        one line, however many ranks time out on it.  The claim is an abstract socket name held until this process
+        ends (nothing to remove afterwards)."""
+        if not self.run_id:
+            return True
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind("\0kvbench-said-" + self.run_id)
+        except OSError:
+            return False
+        self._said = s
+        return True
 
     def _claim(self) -> bool:
         with self._lock:

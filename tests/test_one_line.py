@@ -3,7 +3,6 @@ fault switch that is not one is one line at the door, not a traceback per rank."
 from __future__ import annotations
 
 
-
 def kvbench_lines(r) -> list[str]:
     return [ln for ln in (r.out + r.err).splitlines() if ln.startswith("kvbench: ")]
 

@@ -7,6 +7,7 @@
 #   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
 #   make test               the test suite (unit, property, real mpiexec runs)
 #   make check              the five-minute tier: every in-process test, one real launch per honesty mechanism
+#   make fuzz               every probe list of tests/probes/ against kvbench's doors, each probe sandboxed (LIST=door,faults: some)
 #   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them; AA=1: the reference against itself, the noise floor)
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
 #   make bench-engines      nixl, ucx, mooncake bulk and hot rows next to the engines' own tools; nixl on 4k/thp pages
@@ -18,7 +19,7 @@
 #   make bench-codecs       codecs on shm, tcp loopback and (root) a 1 Gbit/s shaped link: measured vs predicted
 #   make lint               ruff
 #   make procurement        the buyer's sweep (every transport, push/pull, 16-256-token blocks, fp16/fp8, serial/streaming),
-#                           then its report and plan in results/runs/<machine>/ (about 10 min on a 2-core VM)
+#                           then its report and plan in results/runs/<machine>/ (41 min on a 2-core VM; QUICK=1: 5 min)
 #   make bench-staged       staged over tcp on torch-cpu pools: the pipeline against pipeline=off
 #   make gpu-wheels         (here, with network) the wheels a bare CUDA image lacks, into wheels/gpu/ (~20 MiB)
 #   make gpu-check          (a GPU machine, no network) install those wheels, build, then device pools, copy engines,
@@ -42,10 +43,10 @@ CHOICES  = $(VENV)/.kvbench-choices
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: FORCE check pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
+.PHONY: FORCE check fuzz pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,25p' Makefile
+	@sed -n '2,26p' Makefile
 
 $(CHOICES): FORCE
 	@mkdir -p $(VENV); c="MPI=$(MPI) ENGINES=$(ENGINES)"; \
@@ -164,6 +165,13 @@ check: pyc sysdeps
 	$(PYTEST) -n $(TEST_JOBS) --dist loadfile -m "(inprocess or check) and not alone" $(PYTEST_ARGS) || rc=$$?; \
 	$(PYTEST) -m "(inprocess or check) and alone" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
 	[ $$rc = 5 ] && rc=0; exit $$rc
+
+# The probe lists (tests/probes/<category>.yaml) against kvbench's doors: hostile flags and files, faults at named
+# steps, kvbench probe's deadline, kvbench lab's bad arguments, planted links.  Each probe in a mount and pid
+# namespace of its own (a private /dev/shm: leftovers are its own), judged on its exit code, its one `kvbench:` line,
+# no traceback, its time limit, nothing left behind or written outside its scratch folder (docs/reliability.md)
+fuzz: pyc
+	$(BIN)/python tools/fuzz $(if $(LIST),--list $(LIST))
 
 # system packages, installed when root with apt-get; otherwise what needs one skips (a test) or reports its row
 # unavailable (a bench), naming the package. The benches need libibverbs1 (Mooncake's wheel links it even without

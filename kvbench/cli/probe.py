@@ -1,6 +1,7 @@
 """`kvbench probe -t T --max SIZE`: the largest pool that registers, moves and checks; bandwidth against pool size."""
 from __future__ import annotations
 
+import glob
 import math
 import os
 import re
@@ -133,10 +134,11 @@ def cmd_probe(a) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        try:
-            os.rmdir(scratch)  # empty once every size's run was removed; another probe's may still be there
-        except OSError:
-            pass
+        for d in [*glob.glob(os.path.join(scratch, "kvbench-probe-*")), scratch]:
+            try:  # empty once every size's run was removed (an interrupt mid-removal leaves an empty one); another
+                os.rmdir(d)  # probe's, in use, is not empty and stays
+            except OSError:
+                pass
     by_size = sorted(out.rows, key=lambda r: r.pool_bytes)
     if by_size != out.rows:  # bisected: the rows again, by pool size (where a cliff shows)
         print("# by pool size:")

@@ -128,13 +128,14 @@ class Attempt:
     def run(self) -> Row:
         if self.scratch:
             os.makedirs(self.scratch, exist_ok=True)
-        out = tempfile.mkdtemp(prefix="kvbench-probe-", dir=self.scratch)
-        t0 = time.monotonic()
-        try:
+        t0, out = time.monotonic(), None
+        try:  # made inside: an interrupt right after it still removes it
+            out = tempfile.mkdtemp(prefix="kvbench-probe-", dir=self.scratch)
             rc, text = launch(self.command(out), self.deadline, self.env(), grace=2.0)
             row = self.read(rc, text, out)
         finally:
-            shutil.rmtree(out, ignore_errors=True)
+            if out is not None:
+                shutil.rmtree(out, ignore_errors=True)
         row.seconds = round(time.monotonic() - t0, 2)
         return row
 

@@ -111,14 +111,17 @@ def _mount(*args: str) -> None:
 def _mounts(scratch: Path) -> list[tuple[Path, Path]]:
     """Private /dev/shm and /tmp; each overlaid folder's writes go to an upper dir in scratch: (folder, upper)."""
     _mount("-t", "tmpfs", "tmpfs", "/dev/shm")
-    _mount("-t", "tmpfs", "tmpfs", "/tmp")
     uppers = []
-    for i, folder in enumerate(_overlaid(scratch)):
+    folders = list(_overlaid(scratch))
+    for i, folder in enumerate(folders):
         up, work = scratch / ".sandbox" / f"up{i}", scratch / ".sandbox" / f"work{i}"
         up.mkdir()
         work.mkdir()
         _mount("-t", "overlay", "overlay", "-o", f"lowerdir={folder},upperdir={up},workdir={work}", str(folder))
         uppers.append((folder, up))
+    # a private /tmp would hide a checkout cloned under /tmp: then /tmp stays shared (the checkout is overlaid)
+    if not any(Path(f).resolve().is_relative_to("/tmp") for f in folders):
+        _mount("-t", "tmpfs", "tmpfs", "/tmp")
     return uppers
 
 
@@ -205,7 +208,9 @@ def _files(top: Path) -> list[str]:
 
 def _written_private(uppers: list[tuple[Path, Path]]) -> list[str]:
     out = [f.replace(str(up), str(folder), 1) for folder, up in uppers for f in _files(up)]
-    return out + _files(Path("/tmp"))
+    # /tmp is the probe's own only where it was mounted private (a checkout under /tmp keeps it shared)
+    private_tmp = not any(Path(folder).resolve().is_relative_to("/tmp") for folder, _ in uppers)
+    return out + (_files(Path("/tmp")) if private_tmp else [])
 
 
 def _written_shared(since: float) -> list[str]:

@@ -15,7 +15,7 @@ from pydantic import AfterValidator
 from kvbench.config import ConfigError
 from kvbench.model import shapes as M
 from kvbench.model import tpmap as T
-from kvbench.model.schemes import SCHEMES, tp_scheme
+from kvbench.model.schemes import SCHEMES, SchemeError, tp_pairs, tp_scheme
 
 
 def _pair_text(text: str) -> str:
@@ -52,12 +52,12 @@ def check(a, suite, world: int) -> bool:
     if len(pairs) != len(suite.axes.tp):
         raise ConfigError(f"--tp {','.join(map(str, suite.axes.tp))}: give every TP degree as P:D, or none (a P:D "
                           "run's ranks are its prefill and decode ranks)")
-    need = max(tp.prefill + tp.decode for tp in pairs)
-    if need != world:
-        tp = max(pairs, key=lambda t: t.prefill + t.decode)
-        raise ConfigError(f"--tp {tp} needs {need} ranks ({tp.prefill} prefill + {tp.decode} decode), got {world}"
-                          + (" (a sweep of TP pairs runs on the largest pair's ranks; a smaller pair's cases run on "
-                             "its first ranks while the rest wait)" if len(pairs) > 1 else ""))
+    try:  # the rank count is the scheme's own rule (model/schemes.py tp_pairs), said once
+        tp_pairs(tp_scheme(pairs), world)
+    except SchemeError as exc:
+        raise ConfigError(str(exc) + (" (a sweep of TP pairs runs on the largest pair's ranks; a smaller pair's "
+                                      "cases run on its first ranks while the rest wait)" if len(pairs) > 1 else "")
+                          ) from None
     why = ("--scheme (the TP map pairs the ranks)" if suite.scheme not in ("pairwise", tp_scheme(pairs)) else
            "a workload (arrivals, traces)" if suite.workload is not None else
            "a codec" if suite.axes.codec != ["none"] else

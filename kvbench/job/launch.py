@@ -44,12 +44,17 @@ def descendants(root: int) -> dict[int, int]:
 
 
 def mpich_segments(pids) -> set[str]:
-    """Names of the /dev/shm/mpich_shm_* segments these processes map."""
+    """Names of the /dev/shm/mpich_shm_* segments these processes map or hold open (a segment is opened before it
+    is mapped)."""
     got = set()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as fh:
                 got.update(ln.rsplit("/", 1)[-1].split()[0] for ln in fh if "/dev/shm/mpich_shm_" in ln)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("/dev/shm/mpich_shm_"):
+                    got.add(link.rsplit("/", 1)[-1].split()[0])
         except OSError:
             pass
     return got
@@ -88,18 +93,32 @@ def _wait_gone(procs: dict[int, int | None], seconds: float) -> None:
         time.sleep(0.05)
 
 
-def kill_tree(root: int | None, tree: dict[int, int] | None = None, grace: float = 0.0) -> None:
+def kill_tree(root: int | None, tree: dict[int, int] | None = None, grace: float = 0.0,
+              seen: set[str] | None = None) -> None:
     """End root (a launch's process, or None) and its process tree, each process only if it is still the same one.
 
     ``tree`` ({pid: start time}, as recorded while it ran) defaults to root's tree in /proc now; it is taken
     before anything is signalled: once root is gone its descendants are nobody's children.  With ``grace``,
     SIGTERM first while root lives (kvbench's ranks then leave through their own exit path: one line, their
-    segments removed), up to ``grace`` s for root and as long again for the rest; then SIGKILL."""
+    segments removed), up to ``grace`` s for root and as long again for the rest; then SIGKILL.
+
+    With ``seen`` (a set), the tree is stopped first and the MPICH segments it maps or holds open are added to
+    it: a rank killed inside MPI_Init leaves a segment made after the launch's last look (launch())."""
     procs = dict(descendants(root) if tree is None and root else tree or {})
     if root:
         procs[root] = starttime(root)
+    if seen is not None:  # nothing new is made or started between this look and the signals below
+        while True:
+            _signal_all(procs, signal.SIGSTOP)
+            new = {q: st for q, st in (descendants(root) if root else {}).items() if q not in procs}
+            if not new:
+                break
+            procs.update(new)  # started since the tree was taken (a proxy's rank): stopped too
+        seen |= mpich_segments(procs)
     if grace > 0 and root and procs[root] is not None:
         _signal_all(procs, signal.SIGTERM)
+        if seen is not None:
+            _signal_all(procs, signal.SIGCONT)  # a stopped process takes its SIGTERM when it runs again
         _wait_gone({root: procs[root]}, grace)
         _wait_gone(procs, grace)
     _signal_all(procs, signal.SIGKILL)
@@ -136,17 +155,17 @@ def launch(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | N
                 poll = min(0.25, 2 * poll)  # often at first: a job that fails at once maps its segments briefly
                 if time.monotonic() > deadline:
                     tree.update(descendants(p.pid))
-                    kill_tree(p.pid, tree, grace)
+                    kill_tree(p.pid, tree, grace, seen=mine)
                     out, rc, tail = p.communicate()[0], 124, f"\n(timed out after {timeout:g} s)"
                     break
     except BaseException:
         tree.update(descendants(p.pid))
-        kill_tree(p.pid, tree, grace)
+        kill_tree(p.pid, tree, grace, seen=mine)
         p.wait()
         raise
     finally:
         LIVE.discard(p.pid)
         if p.returncode != 0:  # ranks a dead launcher left behind (the launcher itself is reaped: not by pid)
-            kill_tree(None, tree)
+            kill_tree(None, tree, seen=mine)
         remove_orphan_segments(mine)
     return rc, (out or "") + tail

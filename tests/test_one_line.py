@@ -22,3 +22,12 @@ def test_a_fault_switch_that_is_not_one_is_one_line(kvrun):
     assert r.code == 1, r.out + r.err
     assert len(kvbench_lines(r)) == 1 and "Traceback" not in r.err
     assert kvbench_lines(r)[0].startswith("kvbench: error: KVBENCH_FAULT item 'stop@nowhere:0' is not")
+
+
+def test_a_trace_replay_whose_peer_is_killed_is_incomplete_in_one_line(kvrun):
+    """A replay's rank killed -9: the others' reapers keep the documented status, INCOMPLETE, not ERROR."""
+    r = kvrun(["-t", "tcp", "--trace", "mooncake-conversation", "-m", "llama-3-8b", "--tokens", "64", "-n", "2",
+               "-w", "0", "--requests", "8", "--speed", "100", "--timeout", "20"], env={"KVBENCH_FAULT": "kill:1"}, timeout=120)
+    assert r.code == 9, r.out + r.err  # hydra's: the signal's number
+    assert r.meta()["status"] == "INCOMPLETE", r.meta().get("reason")
+    assert len(kvbench_lines(r)) <= 1 and "Traceback" not in r.err

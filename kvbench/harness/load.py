@@ -184,6 +184,7 @@ class LoadHarness(Harness):
             x.clk = lambda: time.perf_counter() - t0
             clock = self._sync_clocks(x)
             self.comm.barrier()
+            faults.hit("kill", self.rank, self.case_no)  # a node dying as the replay starts (inert unless set)
             if self.rank in srcs:
                 rows = self._prefill(x)
             elif any(self.rank in d for d in dests.values()):

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import synth
+from helpers.launch import chromium
 from matplotlib.container import ErrorbarContainer
-from test_report import chromium
 
 from kvbench.report import fabricplots, fitsection, page, plots
 from kvbench.report.build import build

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_report import chromium
+from helpers.launch import chromium
 
 from kvbench.report import plan, summary
 from kvbench.report.build import main as report

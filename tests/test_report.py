@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
-from helpers.launch import kvbench_cli, launch, leftovers_of, mpiexec
+from helpers.launch import chromium, kvbench_cli, launch, leftovers_of, mpiexec
 
 from kvbench.report.link import LinkOverride, add_line_rate
 from kvbench.report.page import Page
@@ -308,11 +308,6 @@ def test_the_codec_section_joins_the_page_only_when_a_run_has_codec_rows(tmp_pat
 
 
 # ----- the page in a browser ---------------------------------------------------------------------------------------
-
-def chromium() -> str | None:
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome")
-                 if shutil.which(n)), None)
-
 
 def test_html_renders_in_headless_chromium(page_dir, tmp_path):
     exe = chromium()

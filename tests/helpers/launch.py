@@ -178,3 +178,9 @@ def launch_then(args, tmp_path, act, timeout: float = 30):
     finally:
         kill_group(proc)
     return proc.returncode, seen + rest, err, out
+
+
+def chromium() -> str | None:
+    """The headless browser the page tests render with, or None (apt-get install chromium)."""
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome")
+                 if shutil.which(n)), None)

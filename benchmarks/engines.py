@@ -32,9 +32,12 @@ with their defaults.  ``--kvbench-args "ENGINE:FLAGS"`` adds flags for one engin
 The model is MLA with a 512-wide fp16 latent and no RoPE part: 1 KiB per token
 per layer, so a request of SIZE/1024 tokens has SIZE bytes per layer (a YAML
 file: the --layers flag path fails on 2 ranks).  The ratio is kvbench / tool
-per back-to-back pair, median over repeats (the machine is noisy).
+per back-to-back pair, median over repeats (the machine is noisy).  The verdict per engine and tool pools
+the pairs' ratios at sizes >= 256 KiB: their median with its 95% order-statistic interval; ``meets`` when
+the interval is at or above the target, ``MISSES`` when below it, ``not decided`` when it straddles the
+target or fewer than 5 pairs ran.
 
-    python benchmarks/engines.py [--mpirun .venv/bin/mpiexec] [--engines nixl,ucx,mooncake] [--repeat 3]
+    python benchmarks/engines.py [--mpirun .venv/bin/mpiexec] [--engines nixl,ucx,mooncake] [--repeat 5]
            [--sizes 65536,262144,1048576,4194304] [--layers 16] [-n 20] [-w 3]
            [--pages 4k,thp] [--pages-sizes 1048576] [--parts tools,pages]
            [--nixl-prep on|off] [--kvbench-args "mooncake:-O notify=mpi"] [--variants bulk,hot|hot|bulk]
@@ -79,7 +82,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=16, help="layers of the model = messages per kvbench request")
     ap.add_argument("-n", "--iters", type=int, default=20, help="kvbench timed iterations per case (default 20)")
     ap.add_argument("-w", "--warmup", type=int, default=3, help="kvbench warm-up iterations per case (default 3)")
-    ap.add_argument("--repeat", type=int, default=3, help="kvbench/tool pairs per engine (default 3)")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="kvbench/tool pairs per engine, interleaved (default 5: the fewest a verdict is given from)")
     ap.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="kvbench's byte check (default 1)")
     ap.add_argument("--ref-iters", type=int, default=300, help="nixl_reference transfers per size (default 300)")
     ap.add_argument("--ucx-budget", type=float, default=5e8, help="bytes per ucx_perftest run (sets -n)")

@@ -7,7 +7,7 @@ import re
 import sys
 
 import numpy as np
-from engines_common import PAGES_TARGET, fmt_size, pair_stats, pool_bytes, tail
+from engines_common import PAGES_TARGET, fmt_size, judge, pair_ratios, pair_stats, pool_bytes, tail
 from jobs import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,8 +87,8 @@ def pages_report(a, pg_kv, pg_ref, pg_share, pg_over, pg_notes):
                     if med < PAGES_TARGET and o:
                         cost = (f", harness {np.median([v[0] for v in o.values()]):.0f} us/request ="
                                 f" {100 * np.median([v[0] / v[1] for v in o.values()]):.1f}% of p50")
-                    verdict.append(f"{pg} {op} {fmt_size(size)} {med:.2f}"
-                                   f" ({'meets' if med >= PAGES_TARGET else 'MISSES'}{cost})")
+                    pairs = pair_ratios(pg_kv.get((pg, op, size), {}), pg_ref.get((pg, op, size), {}))
+                    verdict.append(f"{pg} {op} {fmt_size(size)} {judge(pairs, PAGES_TARGET, len(pairs))}{cost}")
     print(f"# pages: kvbench / script (target {PAGES_TARGET}): " + ("; ".join(verdict) or "-"))
     for n in pg_notes:
         print(f"# pages: {n}")

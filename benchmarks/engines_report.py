@@ -15,6 +15,7 @@ from engines_common import (
     TARGET_RATIO,
     TARGET_SIZE,
     fmt_size,
+    pair_ratios,
     pair_stats,
     pool_bytes,
     tool_order,
@@ -67,14 +68,14 @@ def report(a, engines, kvb, nat, over, skipped, notes):
                 hcol = f"{hmed:>8.2f} {hrng:>11}" if hot_ok else f"{'-':>8} {'-':>11}"
                 print(f"{e:>8} {op:>4} {fmt_size(size):>8} {b:>9.3f} {h:>8.3f} {n:>9.3f}  {t:<30}"
                       f" {bmed:>9.2f} {brng:>11} {hcol}")
-                if size >= TARGET_SIZE and not np.isnan(bmed):
-                    bulk_tool.setdefault(t, []).append(bmed)
-                if size >= TARGET_SIZE and hot_ok and not np.isnan(hmed):
-                    hot_tool.setdefault(t, []).append(hmed)
-        print(f"# {e}: median ratio at >= {fmt_size(TARGET_SIZE)} (target {TARGET_RATIO}): bulk/tool "
-              + verdict(bulk_tool, TARGET_RATIO))
-        print(f"# {e}: hot median ratio at >= {fmt_size(TARGET_SIZE)} (target {HOT_TARGET}): hot/tool "
-              + verdict(hot_tool, HOT_TARGET))
+                if size >= TARGET_SIZE:  # every pair's ratio at the target's sizes: the verdict's samples
+                    bulk_tool.setdefault(t, []).extend(pair_ratios(kvb.get((e, "bulk", op, size), {}), ns))
+                    if hot_ok:
+                        hot_tool.setdefault(t, []).extend(pair_ratios(kvb.get((e, "hot", op, size), {}), ns))
+        print(f"# {e}: bulk/tool at >= {fmt_size(TARGET_SIZE)} (target {TARGET_RATIO}; median of the pairs' ratios"
+              " [its 95% interval]): " + verdict({t: v for t, v in bulk_tool.items() if v}, TARGET_RATIO, a.repeat))
+        print(f"# {e}: hot/tool at >= {fmt_size(TARGET_SIZE)} (target {HOT_TARGET}): "
+              + verdict({t: v for t, v in hot_tool.items() if v}, HOT_TARGET, a.repeat))
         parts = []
         for op in ("push", "pull"):
             sizes = [s for s in a.sizes if s >= TARGET_SIZE and over.get((e, "hot", op, s))]

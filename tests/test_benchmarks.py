@@ -200,7 +200,8 @@ def test_engines_prints_kvbench_beside_the_native_tool():
     out = r.stdout
     if "unavailable" in out and "nixl push" not in out:
         pytest.skip("nixl unavailable here")
-    assert "nixl_reference WRITE" in out and "# nixl: median ratio" in out and "# nixl: hot median ratio" in out
+    assert "nixl_reference WRITE" in out and "# nixl: bulk/tool at >= 256 KiB" in out and "# nixl: hot/tool at >=" in out
+    assert "from 1 pairs: not decided, a verdict needs 5 pairs" in out  # one repeat: no verdict
     assert "# nixl: hot cost per request" in out and "harness" in out  # the harness's own time, measured
     assert "bulk/tool" in out.split() and "hot/tool" in out.split()
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("nixl ")]

@@ -11,6 +11,7 @@
 #   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them; AA=1: the reference against itself, the noise floor)
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
 #   make bench-engines      nixl, ucx, mooncake bulk and hot rows next to the engines' own tools; nixl on 4k/thp pages
+#   make bench-underload    (RUNS=20) honest shm,tcp and make bench runs beside two busy loops end OK; liars still caught
 #   make bench-connect      connect seconds per peer and in all, per transport, on 2, 4 and 8 ranks (all-pairs)
 #   make bench-descriptors  building and coalescing 1M descriptors (80 layers, random blocks): old and new path
 #   make soak               thousands of iterations per transport; RSS and open files per rank must not grow
@@ -43,10 +44,10 @@ CHOICES  = $(VENV)/.kvbench-choices
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: FORCE check fuzz pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
+.PHONY: FORCE check fuzz pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-underload bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,26p' Makefile
+	@sed -n '2,27p' Makefile
 
 $(CHOICES): FORCE
 	@mkdir -p $(VENV); c="MPI=$(MPI) ENGINES=$(ENGINES)"; \
@@ -110,6 +111,10 @@ bench-fidelity: pyc benchdeps
 # transfer_engine_bench; then nixl bulk vs nixl_reference on 4k and thp pages (the same scattered 1 MiB blocks)
 bench-engines: pyc benchdeps
 	$(BIN)/python benchmarks/engines.py --mpirun "$(MPIRUN)"
+
+# honest runs beside two busy loops end OK (RUNS of shm,tcp -n 8 and of make bench's job), the liars still caught
+bench-underload: pyc
+	$(BIN)/python benchmarks/underload.py --mpirun "$(MPIRUN)" $(if $(RUNS),--runs $(RUNS))
 
 # the bootstrap storm: each transport's connect against its peers, all-pairs on RANKS (default 2,4,8) ranks here
 bench-connect: pyc benchdeps

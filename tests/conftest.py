@@ -81,3 +81,21 @@ def kvrun(tmp_path):
         return kvbench_run(exe, args, str(out_dir or tmp_path / "results"), n, timeout, env, leftovers_ok)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """A 2-node, 2-rail lab at 1 Gbit/s for the test module (root), removed after it (helpers/lab.py)."""
+    import secrets
+
+    from helpers.lab import _why_not_root
+
+    from kvbench.lab import net
+
+    if _why_not_root():
+        pytest.skip(_why_not_root())
+    made = net.up(2, 2, 10**9, lab_id=f"t{os.getpid()}-{secrets.token_hex(2)}")
+    try:
+        yield made
+    finally:
+        net.down(made)

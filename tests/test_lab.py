@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import pytest
+from helpers.lab import _lab, _ours, _results, needs_root
 from helpers.launch import leftovers_of
 
 from kvbench.fabric import carriers as C
@@ -108,50 +108,6 @@ def test_up_with_the_id_of_a_lab_up_refuses_and_leaves_that_lab_alone(monkeypatc
 
 
 # ---------------------------------------------------------------- the lab itself (root)
-
-def _why_not_root() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, veth, bridges, tc)"
-    if missing := N.missing_tools():
-        return f"needs {' and '.join(missing)}"
-    if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "mpiexec")):
-        return "no mpiexec (make install)"
-    return None
-
-
-needs_root = pytest.mark.skipif(_why_not_root() is not None, reason=_why_not_root() or "")
-
-
-def _ours(tag: str) -> list[str]:
-    """Namespaces and root-namespace links whose names carry ``tag``."""
-    links = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, check=True).stdout
-    return [n for n in N.list_namespaces() if tag in n] + [d["ifname"] for d in json.loads(links) if tag in d["ifname"]]
-
-
-def _lab(*args, timeout=300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "kvbench", "lab", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
-
-
-def _results(out: str) -> pd.DataFrame:
-    path = re.search(r"^# results: (\S+\.parquet)$", out, re.M).group(1)
-    df = pd.read_parquet(path)
-    with open(path.replace(".parquet", ".meta.json")) as fh:
-        df.attrs["meta"] = json.load(fh)
-    return df[df["iter"] >= 0]
-
-
-@pytest.fixture(scope="module")
-def lab():
-    if _why_not_root():
-        pytest.skip(_why_not_root())
-    made = net.up(2, 2, 10**9, lab_id=f"t{os.getpid()}-{secrets.token_hex(2)}")
-    try:
-        yield made
-    finally:
-        net.down(made)
-
 
 @needs_root
 def test_lab_is_built(lab):

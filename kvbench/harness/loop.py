@@ -14,6 +14,7 @@ from itertools import groupby
 
 from kvbench import memory, transports
 from kvbench.codecs.path import codec_refused, codec_staging, codec_transport, fill_pools
+from kvbench.fabric import procsock
 from kvbench.harness import bounds, checkpass, flows, placing, preflight, railrows, registering, requests, setuprows
 from kvbench.harness.calibrate import Calibration
 from kvbench.harness.carriage import Carrying
@@ -45,6 +46,8 @@ class Harness(Rows, Calibration, Carrying):
             (secrets.token_hex(4), secrets.token_bytes(16), secrets.randbits(64)) if self.rank == 0 else None)
         keyed.secret(secret)
         self.hosts = comm.allgather(comm.hostname)  # a pair on one host moves bytes through memory (bounds.py)
+        # where a pair's path is meant to run: one host and one network namespace (a lab's nodes are namespaces)
+        self.places = comm.allgather(f"{comm.hostname}#{procsock.netns()}")
         self.case_no = 0
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
@@ -385,10 +388,11 @@ class Harness(Rows, Calibration, Carrying):
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [r._replace(done=[r.done[p] for p in pos], exposed=[r.exposed[p] for p in pos]) for r in m.rec]
+        carry = self.carrier_columns(m, s)  # first: it takes the case's socket counts an engine's rails read
         self.emit(case, m.g, entries, rec, nwrong, m.no, m.clock, [itr.rule.get(id(e), "") for e in entries],
                   m.codec, {entries.index(e): v for e in entries for k, v in m.errors.items() if k == id(e)},
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
                   every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
-                  first=[m.first[p] for p in pos] if m.first else None, carry=self.carrier_columns(m, s),
-                  rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed), wire=m.wire)
+                  first=[m.first[p] for p in pos] if m.first else None, carry=carry,
+                  rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed, m.sockets), wire=m.wire)

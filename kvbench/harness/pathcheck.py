@@ -44,13 +44,13 @@ class Protocols:
         sent = n * sum(e.payload for e in m.entries if e.src == self.rank)
         received = n * sum(e.payload for e in m.entries if e.dst == self.rank)
         peers = {e.dst if e.src == self.rank else e.src for e in m.entries if self.rank in (e.src, e.dst)}
-        same = all(self.hosts[p] == self.hosts[self.rank] for p in peers)
+        same = all(self.places[p] == self.places[self.rank] for p in peers)
         try:
             info = s.t.info()
         except Exception as exc:  # a transport whose info fails has nothing to say, its rows say why
             info = {"error": str(exc)}
-        c = P.carried(m.case["transport"], info, self.run_id, self.rank, same, self.sock_moved.pop(m.no, {}),
-                      sent, received)
+        m.sockets = self.sock_moved.pop(m.no, {})  # an engine's rails are counted from them (railrows.columns)
+        c = P.carried(m.case["transport"], info, self.run_id, self.rank, same, m.sockets, sent, received)
         self.proto_raw = {**self.proto_raw, m.no: {"proto": c.proto, "evidence": c.evidence, **c.raw}}
         return {"carrier_proto": c.proto, "carrier_evidence": c.evidence[:300]}
 
@@ -58,12 +58,12 @@ class Protocols:
 
     def path_lines(self, cfg) -> list[str]:
         """Rank 0's preamble: the path each transport is meant to measure."""
-        return preamble(cfg, self.hosts)
+        return preamble(cfg, self.places)
 
     def judge_paths(self, df, cfg) -> list[str]:
         """Rank 0's footer: the FALLBACK lines over the result set's rows (kept in ``fallbacks``; the sidecar's
         paths, fallbacks and carrier_raw go with the harness's extra_meta)."""
-        self.fallbacks, paths = judge(df, cfg, self.hosts)
+        self.fallbacks, paths = judge(df, cfg, self.places)
         self.extra_meta = dict(getattr(self, "extra_meta", {}), paths=paths, fallbacks=self.fallbacks, expect=cfg.expect)
         return self.fallbacks
 
@@ -116,6 +116,7 @@ def judge(df, cfg, hosts: list[str]) -> tuple[list[str], dict]:
     d = df[(df["iter"] >= 0) & (df["status"] == "ok")]
     side: dict = {}
     bad: dict = {}
+    rails_bad: dict = {}
     for (case, rank), g in d.groupby(["case", "rank"]):
         r = g.iloc[0]
         carried = str(r["carrier_proto"] or P.UNKNOWN)
@@ -133,8 +134,31 @@ def judge(df, cfg, hosts: list[str]) -> tuple[list[str], dict]:
             cases, ranks = bad.setdefault(key, (set(), set()))
             cases.add(int(case))
             ranks.add(int(rank))
+        idle = idle_rails(r)
+        if idle:
+            side[str(int(case))][str(int(rank))].update(verdict="FALLBACK", idle_rails=idle)
+            cases, ranks = rails_bad.setdefault((r["transport"], str(r["rail_nics"]), idle), (set(), set()))
+            cases.add(int(case))
+            ranks.add(int(rank))
     lines = [f"FALLBACK {name} case{'s' * (len(c) > 1)} {spans(c)} rank{'s' * (len(rk) > 1)} {spans(rk)}: "
              f"expected {X.WORDS.get(want, want)} ({why}), carried by {carried} ({ev})"
              for (name, want, why, carried, ev), (c, rk) in bad.items()]
+    lines += [f"FALLBACK {name} case{'s' * (len(c) > 1)} {spans(c)} rank{'s' * (len(rk) > 1)} {spans(rk)}: "
+              f"handed rails {nics}, {idle} (each rail's share {100 / len(nics.split(',')):.0f}%; under half of it "
+              "is a rail the engine did not use)" for (name, nics, idle), (c, rk) in rails_bad.items()]
     return lines, side
+
+
+def idle_rails(row) -> str:
+    """'rail1 carried 0%' for each rail of a row handed two or more that carried under half its share of the
+    bytes counted on the rails ('' when none, or nothing was counted)."""
+    nics = [n for n in str(row.get("rail_nics") or "").split(",") if n]
+    try:
+        per = [float(x) for x in str(row.get("rail_wire_bytes") or "").split(",") if x]
+    except ValueError:
+        return ""
+    if len(nics) < 2 or len(per) != len(nics) or sum(per) <= 0:
+        return ""
+    total = sum(per)
+    return ", ".join(f"{n} carried {100 * b / total:.0f}%" for n, b in zip(nics, per) if b < 0.5 * total / len(nics))
 

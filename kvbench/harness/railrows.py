@@ -6,7 +6,7 @@ rail: bytes sent and acknowledged, bytes received); every other transport's rows
 """
 from __future__ import annotations
 
-from kvbench.transports.rails import shares
+from kvbench.transports.rails import handed, shares
 
 EMPTY = {"rails": 0, "rail_nics": "", "rail_bytes": "", "rail_descs": "", "rail_wire_bytes": ""}
 
@@ -28,13 +28,29 @@ def delta(before: dict | None, after: dict | None, into: dict) -> None:
             acc[r][1] += max(0, r1 - r0) if r0 >= 0 else 0
 
 
-def columns(t, itr, entries, rank: int, wire: dict, iters: int) -> dict[int, dict]:
+def engine_rails(given: list[str], sockets: dict | None, iters: int) -> dict:
+    """An engine that picks its own lanes (UCX, NIXL on UCX): the NICs it was handed and, with two or more, the
+    bytes this process's own TCP connections moved over each of them per timed iteration (sent + received: one
+    rank of a pair sends, the other receives).  Bytes over RDMA do not pass a socket: there the counts stay
+    empty (the NIC counters in the carrier columns are the evidence)."""
+    out = dict(EMPTY, rail_nics=",".join(given))
+    if len(given) < 2:
+        return out
+    per = [sum((sockets or {}).get(n, (0, 0))) for n in given]
+    out["rails"] = len(given)
+    if sum(per):
+        out["rail_wire_bytes"] = ",".join(str(round(b / max(1, iters))) for b in per)
+    return out
+
+
+def columns(t, itr, entries, rank: int, wire: dict, iters: int, sockets: dict | None = None) -> dict[int, dict]:
     """Per entry (by its index in ``entries``), its rows' rail columns."""
     names = getattr(t, "rail_names", None)
-    if names is None:  # an engine that picks its own paths: the NICs --nic handed it (UCX_NET_DEVICES), rails 0
+    if names is None:  # an engine that picks its own paths: the NICs handed to it (--nic, the lab's, -O rails)
         ctx = getattr(t, "ctx", None)
-        given = ",".join(ctx.netdevs[: ctx.nic_rails]) if ctx is not None and t.caps.network and ctx.netdevs else ""
-        return {k: dict(EMPTY, rail_nics=given) for k in range(len(entries))}
+        given = handed(ctx, ctx.options or {}) if ctx is not None and t.caps.network else []
+        one = engine_rails(given, sockets, iters)
+        return {k: dict(one) for k in range(len(entries))}
     names = names()
     if len(names) < 2:
         return {k: dict(EMPTY, rails=len(names), rail_nics=",".join(names)) for k in range(len(entries))}

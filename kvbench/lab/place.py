@@ -9,6 +9,7 @@ NICs named).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ def rank_env(nics: list[str], netmod: str, args: list[str]) -> dict:
     """The launch's environment (ours, this kvbench first on PYTHONPATH) with the lab's NICs."""
     extra = dict(selftest.MPI_ENV[netmod], KVBENCH_LAB_NICS=",".join(nics))
     extra["UCX_NET_DEVICES" if netmod == "ucx" else "FI_TCP_IFACE"] = ",".join(nics) if netmod == "ucx" else nics[0]
+    if "UCX_NET_DEVICES" in os.environ:  # the user's own list stands (a NIC left out of it: a rail the footer names)
+        extra["UCX_NET_DEVICES"] = os.environ["UCX_NET_DEVICES"]
     pinned = any(a.split("=", 1)[0].rpartition(".")[2] in ("ifname", "addr") for a in _options(args))
     if not pinned:
         extra["KVBENCH_SOCKET_IFNAME"] = "=" + nics[0]

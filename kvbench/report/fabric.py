@@ -52,10 +52,15 @@ def rail_table(df: pd.DataFrame) -> pd.DataFrame:
     for (case, pair), rows in ok.groupby(["case", "pair"], sort=True):
         r = rows.iloc[0]
         p50 = float(rows.groupby("iter")["seconds"].max().median())
-        nics, share = r["rail_nics"].split(","), [int(x) for x in r["rail_bytes"].split(",")]
-        descs = [int(x) for x in r["rail_descs"].split(",")]
+        nics = r["rail_nics"].split(",")
         wire = [int(x) for x in r["rail_wire_bytes"].split(",")] if r["rail_wire_bytes"] else [None] * len(nics)
         reqs = rows["req"].nunique()
+        if r["rail_bytes"]:  # kvbench striped the request: its own split
+            share, descs = [int(x) for x in r["rail_bytes"].split(",")], [int(x) for x in r["rail_descs"].split(",")]
+        elif r["rail_wire_bytes"]:  # an engine picked its lanes: each rail's share is what its sockets counted
+            share, descs = [w // max(1, reqs) for w in wire], [float("nan")] * len(nics)
+        else:
+            continue
         for k, nic in enumerate(nics):
             out.append({"case": case, "transport": r["transport"], "op": r["op"], "variant": r["variant"],
                         "pair": pair, "rail": k, "nic": nic, "bytes": share[k], "share_pct": 100 * share[k] / max(1, sum(share)),
@@ -88,7 +93,8 @@ def table_lines(df: pd.DataFrame) -> list[str]:
     t = rail_table(df)
     if len(t):
         out += ["#", "# rails: per NIC its share of each request (by bytes), GB/s and Mpps (descriptors/s) at the "
-                "case's p50, and wire% = its part of the kernel's count over every rail (TCP_INFO)",
+                "case's p50, and wire% = its part of the kernel's count over every rail (TCP_INFO); an engine that picks "
+                "its own lanes (nixl, ucx): share% is what this process's sockets counted on each NIC",
                 f"#{'transport':>11} {'op':>4} {'variant':>7} {'pair':>4} {'rail':>4} {'nic':>12} {'share%':>6} "
                 f"{'GB/s':>7} {'Mpps':>7} {'wire%':>6}"]
         for _, r in t.iterrows():

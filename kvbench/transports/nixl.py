@@ -30,18 +30,8 @@ from collections import Counter, OrderedDict, deque
 
 import numpy as np
 
-from .base import (
-    DST,
-    LEN,
-    SRC,
-    Caps,
-    Context,
-    Transport,
-    TransportError,
-    Unavailable,
-    check_descs,
-    import_probe,
-)
+from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs, import_probe
+from .rails import ucx_devices
 from .registration import pool_once
 
 _HDR = struct.Struct("<4sQQqB")  # magic, pool addr, pool bytes, device id, 1 = VRAM
@@ -115,6 +105,7 @@ class NixlTransport(Transport):
             # when NIXL's UCX loads before MPI's; without RDMA devices the ib module is useless anyway
             os.environ["UCX_MODULES"] = "^ib"
             self.env_set = "UCX_MODULES=^ib"
+        self.env_set = " ".join(x for x in (self.env_set, ucx_devices(self.ctx, "nixl")) if x)  # -O rails=N
         cfg = nixl_agent_config(enable_prog_thread=self.prog_thread, enable_listen_thread=False,
                                 capture_telemetry=self.capture, backends=["UCX"])
         try:

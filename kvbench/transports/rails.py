@@ -97,6 +97,33 @@ def lab_nics() -> list[str]:
     return [n for n in os.environ.get("KVBENCH_LAB_NICS", "").split(",") if n]
 
 
+def handed(ctx, options: dict) -> list[str]:
+    """The NICs an engine that picks its own lanes was handed: --nic's (those it uses), else the lab's; ``-O
+    rails=N`` keeps the first N."""
+    nics = list(ctx.netdevs[: ctx.nic_rails]) if getattr(ctx, "netdevs", None) else lab_nics()
+    want = int(options.get("rails") or 0)
+    return nics[:want] if want else nics
+
+
+def ucx_devices(ctx, name: str) -> str:
+    """``-O rails=N`` on a transport whose lanes UCX picks: UCX_NET_DEVICES becomes the first N NICs handed to
+    this rank (and UCX_MAX_RNDV_RAILS N) unless the user set UCX_NET_DEVICES to something else than the lab's
+    own list; what was set ('' when nothing).  Called before the transport's UCX context is made."""
+    want = int((ctx.options or {}).get("rails") or 0)
+    if not want:
+        return ""
+    nics = handed(ctx, ctx.options)
+    if len(nics) < want:
+        raise TransportError(f"{name}: -O rails={want}: this rank was handed {len(nics)} NIC(s)"
+                             f"{' (' + ','.join(nics) + ')' if nics else ''}: name them with --nic A,B or run in a lab")
+    now = os.environ.get("UCX_NET_DEVICES")
+    if now is not None and now != ",".join(lab_nics()):
+        return ""  # the user's list stands: a NIC left out of it is a rail that carries nothing (the footer says)
+    os.environ["UCX_NET_DEVICES"] = ",".join(nics)
+    os.environ["UCX_MAX_RNDV_RAILS"] = str(want)
+    return f"UCX_NET_DEVICES={','.join(nics)} UCX_MAX_RNDV_RAILS={want}"
+
+
 def select_rails(hostname: str, options: dict, nics: list[str] | None = None) -> list[tuple[str, str | None]]:
     """(address, interface) of each rail: ``addr=A,B`` (one rail per address), ``ifname=X,Y`` (one per entry,
     its first interface with an IPv4 address), ``rails=N`` (the first N interfaces ``ifname`` matches, or of

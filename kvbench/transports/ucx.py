@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 from .base import DST, LEN, SRC, Caps, Context, Transport, TransportError
+from .rails import ucx_devices
 from .ucx_buffers import UcxBuffers, ep_info, probe_ucxx, versions
 from .ucx_rma import RMA_CAPS, UcxRmaTransport
 
@@ -111,6 +112,7 @@ class UcxTransport(UcxBuffers, Transport):
         self._api, self._Array, self._pool = api, Array, pool
         # ucxx sets UCX_MEMTYPE_CACHE, which UCX 1.21 no longer knows: one warning per rank otherwise
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        self._railed = ucx_devices(self.ctx, "ucx")  # -O rails=N: UCX_NET_DEVICES, before the context
         cfg = {"TLS": str(self.ctx.options["tls"])} if self.ctx.options.get("tls") else {}
         try:
             self._uctx = api.UCXContext(cfg, feature_flags=(api.Feature.TAG,) + ((api.Feature.WAKEUP,) if self._events else ()))

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from .base import DST, SRC, Caps, Context, Transport, TransportError, Unavailable, check_descs
+from .rails import ucx_devices
 from .ucx_buffers import ep_info, probe_ucxx, rma_lanes, versions
 
 _META = struct.Struct("<QQQII")  # magic, pool address, pool bytes, worker address bytes, rkey bytes
@@ -79,6 +80,7 @@ class UcxRmaTransport(Transport):
 
         self._api, self._c, self._pool = api, _ucx, pool
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # ucxx sets UCX_MEMTYPE_CACHE, unknown to UCX 1.21
+        self._railed = ucx_devices(self.ctx, "ucx")  # -O rails=N: UCX_NET_DEVICES, before the context
         cfg = {"TLS": str(self.ctx.options["tls"])} if self.ctx.options.get("tls") else {}
         feats = (api.Feature.RMA,) + ((api.Feature.WAKEUP,) if self._events else ())
         try:

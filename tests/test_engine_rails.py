@@ -101,3 +101,18 @@ def test_a_nic_left_out_of_ucx_net_devices_is_a_fallback_naming_the_idle_rail(la
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("# FALLBACK nixl"))
     assert "handed rails rail0,rail1, rail1 carried 0%" in line, line
     assert _results(p.stdout).attrs["meta"]["status"] == "FALLBACK"
+
+
+def test_the_page_says_what_carried_the_bytes_fallback_first():
+    """The page's summary (report/summary.carried_by) from the sidecar's paths: per path, expected and carrier,
+    a FALLBACK row ahead of the OK ones."""
+    from kvbench.report.summary import carried_by
+
+    st = pd.DataFrame({"case": [1, 2], "transport": ["shm", "nixl"], "memory": ["host", "host"]})
+    paths = {"1": {"0": {"expected": "shm", "carried": "shm", "verdict": "OK"}},
+             "2": {"0": {"expected": "shm", "carried": "nixl/ucx:tcp", "verdict": "FALLBACK"},
+                   "1": {"expected": "shm", "carried": "nixl/ucx:tcp", "verdict": "OK"}}}
+    run = types.SimpleNamespace(name="r1", st=st, meta={"paths": paths})
+    got = carried_by([run])
+    assert got[["path", "expected", "carried by", "verdict"]].values.tolist() == [
+        ["nixl host", "shm", "nixl/ucx:tcp", "FALLBACK"], ["shm host", "shm", "shm", "OK"]]

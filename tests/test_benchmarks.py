@@ -67,7 +67,7 @@ def test_fidelity_aa_control_runs_the_reference_in_kvbenchs_place():
 
 
 @pytest.mark.launches
-def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
+def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path, monkeypatch):
     """A reference rank that raises aborts the job: its peer would otherwise wait in MPI until the launch timeout."""
     exe = mpiexec()
     if exe is None:
@@ -87,7 +87,7 @@ def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
         "    return run_ref(comm, *a, **k)\n"
         "R.run_ref = failing\n"
         "sys.exit(R.main())\n")
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     from jobs import launch  # timeout, whole-tree kill, this job's own MPICH segments removed
 
     from kvbench.job.launch import remove_orphan_segments
@@ -100,8 +100,8 @@ def test_fidelity_reference_rank_that_fails_ends_the_launch(tmp_path):
     assert not [n for n in named if os.path.exists(f"/dev/shm/{n}")]  # the ranks are gone: nothing maps them
 
 
-def test_fidelity_iterations_scale_with_size_and_parse_per_size():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+def test_fidelity_iterations_scale_with_size_and_parse_per_size(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import fidelity
     import fidelity_ref
 
@@ -122,8 +122,8 @@ def test_fidelity_iterations_scale_with_size_and_parse_per_size():
             fidelity_ref.per_size(bad, sizes, "iters")
 
 
-def test_fidelity_reference_paged_blocks_are_unsorted_disjoint_and_inside_their_layer():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+def test_fidelity_reference_paged_blocks_are_unsorted_disjoint_and_inside_their_layer(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import fidelity_ref
 
     size, block, layers, span = 1 << 20, 16384, 16, 8 << 20  # 1 MiB layers in a launch sized for 4 MiB
@@ -140,8 +140,8 @@ def test_fidelity_reference_paged_blocks_are_unsorted_disjoint_and_inside_their_
     assert fidelity_ref.descriptors(size, block, 2, "bulk", 7)[:, 0].tolist() == [0, 2 * size]  # default span
 
 
-def test_fidelity_reference_warms_exactly_the_lines_kvbench_warms():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+def test_fidelity_reference_warms_exactly_the_lines_kvbench_warms(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import fidelity_ref
     import numpy as np
 
@@ -159,8 +159,8 @@ def test_fidelity_reference_warms_exactly_the_lines_kvbench_warms():
         assert fidelity_ref.touch(elsewhere, ranges) == 0  # ... and no other byte of the pool
 
 
-def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import fidelity
 
     assert fidelity.judge([0.8, 0.95, 1.0], 0.9, own=0.5) == "ok"  # the median pair
@@ -170,9 +170,9 @@ def test_fidelity_verdict_separates_noise_and_costs_that_are_not_kvbenchs():
     assert fidelity.judge([0.84, 0.85, 0.86], 0.9, own=0.10) == "MISS"  # 10% own time would
 
 
-def test_fidelity_flags_kvbench_faster_than_the_library_alone():
+def test_fidelity_flags_kvbench_faster_than_the_library_alone(monkeypatch):
     """A ratio above 1.15 is not a success: kvbench cannot beat the plain library it wraps (a stamp too early)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import fidelity
 
     assert fidelity.judge([1.3, 1.4, 2.6], 0.9, own=0.0) == "FAST"

@@ -34,37 +34,37 @@ def _wait_ready(path: str) -> None:
     os.unlink(path + ".ready")
 
 
-def test_kill_tree_stops_the_tree_and_names_what_it_holds_open_even_a_child_started_since():
+@pytest.fixture
+def tree():
+    """A parent whose child holds a fresh segment open, ready: (parent, segment path); both gone after."""
     seg = _segment()
     p = subprocess.Popen([sys.executable, "-c", TREE, seg, "0"])
     try:
         _wait_ready(seg)
-        seen: set[str] = set()
-        kill_tree(p.pid, tree={}, seen=seen)  # an empty tree: the child is found as kill_tree stops the root
-        p.wait(timeout=10)
-        assert seen == {os.path.basename(seg)}
+        yield p, seg
     finally:
         p.kill()
         if os.path.exists(seg):
             os.unlink(seg)
 
 
-def test_kill_tree_without_seen_names_nothing_and_kills_the_child_too():
-    seg = _segment()
-    p = subprocess.Popen([sys.executable, "-c", TREE, seg, "0"])
-    try:
-        _wait_ready(seg)
-        kids = [int(x) for x in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
-        kill_tree(p.pid)
-        p.wait(timeout=10)
-        end = time.monotonic() + 10
-        while any(starttime(k) is not None for k in kids) and time.monotonic() < end:
-            time.sleep(0.05)
-        assert kids and all(starttime(k) is None for k in kids)
-    finally:
-        p.kill()
-        if os.path.exists(seg):
-            os.unlink(seg)
+def test_kill_tree_stops_the_tree_and_names_what_it_holds_open_even_a_child_started_since(tree):
+    p, seg = tree
+    seen: set[str] = set()
+    kill_tree(p.pid, tree={}, seen=seen)  # an empty tree: the child is found as kill_tree stops the root
+    p.wait(timeout=10)
+    assert seen == {os.path.basename(seg)}
+
+
+def test_kill_tree_without_seen_names_nothing_and_kills_the_child_too(tree):
+    p, _ = tree
+    kids = [int(x) for x in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+    kill_tree(p.pid)
+    p.wait(timeout=10)
+    end = time.monotonic() + 10
+    while any(starttime(k) is not None for k in kids) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert kids and all(starttime(k) is None for k in kids)
 
 
 def test_a_launch_past_its_deadline_removes_a_segment_made_after_its_last_look():

@@ -32,7 +32,8 @@ def test_rails_sets_ucx_devices_unless_the_user_named_others(monkeypatch):
     monkeypatch.setenv("KVBENCH_LAB_NICS", "rail0,rail1")
     monkeypatch.setenv("UCX_NET_DEVICES", "rail0,rail1")  # the lab's own list: -O rails=1 narrows it
     monkeypatch.setenv("UCX_MAX_RNDV_RAILS", "2")  # set, so that teardown restores what was there
-    assert rails.ucx_devices(ctx(rails=1), "nixl") == "UCX_NET_DEVICES=rail0 UCX_MAX_RNDV_RAILS=1"
+    monkeypatch.setenv("UCX_MAX_RMA_RAILS", "1")
+    assert rails.ucx_devices(ctx(rails=1), "nixl") == "UCX_NET_DEVICES=rail0 UCX_MAX_RNDV_RAILS=1 UCX_MAX_RMA_RAILS=1"
     assert os.environ["UCX_NET_DEVICES"] == "rail0" and os.environ["UCX_MAX_RNDV_RAILS"] == "1"
     monkeypatch.setenv("UCX_NET_DEVICES", "rail1")  # the user's: it stands
     assert rails.ucx_devices(ctx(rails=2), "nixl") == "" and os.environ["UCX_NET_DEVICES"] == "rail1"
@@ -91,6 +92,14 @@ def test_engines_stripe_over_two_rails_by_their_sockets_and_the_nics(lab, tmp_pa
         per = [sum(moved["rail0"]), sum(moved["rail1"])]
         assert all(0.4 <= x / sum(per) <= 0.6 for x in per), per
     assert "# rails:" in p.stdout
+
+
+@needs_root
+def test_nixl_pull_over_tcp_rides_one_rail_and_says_so(lab, tmp_path):
+    """UCX emulates a get over tcp on one lane, whatever UCX_MAX_RMA_RAILS says: the run names the idle rail."""
+    p = _lab("run", "--id", lab.id, "--", "-t", "nixl", "--op", "pull", "-O", "rails=2", *RUN, "-o", str(tmp_path))
+    assert p.returncode == 7, p.stdout + p.stderr
+    assert "# FALLBACK nixl case 1 ranks 0-1: handed rails rail0,rail1, rail1 carried 0%" in p.stdout, p.stdout
 
 
 @needs_root

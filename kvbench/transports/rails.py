@@ -107,7 +107,7 @@ def handed(ctx, options: dict) -> list[str]:
 
 def ucx_devices(ctx, name: str) -> str:
     """``-O rails=N`` on a transport whose lanes UCX picks: UCX_NET_DEVICES becomes the first N NICs handed to
-    this rank (and UCX_MAX_RNDV_RAILS N) unless the user set UCX_NET_DEVICES to something else than the lab's
+    this rank (UCX_MAX_RNDV_RAILS and UCX_MAX_RMA_RAILS N) unless the user set UCX_NET_DEVICES to something else than the lab's
     own list; what was set ('' when nothing).  Called before the transport's UCX context is made."""
     want = int((ctx.options or {}).get("rails") or 0)
     if not want:
@@ -120,8 +120,9 @@ def ucx_devices(ctx, name: str) -> str:
     if now is not None and now != ",".join(lab_nics()):
         return ""  # the user's list stands: a NIC left out of it is a rail that carries nothing (the footer says)
     os.environ["UCX_NET_DEVICES"] = ",".join(nics)
-    os.environ["UCX_MAX_RNDV_RAILS"] = str(want)
-    return f"UCX_NET_DEVICES={','.join(nics)} UCX_MAX_RNDV_RAILS={want}"
+    for var in ("UCX_MAX_RNDV_RAILS", "UCX_MAX_RMA_RAILS"):  # rendezvous and one-sided puts/gets (UCX: 2 and 1)
+        os.environ[var] = str(want)
+    return f"UCX_NET_DEVICES={','.join(nics)} UCX_MAX_RNDV_RAILS={want} UCX_MAX_RMA_RAILS={want}"
 
 
 def select_rails(hostname: str, options: dict, nics: list[str] | None = None) -> list[tuple[str, str | None]]:

@@ -22,10 +22,10 @@ def ctx(netdevs=(), nic_rails=1, **options):
 
 def test_handed_nics_come_from_nic_else_the_lab_and_rails_keeps_the_first(monkeypatch):
     monkeypatch.setenv("KVBENCH_LAB_NICS", "rail0,rail1,rail2")
-    assert rails.handed(ctx(), {}) == ["rail0", "rail1", "rail2"]
-    assert rails.handed(ctx(), {"rails": 2}) == ["rail0", "rail1"]
-    assert rails.handed(ctx(["eth1", "eth0"], nic_rails=2), {}) == ["eth1", "eth0"]  # --nic beats the lab
-    assert rails.handed(ctx(["eth1", "eth0"], nic_rails=1), {}) == ["eth1"]  # --nic auto uses one
+    assert rails.handed(ctx()) == ["rail0", "rail1", "rail2"]
+    assert rails.handed(ctx(rails=2)) == ["rail0", "rail1"]
+    assert rails.handed(ctx(["eth1", "eth0"], nic_rails=2)) == ["eth1", "eth0"]  # --nic beats the lab
+    assert rails.handed(ctx(["eth1", "eth0"], nic_rails=1)) == ["eth1"]  # --nic auto uses one
 
 
 def test_rails_sets_ucx_devices_unless_the_user_named_others(monkeypatch):

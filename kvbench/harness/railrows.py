@@ -48,7 +48,7 @@ def columns(t, itr, entries, rank: int, wire: dict, iters: int, sockets: dict | 
     names = getattr(t, "rail_names", None)
     if names is None:  # an engine that picks its own paths: the NICs handed to it (--nic, the lab's, -O rails)
         ctx = getattr(t, "ctx", None)
-        given = handed(ctx, ctx.options or {}) if ctx is not None and t.caps.network else []
+        given = handed(ctx) if ctx is not None and t.caps.network else []
         one = engine_rails(given, sockets, iters)
         return {k: dict(one) for k in range(len(entries))}
     names = names()

@@ -67,21 +67,23 @@ class MpiSendRecvOptions(_Opts):
                         "build them in every post, as a request with a new block table must)")
 
 
-class NixlOptions(_Opts):
+class _UcxRails(_Opts):
+    """An engine whose lanes UCX picks (nixl, ucx): how many of the rank's NICs it is handed."""
+    rails: int = Field(0, ge=0, le=64, description="the first N NICs handed to this rank (--nic, the lab's) as "
+                       "UCX_NET_DEVICES, each one's bytes counted; a rail under half its share is FALLBACK")
+
+
+class NixlOptions(_UcxRails):
     prep: OnOff = Field("on", description="prepared descriptor lists reused while unchanged, as serving engines do "
                         "(off: initialize_xfer in every post)")
     progress_thread: OnOff = Field("off", description="NIXL's own progress thread")
     telemetry: OnOff = Field("off", description="capture NIXL's per-transfer telemetry")
-    rails: int = Field(0, ge=0, le=64, description="the first N NICs handed to this rank (--nic, the lab's) as "
-                       "UCX_NET_DEVICES, each one's bytes counted; a rail under half its share is FALLBACK")
 
 
-class UcxOptions(_Opts):
+class UcxOptions(_UcxRails):
     mode: Literal["rma", "tag"] = Field("rma", description="rma: one-sided put/get per descriptor + flush, the harness "
                                         "notifies; tag: the two-sided tag path (header + data messages)")
     tls: str | None = Field(None, description="UCX_TLS for kvbench's context, e.g. sm or tcp")
-    rails: int = Field(0, ge=0, le=64, description="the first N NICs handed to this rank (--nic, the lab's) as "
-                       "UCX_NET_DEVICES, each one's bytes counted; a rail under half its share is FALLBACK")
     err_handling: OnOff = Field("off", description="peer error handling (excludes shared memory)")
     staging_mib: float = Field(1024.0, gt=0, le=2**20, description="cap on packed pushes' staging in use, MiB (receives stage what is in flight)")
     progress: Literal["event", "poll"] = Field("poll", description="poll: a wait spins, as ucx_perftest does; event: it "

@@ -97,11 +97,11 @@ def lab_nics() -> list[str]:
     return [n for n in os.environ.get("KVBENCH_LAB_NICS", "").split(",") if n]
 
 
-def handed(ctx, options: dict) -> list[str]:
+def handed(ctx) -> list[str]:
     """The NICs an engine that picks its own lanes was handed: --nic's (those it uses), else the lab's; ``-O
     rails=N`` keeps the first N."""
     nics = list(ctx.netdevs[: ctx.nic_rails]) if getattr(ctx, "netdevs", None) else lab_nics()
-    want = int(options.get("rails") or 0)
+    want = int((ctx.options or {}).get("rails") or 0)
     return nics[:want] if want else nics
 
 
@@ -112,7 +112,7 @@ def ucx_devices(ctx, name: str) -> str:
     want = int((ctx.options or {}).get("rails") or 0)
     if not want:
         return ""
-    nics = handed(ctx, ctx.options)
+    nics = handed(ctx)
     if len(nics) < want:
         raise TransportError(f"{name}: -O rails={want}: this rank was handed {len(nics)} NIC(s)"
                              f"{' (' + ','.join(nics) + ')' if nics else ''}: name them with --nic A,B or run in a lab")

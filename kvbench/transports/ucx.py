@@ -112,7 +112,7 @@ class UcxTransport(UcxBuffers, Transport):
         self._api, self._Array, self._pool = api, Array, pool
         # ucxx sets UCX_MEMTYPE_CACHE, which UCX 1.21 no longer knows: one warning per rank otherwise
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-        self._railed = ucx_devices(self.ctx, "ucx")  # -O rails=N: UCX_NET_DEVICES, before the context
+        ucx_devices(self.ctx, "ucx")  # -O rails=N: UCX_NET_DEVICES, before the context (info() shows UCX_ variables)
         cfg = {"TLS": str(self.ctx.options["tls"])} if self.ctx.options.get("tls") else {}
         try:
             self._uctx = api.UCXContext(cfg, feature_flags=(api.Feature.TAG,) + ((api.Feature.WAKEUP,) if self._events else ()))

@@ -80,7 +80,7 @@ class UcxRmaTransport(Transport):
 
         self._api, self._c, self._pool = api, _ucx, pool
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")  # ucxx sets UCX_MEMTYPE_CACHE, unknown to UCX 1.21
-        self._railed = ucx_devices(self.ctx, "ucx")  # -O rails=N: UCX_NET_DEVICES, before the context
+        ucx_devices(self.ctx, "ucx")  # -O rails=N: UCX_NET_DEVICES, before the context (info() shows UCX_ variables)
         cfg = {"TLS": str(self.ctx.options["tls"])} if self.ctx.options.get("tls") else {}
         feats = (api.Feature.RMA,) + ((api.Feature.WAKEUP,) if self._events else ())
         try:

@@ -45,9 +45,10 @@ class Harness(Rows, Calibration, Carrying):
         self.run_id, self.token, secret = comm.bcast(
             (secrets.token_hex(4), secrets.token_bytes(16), secrets.randbits(64)) if self.rank == 0 else None)
         keyed.secret(secret)
-        self.hosts = comm.allgather(comm.hostname)  # a pair on one host moves bytes through memory (bounds.py)
-        # where a pair's path is meant to run: one host and one network namespace (a lab's nodes are namespaces)
+        # where a pair's path is meant to run: one host and one network namespace (a lab's nodes are namespaces);
+        # a pair on one host moves bytes through memory (bounds.py)
         self.places = comm.allgather(f"{comm.hostname}#{procsock.netns()}")
+        self.hosts = [p.rpartition("#")[0] for p in self.places]
         self.case_no = 0
         self.transport_info: dict[str, list] = {}  # name -> info() of every rank (rank 0 only)
         self.resources: list[dict] = []  # RSS and open files per rank around each transport's cases
@@ -388,11 +389,10 @@ class Harness(Rows, Calibration, Carrying):
         # rows follow `entries`; the iteration completed them in `itr.order`
         pos = [itr.order.index(e) for e in entries]
         rec = [r._replace(done=[r.done[p] for p in pos], exposed=[r.exposed[p] for p in pos]) for r in m.rec]
-        carry = self.carrier_columns(m, s)  # first: it takes the case's socket counts an engine's rails read
         self.emit(case, m.g, entries, rec, nwrong, m.no, m.clock, [itr.rule.get(id(e), "") for e in entries],
                   m.codec, {entries.index(e): v for e in entries for k, v in m.errors.items() if k == id(e)},
                   stages=m.stages, cost=costs.reorder(m.cost, pos), took=m.took,
                   cache=(m.cache.per_entry, m.cache_set) if m.cache is not None else None,
                   every=m.every.wrong if m.every is not None else None, bounds=wake_and_paths,
-                  first=[m.first[p] for p in pos] if m.first else None, carry=carry,
+                  first=[m.first[p] for p in pos] if m.first else None, carry=self.carrier_columns(m, s),
                   rails=railrows.columns(s.t, itr, entries, self.rank, m.rail_wire, m.timed, m.sockets), wire=m.wire)

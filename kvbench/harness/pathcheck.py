@@ -23,20 +23,18 @@ DEFAULTS = {"carrier_proto": P.UNKNOWN, "carrier_evidence": "no transfer was mea
 class Protocols:
     """Per case on this rank: its sockets' bytes over the timed iterations and the engine's words."""
 
-    sock_before: dict = {}  # case number -> procsock.sample() before the timed iterations under way
-    sock_moved: dict = {}  # case number -> procsock.delta() summed over its timed iterations
     proto_raw: dict = {}  # case number -> this rank's engine words, until its rows go to rank 0 (rows.deliver)
 
     def sock_mark(self, m) -> None:
         """Before a case's timed iterations: this process's TCP connections' counts."""
-        self.sock_before = {**self.sock_before, m.no: procsock.sample()}
+        m.sock_before = procsock.sample()
 
     def sock_take(self, m) -> None:
-        """After them: add what this process's connections moved since ``sock_mark``."""
-        before = self.sock_before.pop(m.no, None)
-        if before is not None:  # a case measured in rounds adds each round's
-            got = procsock.delta(before, procsock.sample())
-            self.sock_moved = {**self.sock_moved, m.no: C.add(self.sock_moved.get(m.no, {}), got)}
+        """After them: add what this process's connections moved since ``sock_mark`` to ``m.sockets`` (a case
+        measured in rounds adds each round's; its engine rails are read from them too, railrows.columns)."""
+        if m.sock_before is not None:
+            m.sockets = C.add(m.sockets, procsock.delta(m.sock_before, procsock.sample()))
+            m.sock_before = None
 
     def proto_columns(self, m, s) -> dict:
         """A case's carrier_proto and carrier_evidence on this rank (every row of the case carries them)."""
@@ -49,7 +47,6 @@ class Protocols:
             info = s.t.info()
         except Exception as exc:  # a transport whose info fails has nothing to say, its rows say why
             info = {"error": str(exc)}
-        m.sockets = self.sock_moved.pop(m.no, {})  # an engine's rails are counted from them (railrows.columns)
         c = P.carried(m.case["transport"], info, self.run_id, self.rank, same, m.sockets, sent, received)
         self.proto_raw = {**self.proto_raw, m.no: {"proto": c.proto, "evidence": c.evidence, **c.raw}}
         return {"carrier_proto": c.proto, "carrier_evidence": c.evidence[:300]}
@@ -131,22 +128,27 @@ def judge(df, cfg, hosts: list[str]) -> tuple[list[str], dict]:
         if word == "FALLBACK":  # one line per transport, path expected and carrier (byte counts differ per case)
             over = re.search(r"over ([\w.,:-]+)", str(r["carrier_evidence"]))
             key = (r["transport"], want, why, carried, f"{cls} over {over.group(1)}" if over else cls)
-            cases, ranks = bad.setdefault(key, (set(), set()))
-            cases.add(int(case))
-            ranks.add(int(rank))
+            _where(bad, key, case, rank)
         idle = idle_rails(r)
         if idle:
             side[str(int(case))][str(int(rank))].update(verdict="FALLBACK", idle_rails=idle)
-            cases, ranks = rails_bad.setdefault((r["transport"], str(r["rail_nics"]), idle), (set(), set()))
-            cases.add(int(case))
-            ranks.add(int(rank))
-    lines = [f"FALLBACK {name} case{'s' * (len(c) > 1)} {spans(c)} rank{'s' * (len(rk) > 1)} {spans(rk)}: "
-             f"expected {X.WORDS.get(want, want)} ({why}), carried by {carried} ({ev})"
+            _where(rails_bad, (r["transport"], str(r["rail_nics"]), idle), case, rank)
+    lines = [f"{_head(name, c, rk)}expected {X.WORDS.get(want, want)} ({why}), carried by {carried} ({ev})"
              for (name, want, why, carried, ev), (c, rk) in bad.items()]
-    lines += [f"FALLBACK {name} case{'s' * (len(c) > 1)} {spans(c)} rank{'s' * (len(rk) > 1)} {spans(rk)}: "
-              f"handed rails {nics}, {idle} (each rail's share {100 / len(nics.split(',')):.0f}%; under half of it "
-              "is a rail the engine did not use)" for (name, nics, idle), (c, rk) in rails_bad.items()]
+    lines += [f"{_head(name, c, rk)}handed rails {nics}, {idle} (each rail's share {100 / len(nics.split(',')):.0f}%; "
+              "under half of it is a rail the engine did not use)" for (name, nics, idle), (c, rk) in rails_bad.items()]
     return lines, side
+
+
+def _where(into: dict, key, case, rank) -> None:
+    """Add a (case, rank) to the cases and ranks of one FALLBACK line."""
+    cases, ranks = into.setdefault(key, (set(), set()))
+    cases.add(int(case))
+    ranks.add(int(rank))
+
+
+def _head(name: str, cases: set, ranks: set) -> str:
+    return f"FALLBACK {name} case{'s' * (len(cases) > 1)} {spans(cases)} rank{'s' * (len(ranks) > 1)} {spans(ranks)}: "
 
 
 def idle_rails(row) -> str:

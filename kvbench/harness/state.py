@@ -81,6 +81,7 @@ class Measurement:
     first: list | None = None  # per entry in the iteration's order: its first transfer's seconds (setuprows.py)
     rail_wire: dict = field(default_factory=dict)  # per peer and rail: kernel-counted [sent, received] bytes, timed
     sockets: dict = field(default_factory=dict)  # per interface: this process's TCP [sent, received] bytes, timed
+    sock_before: dict | None = None  # this process's TCP connections' counts before the timed iterations under way
     timed: int = 0  # timed iterations so far (the rail counts' divisor)
     rails_before: dict | None = None  # the rails' kernel counts before the timed iterations under way (carriage.py)
     nic_before: dict | None = None  # every NIC's counters before the timed iterations under way (carriage.py)

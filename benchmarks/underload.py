@@ -31,24 +31,16 @@ import time
 
 from jobs import ROOT, kvbench_exe, launch
 
-LIARS = {  # name -> (kvbench run flags, the statuses that count as caught): tests/test_under_load.py's cases
-    "skip": (["-t", "lie-skip", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16", "-e", "16",
-              "-n", "10", "-w", "0", "--rounds", "1", "--variants", "paged", "-c", "all"], {"FAILED"}),
-    "compress": (["-t", "lie-compress-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-n", "5",
-                  "--variants", "bulk"], {"FAILED", "SUSPECT"}),
-    "forge": (["-t", "lie-forge,lie-forge-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16",
-               "-e", "16", "-n", "4", "-w", "0", "--variants", "paged"], {"FAILED", "SUSPECT"}),
-}
+CAUGHT = {"skip": {"FAILED"}, "compress": {"FAILED", "SUSPECT"}, "forge": {"FAILED", "SUSPECT"}}  # liar: statuses
 
 
-def liar_env() -> dict:
-    """Every liar of tests/liars.py registered by name, tests/ on the ranks' PYTHONPATH (as the tests launch them)."""
-    tests = os.path.join(ROOT, "tests")
-    sys.path.insert(0, tests)
-    from liars import LIARS as TABLE
+def liars() -> tuple[dict, dict]:
+    """The liars' arguments and environment as tests/test_under_load.py launches them (tests/helpers)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from helpers.args import UNDER_LOAD
+    from helpers.launch import liar_env
 
-    return dict(os.environ, KVBENCH_TRANSPORTS=",".join(f"{k}={v}" for k, v in TABLE.items()),
-                PYTHONPATH=os.pathsep.join([tests, ROOT, os.environ.get("PYTHONPATH", "")]))
+    return UNDER_LOAD, dict(os.environ, **liar_env(root=True))
 
 
 def status_of(out_dir: str) -> tuple[str, str]:
@@ -102,9 +94,10 @@ def main() -> int:
                 honest.setdefault(name, []).append(st)
                 print(f"{name:>6} {i + 1:>3}  {st:<10} exit {rc:>3}  {secs:7.1f} s  {why[:160]}", flush=True)
         if "liars" in parts:
-            for name, (args, want) in LIARS.items():
-                st, rc, secs, why = one(mpirun, kv, args, work, f"liar-{name}", a.timeout, liar_env())
-                caught[name] = st in want
+            cases, env = liars()
+            for name, args in cases.items():
+                st, rc, secs, why = one(mpirun, kv, args, work, f"liar-{name}", a.timeout, env)
+                caught[name] = st in CAUGHT[name]
                 print(f"{'liar':>6} {name:<9} {st:<10} exit {rc:>3}  {secs:7.1f} s  {why[:160]}", flush=True)
     finally:
         for h in hogs:

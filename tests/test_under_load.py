@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.args import UNDER_LOAD
 from helpers.launch import liar_env
 
 ENV = liar_env()
@@ -33,8 +34,7 @@ def test_honest_runs_beside_two_busy_loops_end_ok(kvrun, hogs):
 
 @pytest.mark.alone
 def test_a_skipped_iteration_is_caught_beside_two_busy_loops(kvrun, hogs):
-    r = kvrun(["-t", "lie-skip", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16", "-e", "16",
-               "-n", "10", "-w", "0", "--rounds", "1", "--variants", "paged", "-c", "all"], env=ENV, timeout=400)
+    r = kvrun(UNDER_LOAD["skip"], env=ENV, timeout=400)
     assert r.code == 2 and "FAILED" in r.out, r.out + r.err
     assert all(p.poll() is None for p in hogs)
 
@@ -42,8 +42,7 @@ def test_a_skipped_iteration_is_caught_beside_two_busy_loops(kvrun, hogs):
 @pytest.mark.alone
 def test_a_compressing_path_is_caught_beside_two_busy_loops(kvrun, hogs):
     """Its verdict rests on the kernel's byte count of its sockets, not on time: load does not hide it."""
-    r = kvrun(["-t", "lie-compress-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-n", "5",
-               "--variants", "bulk"], env=ENV, timeout=400)
+    r = kvrun(UNDER_LOAD["compress"], env=ENV, timeout=400)
     assert r.code == 6 and "fewer bytes than it claims to move" in r.out, r.out + r.err
     assert all(p.poll() is None for p in hogs)
 
@@ -51,8 +50,7 @@ def test_a_compressing_path_is_caught_beside_two_busy_loops(kvrun, hogs):
 @pytest.mark.alone
 def test_a_forger_is_caught_beside_two_busy_loops(kvrun, hogs):
     """Its verdict rests on content (keyed: the rest of a range cannot be written without carrying it)."""
-    r = kvrun(["-t", "lie-forge,lie-forge-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16",
-               "-e", "16", "-n", "4", "-w", "0", "--variants", "paged"], env=ENV, timeout=400)
+    r = kvrun(UNDER_LOAD["forge"], env=ENV, timeout=400)
     assert r.code == 2 and "FAILED" in r.out, r.out + r.err
     wrong = r.table().query("role != 'prefill'").groupby("transport")["nwrong"].sum()
     assert (wrong > 0).all() and len(wrong) == 2, wrong

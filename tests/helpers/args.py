@@ -22,3 +22,13 @@ TEN = ["-t", "lie-skip", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "
 # a trace replayed (tests/test_trace_replay.py, tests/test_trace_ageing.py): llama-3-8b at tp 8, one KV head,
 # 16 KiB per token; the workload's pool and timeout leave no request dropped
 TRACE = ["-t", "shm", "-m", "llama-3-8b", "--tp", "8", "-b", "16", "--alloc-timeout", "60000"]
+
+# the liars judged beside two busy loops (tests/test_under_load.py, benchmarks/underload.py): verdicts that rest
+# on content and byte counts, not on time
+UNDER_LOAD = {
+    "skip": [*TEN, "-c", "all"],
+    "compress": ["-t", "lie-compress-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-n", "5",
+                 "--variants", "bulk"],
+    "forge": ["-t", "lie-forge,lie-forge-tcp", "--op", "push", "-m", "llama-3-8b", "--tokens", "64", "-b", "16",
+              "-e", "16", "-n", "4", "-w", "0", "--variants", "paged"],
+}

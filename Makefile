@@ -7,6 +7,7 @@
 #   make bench SUITE=name   another suite from suites/ (or a path); NP=4 for 4 ranks
 #   make test               the test suite (unit, property, real mpiexec runs)
 #   make check              the five-minute tier: every in-process test, one real launch per honesty mechanism
+#   make check-mutants      take out each honesty mechanism in turn (MUTANTS=poison,..: some): make check must fail
 #   make fuzz               every probe list of tests/probes/ against kvbench's doors, each probe sandboxed (LIST=door,faults: some)
 #   make bench-fidelity     every network path and engine, push/pull, bulk/paged, vs plain library references (QUICK=1: a check; CACHE=as-is: caches as each side leaves them; AA=1: the reference against itself, the noise floor)
 #   make bench-overlap      exposed time against the model over several prefill/transfer ratios
@@ -44,10 +45,10 @@ CHOICES  = $(VENV)/.kvbench-choices
 # the launcher: the venv's (mpich wheel) unless MPI=site or the user names one with MPIRUN=...
 MPIRUN  ?= $(if $(filter site,$(MPI)),mpirun,$(BIN)/mpiexec)
 
-.PHONY: FORCE check fuzz pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-underload bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
+.PHONY: FORCE check check-mutants fuzz pyc gpu-check gpu-wheels bench-staged sysdeps benchdeps install bench bench-overlap bench-fidelity bench-engines bench-underload bench-connect bench-descriptors soak selftest lab test lint clean-results help procurement bench-codecs
 
 help:
-	@sed -n '2,27p' Makefile
+	@sed -n '2,28p' Makefile
 
 $(CHOICES): FORCE
 	@mkdir -p $(VENV); c="MPI=$(MPI) ENGINES=$(ENGINES)"; \
@@ -146,14 +147,14 @@ procurement: pyc benchdeps
 	$(BIN)/python benchmarks/procurement.py --mpirun $(MPIRUN) --np $(NP) $(if $(ARGS),--kvbench-args "$(ARGS)") \
 	  $(if $(LABEL),--label "$(LABEL)") $(if $(RESUME),--resume "$(RESUME)") $(if $(FRESH),--fresh) $(if $(QUICK),--quick)
 
-# One test file at a time, then the tests marked `alone` (times judged against bounds, clocks or prefills measured
-# beside them; the fault matrix's parallel runs).  TEST_JOBS=2 runs the others two files at a time (pytest-xdist,
-# each file whole on one worker; ~25% sooner on 2 cores), but under that load an honest tcp row's waiter can wake
-# later than the wake-up bound measured after its case allows, and the row reads SUSPECT (docs/evidence.md).
+# Two test files at a time (pytest-xdist, each file whole on one worker: ~25% sooner than one at a time on 2 cores;
+# TEST_JOBS=0: one at a time), then the tests marked `alone`, one at a time (times judged against prefills or
+# arrival processes measured beside them, liars' leads against the copies beside them, the fault matrix's
+# parallel runs).  An honest row's verdicts hold under the other worker's load: its bounds are measured beside it.
 # pytest's 5 is "no test selected" (PYTEST_ARGS="-k ..." may pick none of one part).  Bytecode is written for the
 # tests even where PYTHONDONTWRITEBYTECODE is set: pytest's rewritten test modules, cached, are not rewritten by
 # every pytest process again (~8 s of CPU each)
-TEST_JOBS ?= 0
+TEST_JOBS ?= 2
 PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q
 test: pyc sysdeps
 	@rc=0; \
@@ -170,6 +171,11 @@ check: pyc sysdeps
 	$(PYTEST) -n $(TEST_JOBS) --dist loadfile -m "(inprocess or check) and not alone" $(PYTEST_ARGS) || rc=$$?; \
 	$(PYTEST) -m "(inprocess or check) and alone" $(PYTEST_ARGS) || { r=$$?; [ $$r = 5 ] || rc=$$r; }; \
 	[ $$rc = 5 ] && rc=0; exit $$rc
+
+# make check against each honesty mechanism taken out, one at a time (tools/mutants.py): the per-iteration check,
+# the path bound, the wake-up bound, the exit path's deadline, the poison; exit 0 only when make check failed on each
+check-mutants: pyc
+	$(BIN)/python tools/mutants.py $(if $(MUTANTS),--only $(MUTANTS))
 
 # The probe lists (tests/probes/<category>.yaml) against kvbench's doors: hostile flags and files, faults at named
 # steps, kvbench probe's deadline, kvbench lab's bad arguments, planted links.  Each probe in a mount and pid

@@ -24,7 +24,7 @@ SLOWEST = 30
 _timed: list[tuple[float, str, str]] = []
 _began = time.time()
 
-# The files that take longest, first: `make test TEST_JOBS=2` hands whole files to its workers in collection order,
+# The files that take longest, first: `make test` (TEST_JOBS=2) hands whole files to its workers in collection order,
 # and a long file handed out last keeps one worker busy while the other has nothing left to do
 SLOW_FIRST = ("test_fault_matrix.py", "test_liar_matrix.py", "test_conformance.py", "test_benchmarks.py",
               "test_suites.py", "test_nohang_deadlines.py", "test_run.py", "test_report.py", "test_resume.py")

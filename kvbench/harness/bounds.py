@@ -29,16 +29,17 @@ BESIDE_COPIES = 2  # beside each timed iteration, the better of this many copies
 # in one of them is not the bound
 
 
-def setup_wake(t, rank: int, hosts: list[str]) -> float:
+def setup_wake(t, rank: int, hosts: list[str]) -> tuple[float, float]:
     """At a transport's setup, on every rank: its wake-up bound (results/bounds.py); NaN where more ranks share
     this host than it has CPUs (a woken thread may then wait for a CPU another rank holds, for as long as the
     scheduler likes: no bound measured in one process holds for that), infinite where it never stamps (a stamp
-    it returns anyway is judged against its own time alone)."""
+    it returns anyway is judged against its own time alone); and the p99 of its samples (NaN without any)."""
     if oversubscribed(rank, hosts):
-        return B.NAN
+        return B.NAN, B.NAN
     if not t.caps.stamps:
-        return float("inf")
-    return B.wake_bound(wake_samples())
+        return float("inf"), B.NAN
+    s = wake_samples()
+    return B.wake_bound(s), B.wake_p99(s)
 
 
 def oversubscribed(rank: int, hosts: list[str]) -> bool:
@@ -148,15 +149,16 @@ class Beside:
             self.gbps[k].append(B.copy_gbps(payload, best))
 
 
-def after_case(m, s) -> tuple[float, dict]:
+def after_case(m, s) -> tuple[float, float, dict]:
     """After a case's check, on every rank: (its wake-up bound: the higher of its transport's setup's and one
-    measured now; per row index of its entries, (GB/s bound, kind): a list of one per timed iteration where the
+    measured now; the higher p99 of their wake-up samples; per row index of its entries, (GB/s bound, kind): a list of one per timed iteration where the
     harness copied beside them, else one value).  ``m``: the case's Measurement, ``s``: the transport's Session."""
     per = dict(m.bounds) | {k: (v, "memory copy") for k, v in m.beside.gbps.items() if v}
-    wake = s.wake_bound
+    wake, p99 = s.wake_bound
     if math.isfinite(wake):  # a transport that stamps: measured again now
-        wake = max(wake, B.wake_bound(wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)))
-    return wake, {i: per[id(e)] for i, e in enumerate(m.entries) if id(e) in per}
+        now = wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)
+        wake, p99 = max(wake, B.wake_bound(now)), max(p99, B.wake_p99(now))
+    return wake, p99, {i: per[id(e)] for i, e in enumerate(m.entries) if id(e) in per}
 
 
 def packed_descs(layers: list[np.ndarray], col: int = DST) -> np.ndarray:

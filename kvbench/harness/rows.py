@@ -65,14 +65,14 @@ class Rows:
         rows, bases = [], []
         path = {k: v for k, v in (carry or {}).items() if k in pathcheck.DEFAULTS}  # the case's, on all its rows
         counted = wirerows.per_entry(wire, entries, self.rank)
-        wake_bound, per_entry = bounds or (nan, {})
+        wake_bound, wake_p99, per_entry = bounds or (nan, nan, {})
         prefill_s = float(case["prefill_ms"]) / 1e3
         for k, e in enumerate(entries):
             role = "both" if e.src == e.dst else ("prefill" if e.src == self.rank else "decode")
             base = dict(self.base_row(case, g, no), rank=self.rank, role=role, pair=e.pair, req=e.req,
                         payload_bytes=e.payload, wire_bytes=e.payload + control_bytes(e, case["handshake"]),
                         descriptors=e.descriptors, status="ok", reason="", prefill_s=prefill_s,
-                        queue_s=nan, arrival_s=nan, completion=rules[k], wake_bound_s=wake_bound,
+                        queue_s=nan, arrival_s=nan, completion=rules[k], wake_bound_s=wake_bound, wake_p99_s=wake_p99,
                         bound_gbps=bound_at(per_entry.get(k, (nan, ""))[0], None), bound_kind=per_entry.get(k, (nan, ""))[1],
                         **placing.columns(getattr(self, "placement", None), self.rank, case, e.src, e.dst),
                         **(rails or {}).get(k, railrows.EMPTY),

@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # every rank measures its bounds; only rank 0 judges rows (fr
     import pandas as pd
 
 COLUMNS = ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]  # rows, schema 5 (store.py)
+# (and wake_p99_s, schema 11)
 WAKE_PCT = 99  # the percentile of the wake-up samples the bound starts from
 WAKE_FACTOR = 3.0  # ... times this: a loaded machine wakes threads later in some phases than in others
 WAKE_FLOOR_S = 5e-3  # ... plus this: scheduler time slices the measurement may have missed (a busy machine)
@@ -69,11 +70,12 @@ def wake_bound(samples, switch_s: float | None = None) -> float:
     return float(WAKE_FACTOR * np.percentile(s, WAKE_PCT) + switch + WAKE_FLOOR_S)
 
 
-def wake_p99(bound: float, switch_s: float | None = None) -> float:
-    """The p99 wake-up sample a ``wake_bound`` was computed from (its exact inverse): how late this rank's
-    threads woke while its bound was measured, a loaded machine's milliseconds included."""
-    switch = sys.getswitchinterval() if switch_s is None else switch_s
-    return max(0.0, (bound - switch - WAKE_FLOOR_S) / WAKE_FACTOR)
+def wake_p99(samples) -> float:
+    """The WAKE_PCT percentile of wake-up samples (seconds; NaN without any): how late this rank's threads woke
+    while its bound was measured, a loaded machine's milliseconds included."""
+    s = np.asarray(samples, dtype=np.float64)
+    s = s[np.isfinite(s)]
+    return float(np.percentile(s, WAKE_PCT)) if len(s) else NAN
 
 
 def copy_gbps(nbytes: int, best_s: float) -> float:
@@ -144,7 +146,7 @@ def verdicts(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
     # time; where ranks outnumber the CPUs no bound is measured, and nothing is judged)
     lead = timed[timed["stamp_lead_s"].notna() & timed["wake_bound_s"].notna() & (timed["role"] != "prefill")]
     for (case, rank, pair, req), g in lead.groupby(["case", "rank", "pair", "req"]):
-        if case not in keys.index:
+        if case not in keys.index or len(g) < 2:  # one iteration cannot tell a lie from a waiter woken late once
             continue
         leads, bound = g["stamp_lead_s"].to_numpy(float), float(g["wake_bound_s"].max())
         sp, least = spread(g["stamp_lead_s"]), float(leads.min())
@@ -153,7 +155,8 @@ def verdicts(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
         own = g["seconds"].to_numpy(float) if "seconds" in g else np.full(len(g), NAN)  # each iteration's own time
         # a lead no longer than the wake-ups this rank measured beside the case (p99) is one of them: on a loaded
         # machine those reach milliseconds, and an honest waiter late by one in most iterations is no lie
-        floor = max(LEAD_FLOOR_S, wake_p99(bound)) if np.isfinite(bound) else LEAD_FLOOR_S
+        p99 = float(g["wake_p99_s"].max()) if "wake_p99_s" in g else NAN  # (schema 11)
+        floor = max(LEAD_FLOOR_S, p99) if np.isfinite(p99) else LEAD_FLOOR_S
         ratio = leads / np.maximum(floor, LEAD_SHARE * own)
         if np.isfinite(bound) and least > bound * (1 + sp):
             out.append(at | dict(what="wake", value=least, bound=bound, margin_pct=100 * (least / bound - 1)))

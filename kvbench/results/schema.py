@@ -6,16 +6,16 @@ import numpy as np
 
 from kvbench.fabric.carriers import COLUMNS as CARRIER_DEFAULTS
 
-SCHEMA_VERSION = 10  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
+SCHEMA_VERSION = 11  # 2: pages, skew_s, clock_err_s, clock_offset_s, completion (1 reads as 2 with those empty: upgrade())
 # 3: the codec columns below (2 reads as 3 with them empty), the GPU columns (at their defaults) and the
 # time outside the wire (post_s, lib_s, notify_s, wake_s; empty); 4: cache (3 reads as 4 with "as-is"); 5: the
 # blocks marked "schema 5" below (1-4 read with them at their defaults); 6: the setup rows (schema 6 below);
 # 7: --register (schema 7 below; 1-6 read as "once"), carriers and the fabric columns (schema 7 below);
 # 8: wire_counted_bytes (schema 8 below; 1-7 read with it empty); 9: carrier_proto, carrier_evidence (schema 9
 # below; 1-8 read with them empty); 10: head_layout, and tp as 'P:D' at --tp P:D (schema 10 below; 1-9 read with
-# head_layout empty, their tp one number)
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # schema versions the readers (report, compare) upgrade to this one
-RESUMES = (3, 4, 5, 6, 7, 8, 9, 10)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
+# head_layout empty, their tp one number); 11: wake_p99_s (schema 11 below; 1-10 read with it empty)
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)  # schema versions the readers (report, compare) upgrade to this one
+RESUMES = (3, 4, 5, 6, 7, 8, 9, 10, 11)  # those --resume continues (a schema-3 suite and cases are this one's, but for cache)
 
 CASE_COLUMNS = ["case", "variant", "transport", "op", "memory", "model", "tokens", "prefix_hit", "block_size",
                 "block_bytes", "layout", "allocation", "coalesce", "dtype", "codec", "overlap", "scheme", "tp",
@@ -78,6 +78,9 @@ ROW_COLUMNS += list(SAMPLES_DEFAULTS)
 # "links ...": the NIC rates across hosts; "none (...)": no bound, and why); window_s: on a destination that posts
 # the request itself (a pull's reads), seconds from its first post to the landing
 ROW_COLUMNS += ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]
+# --- schema 11: wake_p99_s, the p99 of the wake-ups behind wake_bound_s (the later of its setup's and those after
+# the case): a landing stamp's lead within it is one of them (results/bounds.py; rows of 1-10 read with it empty)
+ROW_COLUMNS += ["wake_p99_s"]
 # --- schema 6, setup rows (harness/setup.py; rows of 1-5 read as transfers): row_kind = "transfer" (a timed
 # iteration or a check pass) or "setup" (iter -2: one phase of a transport's setup on this rank, its seconds in
 # `seconds`); phase = "" on a transfer row, else alloc, fill, register (per pool), exchange, connect (per peer),

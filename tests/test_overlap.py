@@ -26,7 +26,11 @@ def test_streaming_hides_transfer_serial_does_not(kvrun, transport):
         # serial waits for the whole transfer after prefill; streaming only for the last layer's share
         assert serial > streaming, (op, serial, streaming)
         assert serial > 0.5 * t_bulk, (op, serial, t_bulk)
-        assert streaming >= 0.3 * t_bulk / layers, (op, streaming, t_bulk)
+        # at least most of the last layer's share, less the ranks' clock match (exposed time is the decode's
+        # completion minus the prefill's end, two clocks: beside two busy loops they matched within ~1 ms and an
+        # honest pull read -0.6 ms)
+        err = float(dec[dec.op == op].clock_err_s.max())
+        assert streaming + err >= 0.3 * t_bulk / layers, (op, streaming, err, t_bulk)
     assert "exp p50" in r.out and "model" in r.out
     # the handshake (allocate-then-stream) is measured on the prefill rank and its bytes count on the wire
     pre = df[(df.iter >= 0) & (df.role == "prefill") & (df.variant == "paged")]

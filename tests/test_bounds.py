@@ -41,7 +41,8 @@ def test_a_stamp_halfway_to_the_landing_is_suspect(kvrun, op, check):
     meta = r.meta()
     assert meta["status"] == "SUSPECT" and meta["reason"] == line[2:] and line[2:] in meta["suspects"]
     assert r.out.rstrip().splitlines()[-2].endswith("SUSPECT")
-    assert (r.table().query("iter >= 0 and role == 'decode'").wake_bound_s > 0).all()
+    dec = r.table().query("iter >= 0 and role == 'decode'")
+    assert (dec.wake_bound_s > 0).all() and (dec.wake_p99_s > 0).all() and (dec.wake_p99_s < dec.wake_bound_s).all()
 
 
 @pytest.mark.alone  # a lead of a few ms against the wake-ups beside it: another test's load raises those

@@ -154,7 +154,7 @@ def after_case(m, s) -> tuple[float, float, dict]:
     measured now; the higher p99 of their wake-up samples; per row index of its entries, (GB/s bound, kind): a list of one per timed iteration where the
     harness copied beside them, else one value).  ``m``: the case's Measurement, ``s``: the transport's Session."""
     per = dict(m.bounds) | {k: (v, "memory copy") for k, v in m.beside.gbps.items() if v}
-    wake, p99 = s.wake_bound
+    wake, p99 = s.wake
     if math.isfinite(wake):  # a transport that stamps: measured again now
         now = wake_samples(CASE_WAKE_SAMPLES, CASE_WAKE_BUDGET_S)
         wake, p99 = max(wake, B.wake_bound(now)), max(p99, B.wake_p99(now))

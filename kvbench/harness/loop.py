@@ -197,7 +197,7 @@ class Harness(Rows, Calibration, Carrying):
             self.setup_rows = ph.rows(dict(self.base_row(dict(cases[0], variant="setup"), no=0), rank=self.rank,
                                            role="", pair=-1, req=0, payload_bytes=0, wire_bytes=0, descriptors=0,
                                            completion=""))
-            session = Session(t, pools, my_pairs, local, nbytes, wake_bound=bounds.setup_wake(t, self.rank, self.hosts),
+            session = Session(t, pools, my_pairs, local, nbytes, wake=bounds.setup_wake(t, self.rank, self.hosts),
                               ifname=t.info().get("ifname") if active else None, cells=None if local else self.cells)
             if staging and active:
                 from kvbench.codecs.path import Session as CodecSession

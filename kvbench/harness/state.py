@@ -25,7 +25,7 @@ class Session:
     codec: Any = None  # the codec machinery (codecs/path.py Session) when a case carries a codec
     fill: tuple = ("pattern", None)  # what the pools hold now: (fill, dtype)
     # seconds a landing stamp may precede its wait's return here, and the p99 wake-up it came from (bounds.py)
-    wake_bound: tuple[float, float] = (float("nan"), float("nan"))
+    wake: tuple[float, float] = (float("nan"), float("nan"))
     ifname: str | None = None  # the network interface the transport says it uses (tcp), for the link-rate bound
     cells: list | None = None  # --scheme matrix/bidir: per pair its matrix cell (its tokens; model/matrix.py)
 

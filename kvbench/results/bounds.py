@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # every rank measures its bounds; only rank 0 judges rows (fr
     import pandas as pd
 
 COLUMNS = ["stamp_lead_s", "wake_bound_s", "bound_gbps", "bound_kind", "window_s"]  # rows, schema 5 (store.py)
-# (and wake_p99_s, schema 11)
 WAKE_PCT = 99  # the percentile of the wake-up samples the bound starts from
 WAKE_FACTOR = 3.0  # ... times this: a loaded machine wakes threads later in some phases than in others
 WAKE_FLOOR_S = 5e-3  # ... plus this: scheduler time slices the measurement may have missed (a busy machine)
@@ -62,12 +61,8 @@ def wake_bound(samples, switch_s: float | None = None) -> float:
     """Seconds a landing stamp may precede the wait's return, from wake-up samples (seconds) on this rank, plus
     one GIL switch interval (``sys.getswitchinterval()`` unless given): a transport's thread that stamps in C
     takes the GIL back before it wakes the waiter, and a thread holding it lets go only that often."""
-    s = np.asarray(samples, dtype=np.float64)
-    s = s[np.isfinite(s)]
-    if not len(s):
-        return NAN
     switch = sys.getswitchinterval() if switch_s is None else switch_s
-    return float(WAKE_FACTOR * np.percentile(s, WAKE_PCT) + switch + WAKE_FLOOR_S)
+    return WAKE_FACTOR * wake_p99(samples) + switch + WAKE_FLOOR_S  # NaN without samples
 
 
 def wake_p99(samples) -> float:
@@ -156,7 +151,7 @@ def verdicts(df: pd.DataFrame | None, st: pd.DataFrame | None) -> list[dict]:
         # a lead no longer than the wake-ups this rank measured beside the case (p99) is one of them: on a loaded
         # machine those reach milliseconds, and an honest waiter late by one in most iterations is no lie
         p99 = float(g["wake_p99_s"].max()) if "wake_p99_s" in g else NAN  # (schema 11)
-        floor = max(LEAD_FLOOR_S, p99) if np.isfinite(p99) else LEAD_FLOOR_S
+        floor = float(np.fmax(LEAD_FLOOR_S, p99))  # (NaN: the floor alone)
         ratio = leads / np.maximum(floor, LEAD_SHARE * own)
         if np.isfinite(bound) and least > bound * (1 + sp):
             out.append(at | dict(what="wake", value=least, bound=bound, margin_pct=100 * (least / bound - 1)))
